@@ -1,0 +1,79 @@
+"""The one place that knows which accelerator we run on (cpu / cuda / npu).
+
+Everything goes through DeepSpeed's accelerator abstraction, so the rest of the code base never names a
+device-specific torch module and runs unchanged on GPUs, Ascend NPUs and plain CPUs. DeepSpeed is imported
+inside the functions because importing it is slow and most importers of this module only need it later.
+"""
+import os
+import random
+
+import numpy
+import torch
+
+from megatron.errors import InputError
+
+
+def accelerator():
+    """DeepSpeed's accelerator object for this machine (chosen by DeepSpeed, or by DS_ACCELERATOR)."""
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator()
+
+
+def device_name() -> str:
+    """'cpu', 'cuda' or 'npu': the key kernels and dtype checks are chosen by."""
+    return accelerator().device_name()
+
+
+def local_rank() -> int:
+    """This process's index on its node, as set by torchrun or the deepspeed launcher (0 when run alone)."""
+    value = os.environ.get("LOCAL_RANK", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"environment variable LOCAL_RANK={value!r} is not an integer; "
+                         "unset it or let torchrun / the deepspeed launcher set it") from None
+
+
+def current_device() -> torch.device:
+    """The device this process's tensors belong on: accelerator number LOCAL_RANK, or the CPU."""
+    return torch.device(accelerator().device_name(local_rank()))
+
+
+def communication_backend() -> str:
+    """torch.distributed backend that matches the device: 'nccl', 'hccl', or 'gloo' on CPU."""
+    return accelerator().communication_backend_name()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed every random generator a training run draws from, so a run with the same seed repeats exactly."""
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    accelerator().manual_seed_all(seed)
+
+
+def synchronize() -> None:
+    """Wait for queued device work, so wall-clock timings measure the work and not just its launch."""
+    accelerator().synchronize()
+
+
+def memory_stats() -> dict:
+    """Bytes in use now and the peak, as {'allocated_bytes', 'peak_allocated_bytes'}.
+
+    On GPU/NPU these are the caching allocator's figures for tensors. On CPU there is no allocator to ask,
+    so both are the process's resident set size (RSS, via psutil): the peak is the largest RSS DeepSpeed has
+    sampled so far, i.e. only as fine-grained as the calls that sample it.
+    """
+    accel = accelerator()
+    return {"allocated_bytes": accel.memory_allocated(), "peak_allocated_bytes": accel.max_memory_allocated()}
+
+
+def supports_dtype(dtype: torch.dtype) -> bool:
+    """Whether training in `dtype` works on this device.
+
+    fp16 is refused on CPU even where the CPU has fp16 arithmetic: DeepSpeed's fp16 path (loss scaling)
+    does not run there. Use bf16 or fp32 on CPU.
+    """
+    if device_name() == "cpu" and dtype == torch.float16:
+        return False
+    return dtype in accelerator().supported_dtypes()

@@ -1,0 +1,126 @@
+"""The DeepSpeed config: generated from the flags, or a user's --deepspeed_config checked against them.
+
+The flags drive the data loader, the model dtype and the LR schedule; DeepSpeed drives batching,
+clipping, precision and ZeRO from its JSON. If the two disagreed, the run would silently train
+something other than what either says, so a contradiction is an error naming both values.
+"""
+import json
+import math
+
+from megatron.errors import InputError
+
+# DeepSpeed's own step printing is off: the training loop logs in Megatron's format.
+STEPS_PER_PRINT_NEVER = 10 ** 12
+
+
+def build_deepspeed_config(args):
+    """DeepSpeed's config dict for validated `args` (see megatron.arguments.validate_args)."""
+    zero = {"stage": args.zero_stage}
+    if args.cpu_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_batch_size": args.global_batch_size,
+        "train_micro_batch_size_per_gpu": args.micro_batch_size,
+        "gradient_accumulation_steps": args.num_micro_batches,
+        "gradient_clipping": args.clip_grad,
+        "zero_optimization": zero,
+        "fp16": {
+            "enabled": args.fp16,
+            "loss_scale": args.loss_scale or 0,
+            "initial_scale_power": round(math.log2(args.initial_loss_scale)),
+            "loss_scale_window": args.loss_scale_window,
+            "hysteresis": args.hysteresis,
+            "min_loss_scale": args.min_loss_scale,
+        },
+        "bf16": {"enabled": args.bf16},
+        "steps_per_print": STEPS_PER_PRINT_NEVER,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _flag_values(args):
+    """(config key path, what the flags say, how to name that in a message) for every key the
+    user's JSON must agree with."""
+    offload = "cpu" if args.cpu_optimizer else "none"
+    return (
+        (("train_batch_size",), args.global_batch_size,
+         f"--global-batch-size is {args.global_batch_size}"),
+        (("train_micro_batch_size_per_gpu",), args.micro_batch_size,
+         f"--micro-batch-size is {args.micro_batch_size}"),
+        (("gradient_accumulation_steps",), args.num_micro_batches,
+         f"--global-batch-size {args.global_batch_size} / (--micro-batch-size "
+         f"{args.micro_batch_size} x data parallel size {args.data_parallel_size}) is "
+         f"{args.num_micro_batches}"),
+        (("gradient_clipping",), args.clip_grad, f"--clip-grad is {args.clip_grad}"),
+        (("fp16", "enabled"), args.fp16, f"--fp16 is {'on' if args.fp16 else 'off'}"),
+        (("bf16", "enabled"), args.bf16, f"--bf16 is {'on' if args.bf16 else 'off'}"),
+        (("zero_optimization", "stage"), args.zero_stage, f"--zero-stage is {args.zero_stage}"),
+        (("zero_optimization", "offload_optimizer", "device"), offload,
+         f"--cpu-optimizer is {'on' if args.cpu_optimizer else 'off'}"),
+    )
+
+
+def _lookup(config, path):
+    """The value at a key path, or None where the JSON does not set it."""
+    for key in path:
+        if not isinstance(config, dict) or key not in config:
+            return None
+        config = config[key]
+    return config
+
+
+def _fill_missing(user, generated, path, where):
+    """User values win; keys the user omitted (or set to null) come from `generated`."""
+    merged = dict(user)
+    for key, value in generated.items():
+        if merged.get(key) is None:
+            merged[key] = value
+        elif isinstance(value, dict):
+            if not isinstance(merged[key], dict):
+                raise InputError(f"--deepspeed_config {where} sets {'.'.join(path + (key,))}="
+                                 f"{json.dumps(merged[key])}, but it must be a JSON object")
+            merged[key] = _fill_missing(merged[key], value, path + (key,), where)
+    return merged
+
+
+def merge_with_user_config(user_json, args, path):
+    """The user's DeepSpeed config with omitted keys filled from the flags; InputError if a key it
+    sets contradicts a flag. `path` names the file in messages. "bfloat16" is DeepSpeed's alias
+    of "bf16"."""
+    user = dict(user_json)
+    if "bfloat16" in user:
+        user.setdefault("bf16", user.pop("bfloat16"))
+    merged = _fill_missing(user, build_deepspeed_config(args), (), path)
+    for key_path, flag_value, flag_says in _flag_values(args):
+        user_value = _lookup(user, key_path)
+        if user_value is not None and user_value != flag_value:
+            raise InputError(
+                f"--deepspeed_config {path} sets {'.'.join(key_path)}={json.dumps(user_value)} "
+                f"but {flag_says}; make them agree or remove the key from the JSON")
+    return merged
+
+
+def load_user_config(path):
+    """Read a DeepSpeed JSON file; bad JSON is an InputError with file, line and column."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except OSError as err:
+        raise InputError(f"--deepspeed_config {path}: cannot read it ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"--deepspeed_config {path}:{err.lineno}:{err.colno}: not valid JSON "
+                         f"({err.msg}); fix the file or drop the flag to generate the config"
+                         ) from err
+    if not isinstance(config, dict):
+        raise InputError(f"--deepspeed_config {path}: the top level must be a JSON object "
+                         f"{{...}}, not {type(config).__name__}")
+    return config
+
+
+def resolve_deepspeed_config(args):
+    """The config to hand to deepspeed.initialize: the user's file merged with the flags, or one
+    generated from the flags."""
+    if args.deepspeed_config is None:
+        return build_deepspeed_config(args)
+    return merge_with_user_config(load_user_config(args.deepspeed_config), args,
+                                  args.deepspeed_config)

@@ -1,0 +1,183 @@
+"""The Megatron GPT model (= GPT-2 architecture), readable in one sitting.
+
+    tokens -> Embedding (word + learned position, dropout)
+           -> num_layers x TransformerLayer (pre-LayerNorm attention and MLP, each added to the residual)
+           -> final LayerNorm -> lm_logits (tied to the word embedding) -> language_model_loss
+
+Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
+model can build the same network from the same pieces, one DeepSpeed LayerSpec per piece. Tensors are
+batch-first: hidden states are [batch, seq, hidden]. Parameter names follow Megatron, so it is obvious which
+linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
+(attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
+"""
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from megatron.errors import InputError
+from megatron.model import kernels
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int  # already padded (see DESIGN §5)
+    max_position_embeddings: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: Optional[int] = None  # None: 4 * hidden_size
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_method_std: float = 0.02
+    openai_gelu: bool = False
+    layernorm_epsilon: float = 1e-5
+    checkpoint_activations: bool = False
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        for flag, value in (("vocab_size (the padded vocabulary)", self.vocab_size),
+                            ("--max-position-embeddings", self.max_position_embeddings),
+                            ("--num-layers", self.num_layers), ("--hidden-size", self.hidden_size),
+                            ("--num-attention-heads", self.num_attention_heads),
+                            ("--ffn-hidden-size", self.ffn_hidden_size)):
+            if value <= 0:
+                raise InputError(f"{flag} is {value}; it must be a positive integer")
+        if self.hidden_size % self.num_attention_heads:
+            raise InputError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
+                             f"{self.num_attention_heads}; choose a head count that divides the hidden size")
+        for flag, value in (("--hidden-dropout", self.hidden_dropout),
+                            ("--attention-dropout", self.attention_dropout)):
+            if not 0.0 <= value < 1.0:
+                raise InputError(f"{flag} is {value}; a dropout probability must be in [0, 1)")
+
+    @property
+    def output_layer_init_std(self) -> float:
+        """Smaller init for the projections that write into the residual stream, so its variance does not
+        grow with depth (GPT-2 / Megatron scaling)."""
+        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+
+
+def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
+    nn.init.normal_(linear.weight, mean=0.0, std=std)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+def layer_norm(config: GPTConfig) -> nn.Module:
+    return kernels.layer_norm_cls()(config.hidden_size, eps=config.layernorm_epsilon)
+
+
+class Embedding(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        nn.init.normal_(self.word_embeddings.weight, mean=0.0, std=config.init_method_std)
+        nn.init.normal_(self.position_embeddings.weight, mean=0.0, std=config.init_method_std)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        seq_length, max_positions = tokens.shape[1], self.position_embeddings.num_embeddings
+        if seq_length > max_positions:
+            raise InputError(f"sequence length {seq_length} exceeds --max-position-embeddings {max_positions}; "
+                             "lower --seq-length or raise --max-position-embeddings")
+        if position_ids is None:
+            position_ids = torch.arange(seq_length, device=tokens.device).unsqueeze(0)
+        return self.dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.dropout_p = config.attention_dropout
+        # Output features ordered [heads, (q, k, v), head_dim]: splitting them across tensor-parallel ranks
+        # hands each rank whole heads.
+        self.query_key_value = init_linear(nn.Linear(config.hidden_size, 3 * config.hidden_size),
+                                           config.init_method_std)
+        self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std)
+        self.attend = kernels.attention_fn()
+
+    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        batch, seq_length, _ = hidden.shape
+        qkv = self.query_key_value(hidden).view(batch, seq_length, -1, 3, self.head_dim)
+        query, key, value = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, head_dim]
+        dropout_p = self.dropout_p if self.training else 0.0
+        context = self.attend(query, key, value, attention_mask, dropout_p)
+        return self.dense(context.transpose(1, 2).reshape(batch, seq_length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.dense_h_to_4h = init_linear(nn.Linear(config.hidden_size, config.ffn_hidden_size),
+                                         config.init_method_std)
+        self.dense_4h_to_h = init_linear(nn.Linear(config.ffn_hidden_size, config.hidden_size),
+                                         config.output_layer_init_std)
+        self.gelu_approximation = "tanh" if config.openai_gelu else "none"
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.gelu_approximation))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.input_layernorm = layer_norm(config)
+        self.attention = SelfAttention(config)
+        self.post_attention_layernorm = layer_norm(config)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        hidden = hidden + self.dropout(self.attention(self.input_layernorm(hidden), attention_mask))
+        return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+
+
+def lm_logits(hidden: torch.Tensor, word_embedding_weight: torch.Tensor) -> torch.Tensor:
+    """The LM head: scores against every (padded) vocabulary entry, reusing the word-embedding matrix."""
+    return F.linear(hidden, word_embedding_weight)
+
+
+def language_model_loss(logits: torch.Tensor, labels: torch.Tensor,
+                        loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16
+    logits do not lose precision in the softmax."""
+    token_losses = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none")
+    if loss_mask is None:
+        return token_losses.mean()
+    loss_mask = loss_mask.flatten().float()
+    return (token_losses * loss_mask).sum() / loss_mask.sum()
+
+
+class GPTModel(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = Embedding(config)
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
+        self.final_layernorm = layer_norm(config)
+
+    def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [batch, seq, vocab]; or, given labels, the scalar loss.
+
+        attention_mask: None for causal attention, else bool [batch, 1, seq, seq] with True = masked.
+        """
+        hidden = self.embedding(tokens, position_ids)
+        for layer in self.layers:
+            if self.config.checkpoint_activations and torch.is_grad_enabled():
+                # Keep only each layer's input; recompute its insides during backward.
+                hidden = checkpoint(layer, hidden, attention_mask, use_reentrant=False)
+            else:
+                hidden = layer(hidden, attention_mask)
+        logits = lm_logits(self.final_layernorm(hidden), self.embedding.word_embeddings.weight)
+        return logits if labels is None else language_model_loss(logits, labels, loss_mask)

@@ -1,0 +1,149 @@
+"""Model-size presets: the single source of truth for the numbers in DESIGN §7.
+
+`--model-size NAME` and the shell entry points both read this table, so a size is changed in one
+place. A preset maps argparse attribute names (Megatron flag names, dashes as underscores) to values.
+
+    python -m megatron.presets 345M                  # KEY=VALUE lines for `eval` in bash
+    python -m megatron.presets 345M --format flags   # Megatron flags, one per line
+    python -m megatron.presets 345M --format json
+"""
+import argparse
+import json
+import shlex
+from dataclasses import dataclass
+
+from megatron.errors import InputError, run_cli
+
+FULL_RUN_ITERS = 500000
+FULL_RUN_LR_DECAY_ITERS = 320000
+# A performance run is the first 300 iterations of the full run: same LR schedule, cut short.
+PERFORMANCE_RUN_ITERS = 300
+RUN_KINDS = ("full", "performance")
+
+
+@dataclass(frozen=True)
+class _Size:
+    """One row of DESIGN §7, in the table's column order."""
+    name: str
+    tp: int
+    pp: int
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    micro_bs: int
+    global_bs: int
+    lr: float
+    min_lr: float
+    no_pipeline: bool = False
+    full_run_iters: int = FULL_RUN_ITERS
+    lr_decay_iters: int = FULL_RUN_LR_DECAY_ITERS
+
+
+# 345M_without_mp: pure data parallel over 8 devices (ZeRO stage 1 is the default), micro batch 8
+# fits a 345M model with activation checkpointing on a 32 GB device; global 64 = 8 x DP 8, so one
+# micro batch per step, which is what a throughput comparison wants; lr as for 345M.
+# tiny: TP2 x PP2 x DP2 over 8 CPU processes exercises every parallel axis; 4 layers split evenly
+# over 2 stages, 4 heads split over TP 2, global 8 = micro 2 x DP 2 x 2 micro batches, so gradient
+# accumulation and pipeline overlap both happen. 300 iterations take a few minutes on 2 cores, and
+# the schedule decays over exactly those 300 (a 500k-iteration "full" run would be no demo).
+_TABLE = (
+    #     name               TP PP layers hidden heads  seq  mbs gbs  lr      min lr
+    _Size("345M",             1, 2, 24,    1024,  16,   1024, 4,  16, 1.5e-4, 1.5e-5),
+    _Size("1.3B",             2, 2, 24,    2048,  16,   1024, 8,  32, 2e-4,   2e-5),
+    _Size("2.7B",             2, 2, 32,    2560,  32,   2048, 8,  32, 1.6e-4, 1.6e-5),
+    _Size("3.7B",             2, 2, 32,    3072,  32,   2048, 4,  16, 1.2e-4, 1.2e-5),
+    _Size("345M_without_mp",  1, 1, 24,    1024,  16,   1024, 8,  64, 1.5e-4, 1.5e-5,
+          no_pipeline=True),
+    _Size("tiny",             2, 2, 4,     64,    4,    128,  2,  8,  1e-3,   1e-4,
+          full_run_iters=300, lr_decay_iters=300),
+)
+
+
+def preset_names():
+    """Valid preset names, in table order."""
+    return tuple(size.name for size in _TABLE)
+
+
+def get_preset(name, run="full"):
+    """A fresh dict of argparse attribute -> value for preset `name`.
+
+    run="performance" only shortens training to PERFORMANCE_RUN_ITERS; the LR schedule is kept.
+    """
+    sizes = {size.name: size for size in _TABLE}
+    if name not in sizes:
+        raise InputError(f"unknown model size preset {name!r}; valid names: "
+                         f"{', '.join(preset_names())}")
+    if run not in RUN_KINDS:
+        raise InputError(f"unknown run kind {run!r}; valid kinds: {', '.join(RUN_KINDS)}")
+    size = sizes[name]
+    return {
+        "tensor_model_parallel_size": size.tp,
+        "pipeline_model_parallel_size": size.pp,
+        "num_layers": size.layers,
+        "hidden_size": size.hidden,
+        "num_attention_heads": size.heads,
+        "seq_length": size.seq,
+        "micro_batch_size": size.micro_bs,
+        "global_batch_size": size.global_bs,
+        "lr": size.lr,
+        "min_lr": size.min_lr,
+        "no_pipeline_parallel": size.no_pipeline,
+        "checkpoint_activations": True,
+        "lr_decay_style": "cosine",
+        "lr_warmup_fraction": 0.01,
+        "split": "949,50,1",
+        "seed": 1234,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "train_iters": size.full_run_iters if run == "full" else PERFORMANCE_RUN_ITERS,
+        "lr_decay_iters": size.lr_decay_iters,
+    }
+
+
+def format_shell(preset):
+    """KEY=VALUE lines (upper-case attribute names, booleans as true/false) for `eval` in bash."""
+    def shell_value(value):
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return shlex.quote(str(value))
+    return "".join(f"{key.upper()}={shell_value(value)}\n" for key, value in preset.items())
+
+
+def format_flags(preset):
+    """Megatron flags one per line; a false boolean flag is left out, as on a command line."""
+    lines = []
+    for key, value in preset.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            lines.append(flag)
+        elif value is not False:
+            lines.append(f"{flag} {value}")
+    return "".join(line + "\n" for line in lines)
+
+
+def format_json(preset):
+    """One JSON object, for tools other than bash."""
+    return json.dumps(preset, indent=2) + "\n"
+
+
+_FORMATTERS = {"shell": format_shell, "flags": format_flags, "json": format_json}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m megatron.presets",
+        description="Print a model-size preset so shell scripts need not hard-code its numbers.")
+    parser.add_argument("name", help=f"one of: {', '.join(preset_names())}")
+    parser.add_argument("--format", choices=sorted(_FORMATTERS), default="shell",
+                        help="shell: KEY=VALUE lines for eval; flags: Megatron flags one per line; "
+                             "json: one object")
+    parser.add_argument("--run", choices=RUN_KINDS, default="full",
+                        help=f"performance runs stop after {PERFORMANCE_RUN_ITERS} iterations")
+    options = parser.parse_args(argv)
+    print(_FORMATTERS[options.format](get_preset(options.name, options.run)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,284 @@
+"""The GPT model against HF GPT-2 (the numerics oracle), its initialisation, masking, checkpointing, dropout,
+and the kernel registry it draws its kernels from."""
+import math
+
+import pytest
+import torch
+
+from megatron.errors import InputError
+from megatron.model import gpt, kernels
+from megatron.model.gpt import GPTConfig, GPTModel
+
+SMALL = dict(vocab_size=96, max_position_embeddings=16, num_layers=2, hidden_size=32, num_attention_heads=4,
+             ffn_hidden_size=48, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def small_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPTModel(GPTConfig(**{**SMALL, **overrides}))
+
+
+def random_tokens(vocab_size, batch=2, seq=12, seed=1):
+    return torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# --- HF GPT-2 parity ---------------------------------------------------------------------------------
+
+def per_head_qkv_to_hf(tensor, num_heads):
+    """Our fused QKV rows are ordered [heads, (q, k, v), head_dim]; HF's are [(q, k, v), heads, head_dim]."""
+    rest = tensor.shape[1:]
+    by_head = tensor.reshape(num_heads, 3, -1, *rest)
+    return by_head.transpose(0, 1).reshape(tensor.shape)
+
+
+def to_hf_state_dict(model, hf_vocab_size):
+    """Our parameters under HF GPT2LMHeadModel's names (HF's Conv1D stores weights as [in, out])."""
+    ours, heads = model.state_dict(), model.config.num_attention_heads
+    hf = {"transformer.wte.weight": ours["embedding.word_embeddings.weight"][:hf_vocab_size],
+          "transformer.wpe.weight": ours["embedding.position_embeddings.weight"],
+          "transformer.ln_f.weight": ours["final_layernorm.weight"],
+          "transformer.ln_f.bias": ours["final_layernorm.bias"]}
+    for i in range(model.config.num_layers):
+        src, dst = f"layers.{i}.", f"transformer.h.{i}."
+        for part in ("weight", "bias"):
+            hf[dst + "ln_1." + part] = ours[src + "input_layernorm." + part]
+            hf[dst + "ln_2." + part] = ours[src + "post_attention_layernorm." + part]
+        hf[dst + "attn.c_attn.weight"] = per_head_qkv_to_hf(ours[src + "attention.query_key_value.weight"], heads).T
+        hf[dst + "attn.c_attn.bias"] = per_head_qkv_to_hf(ours[src + "attention.query_key_value.bias"], heads)
+        for hf_name, our_name in (("attn.c_proj", "attention.dense"), ("mlp.c_fc", "mlp.dense_h_to_4h"),
+                                  ("mlp.c_proj", "mlp.dense_4h_to_h")):
+            hf[dst + hf_name + ".weight"] = ours[src + our_name + ".weight"].T
+            hf[dst + hf_name + ".bias"] = ours[src + our_name + ".bias"]
+    return hf
+
+
+def hf_twin(model, hf_vocab_size, activation, attn_implementation):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = model.config
+    hf_config = GPT2Config(vocab_size=hf_vocab_size, n_positions=config.max_position_embeddings,
+                           n_embd=config.hidden_size, n_layer=config.num_layers, n_head=config.num_attention_heads,
+                           n_inner=config.ffn_hidden_size, activation_function=activation,
+                           layer_norm_epsilon=config.layernorm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
+                           attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    hf_model = GPT2LMHeadModel._from_config(hf_config, attn_implementation=attn_implementation)
+    weights = to_hf_state_dict(model, hf_vocab_size)
+    with torch.no_grad():
+        for name, parameter in hf_model.named_parameters():
+            parameter.copy_(weights.pop(name))
+    assert not weights, f"converted tensors HF has no parameter for: {sorted(weights)}"
+    return hf_model.eval()
+
+
+@pytest.mark.parametrize("openai_gelu, activation, attn_implementation",
+                         [(False, "gelu", "eager"), (True, "gelu_new", "sdpa")])
+def test_same_logits_and_loss_as_hf_gpt2(openai_gelu, activation, attn_implementation):
+    model = small_model(openai_gelu=openai_gelu).eval()
+    hf_model = hf_twin(model, SMALL["vocab_size"], activation, attn_implementation)
+    tokens = random_tokens(SMALL["vocab_size"], seq=13)
+    with torch.no_grad():
+        logits = model(tokens)
+        hf_output = hf_model(input_ids=tokens, labels=tokens)
+        loss = model(tokens[:, :-1], labels=tokens[:, 1:])  # HF shifts the labels itself
+    assert (logits - hf_output.logits).abs().max() < 1e-5
+    assert abs(loss.item() - hf_output.loss.item()) < 1e-5
+
+
+def test_padded_vocab_matches_hf_on_the_real_vocab():
+    model = small_model(vocab_size=128).eval()
+    hf_model = hf_twin(model, 100, "gelu", "eager")
+    tokens = random_tokens(100)
+    with torch.no_grad():
+        logits = model(tokens)
+        hf_logits = hf_model(input_ids=tokens).logits
+    assert logits.shape[-1] == 128
+    assert (logits[..., :100] - hf_logits).abs().max() < 1e-5
+
+
+# --- initialisation ----------------------------------------------------------------------------------
+
+def test_initialisation_statistics_and_tied_head():
+    model = small_model(hidden_size=256, num_attention_heads=4, ffn_hidden_size=None, num_layers=4,
+                        vocab_size=512, max_position_embeddings=64)
+    params = dict(model.named_parameters())
+    output_std = 0.02 / math.sqrt(2 * 4)
+    for name, parameter in params.items():
+        if name.endswith("bias"):
+            assert torch.count_nonzero(parameter) == 0, name
+        elif "layernorm" in name:
+            assert torch.all(parameter == 1.0), name
+        else:
+            expected = output_std if name.endswith(("attention.dense.weight", "dense_4h_to_h.weight")) else 0.02
+            assert parameter.std().item() == pytest.approx(expected, rel=0.03), name
+            assert abs(parameter.mean().item()) < expected / 20, name
+    assert params["layers.0.mlp.dense_h_to_4h.weight"].shape == (1024, 256)  # default ffn = 4h
+    # Tied head: the only [vocab, hidden] matrix is the word embedding, and it is what the head uses.
+    assert [n for n, p in params.items() if p.shape == (512, 256)] == ["embedding.word_embeddings.weight"]
+    tokens = torch.arange(10).unsqueeze(0)  # token 500 never appears in the input...
+    model(tokens, labels=torch.arange(1, 11).unsqueeze(0)).backward()
+    assert model.embedding.word_embeddings.weight.grad[500].abs().sum() > 0  # ...yet its row learns via the head
+
+
+def test_same_seed_same_weights():
+    first, second = small_model(seed=7), small_model(seed=7)
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+# --- loss --------------------------------------------------------------------------------------------
+
+def test_loss_by_hand():
+    # position 0: logits (0, 0), label 0 -> ln 2;  position 1: logits (ln 3, 0), label 1 -> ln 4
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]]])
+    labels = torch.tensor([[0, 1]])
+    assert gpt.language_model_loss(logits, labels).item() == pytest.approx(1.5 * math.log(2.0))
+    assert gpt.language_model_loss(logits, labels, torch.tensor([[1, 0]])).item() == pytest.approx(math.log(2.0))
+    assert gpt.language_model_loss(logits, labels, torch.tensor([[0, 1]])).item() == pytest.approx(math.log(4.0))
+    bf16_loss = gpt.language_model_loss(logits.bfloat16(), labels)
+    assert bf16_loss.dtype == torch.float32
+
+
+def test_loss_mask_ignores_masked_positions():
+    model = small_model().eval()
+    tokens, labels = random_tokens(96, seed=2), random_tokens(96, seed=3)
+    loss_mask = torch.ones_like(labels)
+    loss_mask[:, 5:] = 0
+    with torch.no_grad():
+        token_losses = torch.nn.functional.cross_entropy(model(tokens).transpose(1, 2), labels, reduction="none")
+        masked = model(tokens, labels=labels, loss_mask=loss_mask)
+        other_labels = labels.clone()
+        other_labels[:, 5:] = (labels[:, 5:] + 1) % 96
+        assert torch.equal(model(tokens, labels=other_labels, loss_mask=loss_mask), masked)
+        assert torch.allclose(masked, token_losses[:, :5].mean())
+        assert torch.allclose(model(tokens, labels=labels), token_losses.mean())
+
+
+# --- attention masking -------------------------------------------------------------------------------
+
+def test_causal_future_tokens_do_not_change_earlier_logits():
+    model = small_model().eval()
+    tokens = random_tokens(96)
+    changed = tokens.clone()
+    changed[:, 7] = (tokens[:, 7] + 1) % 96
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    assert torch.equal(before[:, :7], after[:, :7])
+    assert not torch.allclose(before[:, 7:], after[:, 7:])
+
+
+def causal_mask(batch, seq):
+    """Megatron convention: True where a query may NOT look (the future)."""
+    return torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1).expand(batch, 1, seq, seq)
+
+
+def test_explicit_causal_mask_equals_default():
+    model = small_model().eval()
+    tokens = random_tokens(96)
+    with torch.no_grad():
+        assert torch.allclose(model(tokens, attention_mask=causal_mask(2, 12)), model(tokens), atol=1e-6)
+
+
+def test_reset_attention_mask_isolates_documents():
+    """Two documents packed in one sample, with Megatron's --reset-attention-mask/--reset-position-ids:
+    the second document's logits equal those of running it alone."""
+    model = small_model().eval()
+    first_doc, second_doc = random_tokens(96, batch=1, seq=5, seed=4), random_tokens(96, batch=1, seq=7, seed=5)
+    packed = torch.cat([first_doc, second_doc], dim=1)
+    mask = causal_mask(1, 12).clone()
+    mask[..., 5:, :5] = True
+    position_ids = torch.cat([torch.arange(5), torch.arange(7)]).unsqueeze(0)
+    with torch.no_grad():
+        packed_logits = model(packed, position_ids=position_ids, attention_mask=mask)
+        assert torch.allclose(packed_logits[:, 5:], model(second_doc), atol=1e-5)
+        assert torch.allclose(packed_logits[:, :5], model(first_doc), atol=1e-5)
+
+
+# --- activation checkpointing and dropout ------------------------------------------------------------
+
+def loss_and_grads(model, tokens, seed):
+    torch.manual_seed(seed)
+    loss = model(tokens[:, :-1], labels=tokens[:, 1:])
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_activation_checkpointing_same_loss_and_grads_and_recomputes():
+    dropout = dict(hidden_dropout=0.1, attention_dropout=0.1)
+    plain = small_model(**dropout).train()
+    checkpointed = small_model(**dropout, checkpoint_activations=True).train()
+    calls = []
+    checkpointed.layers[0].mlp.register_forward_hook(lambda *_: calls.append(1))
+    tokens = random_tokens(96, seq=13)
+    plain_loss, plain_grads = loss_and_grads(plain, tokens, seed=11)
+    ckpt_loss, ckpt_grads = loss_and_grads(checkpointed, tokens, seed=11)
+    assert len(calls) == 2  # forward once, then again during backward: the layer really was checkpointed
+    assert torch.equal(plain_loss, ckpt_loss)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(grad, ckpt_grads[name], rtol=0, atol=1e-7), name
+
+
+def test_dropout_active_in_training_only():
+    model = small_model(hidden_dropout=0.2, attention_dropout=0.2)
+    no_dropout = small_model(hidden_dropout=0.0, attention_dropout=0.0)  # same seed: same weights
+    tokens = random_tokens(96)
+    with torch.no_grad():
+        model.train()
+        assert not torch.allclose(model(tokens), model(tokens))
+        model.eval()
+        assert torch.equal(model(tokens), model(tokens))
+        assert torch.equal(model(tokens), no_dropout.eval()(tokens))
+
+
+# --- user errors -------------------------------------------------------------------------------------
+
+def test_heads_must_divide_hidden_size():
+    with pytest.raises(InputError, match="--hidden-size 30 is not divisible by --num-attention-heads 4"):
+        GPTConfig(**{**SMALL, "hidden_size": 30})
+
+
+def test_dropout_out_of_range():
+    with pytest.raises(InputError, match="--hidden-dropout is 1.5"):
+        GPTConfig(**{**SMALL, "hidden_dropout": 1.5})
+
+
+def test_sequence_longer_than_position_table():
+    with pytest.raises(InputError, match="sequence length 17 exceeds --max-position-embeddings 16"):
+        small_model()(random_tokens(96, seq=17))
+
+
+# --- kernel registry ---------------------------------------------------------------------------------
+
+def test_registry_defaults_and_partial_registration():
+    registry = kernels.KernelRegistry()
+    assert registry.kernels_for("cpu").attention is kernels.sdpa_attention
+    assert registry.kernels_for("npu") == kernels.PORTABLE_KERNELS  # nothing registered yet
+    fused = registry.kernels_for("cuda").adam
+    assert fused.func is torch.optim.AdamW and fused.keywords == {"fused": True}
+    registry.register("npu", layer_norm=torch.nn.RMSNorm)
+    assert registry.kernels_for("npu").layer_norm is torch.nn.RMSNorm
+    assert registry.kernels_for("npu").attention is kernels.sdpa_attention  # untouched slots keep defaults
+
+
+def test_registered_attention_kernel_is_used_by_the_model(monkeypatch):
+    monkeypatch.setattr(kernels, "REGISTRY", kernels.KernelRegistry())
+    calls = []
+
+    def counting_attention(query, key, value, attention_mask, dropout_p):
+        calls.append(query.shape)
+        return kernels.sdpa_attention(query, key, value, attention_mask, dropout_p)
+
+    kernels.register_kernels("cpu", attention=counting_attention)
+    small_model()(random_tokens(96))
+    assert calls == [(2, 4, 12, 8)] * 2  # [batch, heads, seq, head_dim], once per layer
+
+
+def test_sdpa_attention_matches_softmax_by_hand():
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(1, 2, 4, 8, generator=generator) for _ in range(3))
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    scores = (query @ key.transpose(-1, -2)) / math.sqrt(8)
+    expected = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ value
+    got = kernels.sdpa_attention(query, key, value, mask.expand(1, 1, 4, 4), 0.0)
+    assert torch.allclose(got, expected, atol=1e-6)
+    causal = kernels.sdpa_attention(query, key, value, None, 0.0)
+    expected_causal = torch.softmax(scores.masked_fill(causal_mask(1, 4), float("-inf")), dim=-1) @ value
+    assert torch.allclose(causal, expected_causal, atol=1e-6)

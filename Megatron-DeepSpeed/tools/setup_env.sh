@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Idempotent environment set-up: a virtual environment at $MEGATRON_VENV (default <repo>/.venv) that
+# sees the system's site-packages, so a torch (+ torch_npu) the user already has is reused, never replaced.
+# Without an importable torch, a CPU build is installed on machines without an accelerator.
+# Usage: bash Megatron-DeepSpeed/tools/setup_env.sh [--tests]     (prints the venv's python path last)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+venv=${MEGATRON_VENV:-$root/.venv}
+python=${PYTHON:-python3}
+requirements=("$root/requirements.txt")
+[ "${1:-}" = "--tests" ] && requirements+=("$root/Megatron-DeepSpeed/tests/requirements.txt")
+
+stamp="$venv/.setup-stamp"
+wanted=$(cat "${requirements[@]}" | sha256sum | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && grep -qx "$wanted" "$stamp"; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+log="$venv/setup.log"
+say() { echo "setup: $*" >&2; }
+pip_install() {
+  if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1; then
+    say "pip install $* failed; the last lines of $log:"
+    tail -n 25 "$log" >&2
+    exit 1
+  fi
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating virtual environment $venv (with system site-packages)"
+  "$python" -m venv --system-site-packages "$venv"
+fi
+: >"$log"
+
+has_accelerator() {
+  command -v nvidia-smi >/dev/null 2>&1 || command -v npu-smi >/dev/null 2>&1 || ls /dev/davinci* >/dev/null 2>&1
+}
+
+if "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  say "reusing torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+elif has_accelerator; then
+  say "installing torch 2.13.0 (accelerator found; for Ascend install torch_npu yourself, see README)"
+  pip_install "torch==2.13.0"
+else
+  say "installing torch 2.13.0, CPU build (no accelerator found)"
+  pip_install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+fi
+
+say "installing pinned requirements (deepspeed builds from source: a minute or two)"
+pip_install setuptools wheel
+deps=$(mktemp)
+trap 'rm -f "$deps"' EXIT
+grep -hvE '^\s*(#|$|torch==)' "${requirements[@]}" >"$deps"
+# Pure-Python DeepSpeed ops, except the CPU shared-memory collective op: prebuilt now so that no compiler
+# is needed at run time. Build isolation off so DeepSpeed's build sees the torch chosen above.
+DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$(has_accelerator && echo 0 || echo 1) \
+  pip_install --no-build-isolation -r "$deps"
+
+echo "$wanted" >"$stamp"
+say "ready"
+echo "$venv/bin/python"
