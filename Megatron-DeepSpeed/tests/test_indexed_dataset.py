@@ -135,7 +135,8 @@ def test_merge_equals_writing_everything_at_once(tmp_path):
     for number, part in enumerate(parts):
         write_documents(str(tmp_path / f"part{number}"), part, np.uint16)
     write_documents(str(tmp_path / "whole"), documents, np.uint16)
-    merge_datasets([str(tmp_path / f"part{number}") for number in range(3)], str(tmp_path / "merged"))
+    merge_datasets([str(tmp_path / f"part{number}") for number in range(len(parts))],
+                   str(tmp_path / "merged"))
     assert read_pair(str(tmp_path / "merged")) == read_pair(str(tmp_path / "whole"))
 
 
@@ -167,7 +168,8 @@ def test_merge_tool_reports_bad_input_without_traceback(tmp_path):
         [sys.executable, MERGE_TOOL, "--input", str(tmp_path / "nothing"), "--output-prefix",
          str(tmp_path / "out")], capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--input" in result.stderr and "neither a directory nor a dataset prefix" in result.stderr
+    assert "--input" in result.stderr
+    assert "neither a directory nor a dataset prefix" in result.stderr
     assert not os.path.exists(tmp_path / "out.bin")
 
 
@@ -193,7 +195,7 @@ GOOD_INDEX = index_bytes(8, [3, 1, 2], [0, 6, 8], [0, 2, 2, 3])
 
 
 DAMAGED = {
-    "random-bytes": (os.urandom(64), None, "idx", "is not a Megatron 'mmap' index"),
+    "png-file": (b"\x89PNG\r\n\x1a\n" + bytes(56), None, "idx", "is not a Megatron 'mmap' index"),
     "lazy-format": (b"TNTIDX\x00\x00" + bytes(40), None, "idx", "'lazy'/'cached' index"),
     "version-2": (index_bytes(8, [3, 1, 2], [0, 6, 8], [0, 2, 2, 3], version=2), None, "idx",
                   "version 2"),
@@ -262,6 +264,15 @@ def test_abort_exception_and_abandonment_leave_nothing(tmp_path):
     del abandoned
     gc.collect()
     assert os.listdir(tmp_path) == []
+
+
+def test_failed_finalize_removes_temporaries(tmp_path):
+    (tmp_path / "ds.bin").mkdir()  # the final name is taken by a directory
+    builder = MMapIndexedDatasetBuilder(str(tmp_path / "ds"), np.uint16)
+    builder.add_item([1, 2])
+    with pytest.raises(InputError, match=r"writing dataset .*ds' failed"):
+        builder.finalize()
+    assert os.listdir(tmp_path) == ["ds.bin"] and os.listdir(tmp_path / "ds.bin") == []
 
 
 @pytest.mark.parametrize("bad_id", [65536, -1])

@@ -95,9 +95,9 @@ def _read_header(idx_path):
     with open(idx_path, "rb") as stream:
         header = stream.read(_HEADER.size)
     if header.startswith(_LEGACY_MAGIC):
-        raise InputError(f"{idx_path} is a Megatron 'lazy'/'cached' index (magic {_LEGACY_MAGIC!r}); "
-                         f"only the 'mmap' format is supported: re-run tools/preprocess_data.py "
-                         f"with --dataset-impl mmap")
+        raise InputError(f"{idx_path} is a Megatron 'lazy'/'cached' index (magic "
+                         f"{_LEGACY_MAGIC!r}); only the 'mmap' format is supported: re-run "
+                         f"tools/preprocess_data.py with --dataset-impl mmap")
     magic = header[:len(_MAGIC)]
     if magic != _MAGIC[:len(magic)]:
         raise InputError(f"{idx_path} is not a Megatron 'mmap' index: it starts with {magic!r} "
@@ -179,8 +179,8 @@ class MMapIndexedDataset:
         idx_path, bin_path = index_file_path(path_prefix), data_file_path(path_prefix)
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
-                raise InputError(f"{path} not found (dataset prefix {self.path_prefix!r}): give the "
-                                 f"prefix without .bin/.idx, or {_REBUILD_HINT}")
+                raise InputError(f"{path} not found (dataset prefix {self.path_prefix!r}): give "
+                                 f"the prefix without .bin/.idx, or {_REBUILD_HINT}")
         self.dtype, n_items, n_docs = _read_header(idx_path)
         self.sizes, self.pointers, self.doc_idx = _map_index(idx_path, n_items, n_docs)
         _check_items(idx_path, self.sizes, self.pointers, self.dtype.itemsize)
@@ -343,7 +343,8 @@ class MMapIndexedDatasetBuilder:
 
     def _require_open(self):
         if self._bin_file.closed:
-            raise RuntimeError(f"the builder of {self.out_prefix!r} was already finalized or aborted")
+            raise RuntimeError(f"the builder of {self.out_prefix!r} was already finalized or "
+                               f"aborted")
 
     def _write_tokens(self, tokens):
         with self._reporting_write_errors():
@@ -420,8 +421,8 @@ class MMapIndexedDatasetBuilder:
             with self._reporting_write_errors():
                 self._bin_file.close()
                 self._write_index(self._temp_paths[1])
-            for temp, final in zip(self._temp_paths, self._final_paths):
-                os.replace(temp, final)
+                for temp, final in zip(self._temp_paths, self._final_paths):
+                    os.replace(temp, final)
         except BaseException:
             self.abort()
             raise

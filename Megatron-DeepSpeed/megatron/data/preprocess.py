@@ -37,6 +37,7 @@ class PreprocessOptions:
     workers: int = 1
     log_interval: int = 1000
     skip_malformed_lines: bool = False
+    batch_bytes: int = BATCH_BYTES  # input read per batch: larger batches, fewer hand-offs, more memory
 
 
 @dataclass
@@ -177,7 +178,7 @@ def preprocess(options: PreprocessOptions, tokenizer, log: Callable[[str], None]
         pool = stack.enter_context(ThreadPoolExecutor(options.workers, thread_name_prefix="tokenize"))
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         in_flight = deque()
-        for batch in iter_line_batches(paths):
+        for batch in iter_line_batches(paths, options.batch_bytes):
             in_flight.append(pool.submit(encode, batch))
             if len(in_flight) > 2 * options.workers:
                 _write(in_flight.popleft().result(), builders, progress)

@@ -1,0 +1,83 @@
+"""Checkpoints in DeepSpeed's layout, plus the client state that makes resuming exact.
+
+Layout under --save (Megatron-DeepSpeed's): `global_step{N}/` written by DeepSpeed, `latest` naming the
+newest complete one, and `latest_checkpointed_iteration.txt`. DeepSpeed itself writes `latest` from rank 0
+before the other ranks are known to have finished; here it is written only after every rank's files are
+on disk (DeepSpeed's closing barrier), under a temporary name and then renamed, so `latest` never points
+at a half-written checkpoint.
+"""
+import os
+import random
+
+import numpy as np
+import torch
+
+from megatron import device
+from megatron.errors import InputError
+
+LATEST_TAG_FILE = "latest"
+LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_tag(iteration: int) -> str:
+    return f"global_step{iteration}"
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "device": device.accelerator().get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    device.accelerator().set_rng_state(state["device"])
+
+
+def _plain_args(args) -> dict:
+    """The flags as plain values, for reading a checkpoint without this code base."""
+    return {key: value for key, value in vars(args).items()
+            if isinstance(value, (str, int, float, bool, list, tuple, type(None)))}
+
+
+def _write_atomically(path: str, text: str) -> None:
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int) -> str:
+    """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir."""
+    import torch.distributed as dist
+
+    tag = checkpoint_tag(iteration)
+    client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
+                    "args": _plain_args(args), "rng_state": _rng_state()}
+    try:
+        os.makedirs(args.save, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"--save {args.save}: cannot create the checkpoint directory ({err.strerror})") from err
+    engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
+    if dist.get_rank() == 0:
+        _write_atomically(os.path.join(args.save, LATEST_TAG_FILE), tag)
+        _write_atomically(os.path.join(args.save, LATEST_ITERATION_FILE), str(iteration))
+    dist.barrier()
+    return os.path.join(args.save, tag)
+
+
+def load_checkpoint(engine, args) -> tuple[int, int]:
+    """Resume from --load if it holds a checkpoint: returns (iteration, consumed train samples), or (0, 0)
+    when there is nothing to load (a fresh run, as in Megatron)."""
+    if not args.load or not os.path.exists(os.path.join(args.load, LATEST_TAG_FILE)):
+        return 0, 0
+    load_path, client_state = engine.load_checkpoint(args.load, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=False)
+    if load_path is None or not client_state or "iteration" not in client_state:
+        raise InputError(f"--load {args.load}: the checkpoint named in its '{LATEST_TAG_FILE}' file could not be "
+                         f"read as a checkpoint of this trainer; point --load at a --save directory")
+    _set_rng_state(client_state["rng_state"])
+    return client_state["iteration"], client_state["consumed_train_samples"]

@@ -1,0 +1,62 @@
+"""From dataset samples to model inputs: Megatron's get_batch and its left-to-right masks.
+
+Samples hold seq_length + 1 tokens so that inputs and next-token labels are two shifted views of
+one array. Documents are packed back to back; the reset flags decide whether a sample behaves as
+one stream or as separate documents split at end-of-document tokens.
+"""
+import numpy as np
+import torch
+
+
+def collate(samples):
+    """Stack the samples' "text" arrays into one [b, s+1] int64 tensor."""
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    return torch.from_numpy(np.stack([np.asarray(sample["text"]) for sample in samples])).long()
+
+
+def _document_starts(is_eod):
+    """For every position, the index where its document starts: one past the last EOD before
+    it (0 when none)."""
+    batch, length = is_eod.shape
+    after_eod = torch.zeros_like(is_eod)
+    after_eod[:, 1:] = is_eod[:, :-1]
+    positions = torch.arange(length).expand(batch, length)
+    return torch.cummax(torch.where(after_eod, positions, 0), dim=1).values
+
+
+def _cross_document_causal_mask(is_eod):
+    """[b, 1, s, s] bool, True = masked: a query sees a key only if the key is not in its future
+    and no EOD lies between them (an EOD belongs to the document it ends)."""
+    document = torch.cumsum(is_eod, dim=1) - is_eod.long()
+    same_document = document.unsqueeze(2) == document.unsqueeze(1)
+    length = is_eod.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return ~(same_document & causal).unsqueeze(1)
+
+
+def make_batch(text, eod, *, reset_position_ids=False, reset_attention_mask=False,
+               eod_mask_loss=False):
+    """Model inputs from a [b, s+1] token tensor: tokens, labels, loss_mask (float), position_ids
+    and attention_mask (None when plain causal attention is meant)."""
+    if text.dim() != 2 or text.shape[1] < 2:
+        raise ValueError(f"make_batch needs a [batch, seq_length + 1] tensor with "
+                         f"seq_length >= 1, got shape {tuple(text.shape)}")
+    text = text.long()
+    tokens = text[:, :-1].contiguous()
+    labels = text[:, 1:].contiguous()
+    is_eod = tokens == eod
+
+    loss_mask = torch.ones(tokens.shape, dtype=torch.float)
+    if eod_mask_loss:
+        loss_mask[is_eod] = 0.0
+
+    position_ids = torch.arange(tokens.shape[1]).expand(tokens.shape)
+    if reset_position_ids:
+        position_ids = position_ids - _document_starts(is_eod)
+    else:
+        position_ids = position_ids.contiguous()
+
+    attention_mask = _cross_document_causal_mask(is_eod) if reset_attention_mask else None
+    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
+            "attention_mask": attention_mask, "position_ids": position_ids}

@@ -1,0 +1,57 @@
+"""Megatron's learning-rate schedule (AnnealingLR) as a pure function of consumed samples.
+
+Counting in samples rather than optimizer steps is what Megatron does, and having no state makes
+the schedule resume-safe: a restarted run gets the same rate from the restored sample count.
+"""
+import math
+
+from megatron.errors import InputError
+
+DECAY_STYLES = ("constant", "linear", "cosine")
+
+
+def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_samples,
+                  decay_style):
+    """The rate after `consumed_samples`: linear warmup from 0 to max_lr, then the decay style
+    down to min_lr at decay_samples, min_lr after that."""
+    if decay_style not in DECAY_STYLES:
+        raise InputError(f"--lr-decay-style {decay_style!r} is unknown; use one of "
+                         f"{', '.join(DECAY_STYLES)}")
+    if warmup_samples > 0 and consumed_samples <= warmup_samples:
+        return max_lr * consumed_samples / warmup_samples
+    if decay_style == "constant":
+        return max_lr
+    if consumed_samples > decay_samples:
+        return min_lr
+    # Here warmup_samples < consumed_samples <= decay_samples, so the span is positive.
+    ratio = (consumed_samples - warmup_samples) / (decay_samples - warmup_samples)
+    if decay_style == "linear":
+        coeff = 1.0 - ratio
+    else:
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+def schedule_samples(args):
+    """(warmup_samples, decay_samples) from Megatron's flags. Iteration flags are scaled by the
+    global batch size; a warmup fraction is taken of the decay length (and may be fractional, as
+    in Megatron)."""
+    if args.train_iters:
+        unit, scale = "iters", args.global_batch_size
+    elif args.train_samples:
+        unit, scale = "samples", 1
+    else:
+        raise InputError("the LR schedule needs a training length: give --train-iters N or "
+                         "--train-samples N")
+    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
+    decay_samples = decay * scale
+    if decay_samples <= 0:
+        raise InputError(f"--lr-decay-{unit} {decay} leaves no samples to decay over; give a "
+                         f"positive --lr-decay-{unit} (default --train-{unit})")
+    # A fraction of 0 counts as not given (like arguments.py), so it cannot hide an explicit
+    # --lr-warmup-iters / --lr-warmup-samples.
+    if args.lr_warmup_fraction:
+        warmup_samples = args.lr_warmup_fraction * decay_samples
+    else:
+        warmup_samples = (getattr(args, f"lr_warmup_{unit}") or 0) * scale
+    return warmup_samples, decay_samples

@@ -1,0 +1,22 @@
+"""The AdamW optimizer with Megatron's parameter groups."""
+from torch import nn
+
+from megatron.model import kernels
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices only: biases and LayerNorm parameters (every parameter with one
+    dimension) are not decayed, as in Megatron."""
+    decayed, not_decayed = [], []
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            (not_decayed if parameter.dim() == 1 else decayed).append(parameter)
+    return [{"params": decayed, "weight_decay": weight_decay},
+            {"params": not_decayed, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, args):
+    """The device's AdamW kernel over `model`; its learning rate is set before every step by the loop."""
+    adam = kernels.adam_optimizer_cls()
+    return adam(parameter_groups(model, args.weight_decay), lr=args.lr,
+                betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, weight_decay=args.weight_decay)

@@ -1,0 +1,239 @@
+"""The training loop: build everything from the flags, train on the DeepSpeed engine, evaluate, log, save.
+
+DeepSpeed owns the optimizer step, gradient accumulation, clipping, loss scaling and ZeRO; this loop owns
+what Megatron users expect around it: the learning-rate schedule counted in samples, the data order
+counted in consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and
+Megatron's log lines.
+"""
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron import device
+from megatron.arguments import parse_args, validate_args
+from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.data.data_loaders import build_data_loader, build_datasets, train_valid_test_num_samples
+from megatron.data.gpt_batch import make_batch
+from megatron.ds_config import resolve_deepspeed_config
+from megatron.learning_rates import learning_rate, schedule_samples
+from megatron.optimizer import build_optimizer
+from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
+from megatron.training_log import iteration_line, tflops_per_device, validation_lines
+
+
+@dataclass
+class TrainState:
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    skipped_iterations: int = 0  # since the last log line
+    nan_iterations: int = 0  # since the last log line
+
+
+def initialize_distributed(backend: str) -> None:
+    """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
+    becomes a group of one."""
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free_port = probe.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def is_last_rank() -> bool:
+    return dist.get_rank() == dist.get_world_size() - 1
+
+
+def print_last_rank(message: str) -> None:
+    if is_last_rank():
+        print(message, flush=True)
+
+
+def data_parallel_mean(value: torch.Tensor) -> float:
+    """Mean of a scalar over the data-parallel ranks (every rank holds a loss of different samples)."""
+    value = value.detach().float().clone()
+    dist.all_reduce(value)
+    return value.item() / dist.get_world_size()
+
+
+class Batches:
+    """Endless micro-batches of a data loader, as model inputs on this process's device."""
+
+    def __init__(self, loader, args, eod: int, restart: bool = False):
+        self.loader, self.args, self.eod, self.restart = loader, args, eod, restart
+        self.iterator = iter(loader)
+
+    def __next__(self) -> dict:
+        try:
+            text = next(self.iterator)
+        except StopIteration:
+            if not self.restart:
+                raise
+            self.iterator = iter(self.loader)
+            text = next(self.iterator)
+        batch = make_batch(text, self.eod, reset_position_ids=self.args.reset_position_ids,
+                           reset_attention_mask=self.args.reset_attention_mask, eod_mask_loss=self.args.eod_mask_loss)
+        target = device.current_device()
+        return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
+
+
+def train_step(engine, batches: Batches, args) -> torch.Tensor:
+    """One optimizer step over `num_micro_batches` micro-batches; returns this rank's mean loss."""
+    total = torch.zeros((), device=device.current_device())
+    for _ in range(args.num_micro_batches):
+        batch = next(batches)
+        loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                      labels=batch["labels"], loss_mask=batch["loss_mask"])
+        engine.backward(loss)
+        engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
+        total += loss.detach().float()
+    return total / args.num_micro_batches
+
+
+def evaluate(engine, batches: Batches, args) -> float:
+    """Mean validation loss over `eval_iters` global batches."""
+    engine.eval()
+    total = torch.zeros((), device=device.current_device())
+    with torch.no_grad():
+        for _ in range(args.eval_iters * args.num_micro_batches):
+            batch = next(batches)
+            total += engine(batch["tokens"], position_ids=batch["position_ids"],
+                            attention_mask=batch["attention_mask"], labels=batch["labels"],
+                            loss_mask=batch["loss_mask"]).float()
+    engine.train()
+    return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches))
+
+
+def set_learning_rate(optimizer, args, consumed_samples: int, warmup_samples: int, decay_samples: int) -> float:
+    lr = learning_rate(consumed_samples, max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup_samples,
+                       decay_samples=decay_samples, decay_style=args.lr_decay_style)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+class MetricsLog:
+    """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
+
+    def __init__(self, args, vocab_size: int):
+        self.args, self.vocab_size = args, vocab_size
+        self.writer = None
+        if args.tensorboard_dir and is_last_rank():
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir=args.tensorboard_dir)
+        self.losses, self.interval_start = [], time.perf_counter()
+
+    def iteration(self, state: TrainState, loss: float, lr: float, engine) -> None:
+        self.losses.append(loss)
+        args = self.args
+        if state.iteration % args.log_interval:
+            return
+        device.synchronize()
+        seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
+        mean_loss = sum(self.losses) / len(self.losses)
+        grad_norm = engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+        loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
+        samples_per_second = args.global_batch_size / seconds
+        tflops = tflops_per_device(args.global_batch_size, args.seq_length, args.num_layers, args.hidden_size,
+                                   self.vocab_size, seconds, args.world_size, args.checkpoint_activations)
+        print_last_rank(iteration_line(
+            state.iteration, args.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
+            args.global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
+            state.nan_iterations, samples_per_second, tflops))
+        if self.writer is not None:
+            for name, value in (("lm loss", mean_loss), ("learning-rate", lr), ("grad-norm", grad_norm),
+                                ("loss-scale", loss_scale), ("samples-per-second", samples_per_second)):
+                self.writer.add_scalar(name, value, state.iteration)
+        state.skipped_iterations = state.nan_iterations = 0
+        self.losses, self.interval_start = [], time.perf_counter()
+
+    def validation(self, iteration: int, loss: float) -> None:
+        print_last_rank(validation_lines(iteration, loss))
+        if self.writer is not None:
+            self.writer.add_scalar("validation loss", loss, iteration)
+            self.writer.add_scalar("validation ppl", math.exp(min(20.0, loss)), iteration)
+            self.writer.flush()
+
+    def exclude_from_timing(self, seconds: float) -> None:
+        """Evaluation and checkpointing inside a log interval do not count as iteration time."""
+        self.interval_start += seconds
+
+
+def pretrain(model_provider: Callable, argv=None) -> dict:
+    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size) -> nn.Module` builds the model.
+    Returns the final figures: {'iteration', 'validation_loss'}."""
+    args = parse_args(argv)
+    initialize_distributed(args.distributed_backend or device.communication_backend())
+    validate_args(args, dist.get_world_size(), device.device_name())
+    device.manual_seed(args.seed)
+
+    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
+                                tokenizer_model=args.tokenizer_model, vocab_size=args.vocab_size)
+    padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                                                args.tensor_model_parallel_size)
+    args.padded_vocab_size = padded_vocab_size
+
+    import deepspeed
+
+    model = model_provider(args, padded_vocab_size)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args),
+                                           config=resolve_deepspeed_config(args), dist_init_required=False)
+    state = TrainState()
+    state.iteration, state.consumed_train_samples = load_checkpoint(engine, args)
+
+    dp_rank, dp_size = dist.get_rank(), dist.get_world_size()
+    train_set, valid_set, _ = build_datasets(args, padded_vocab_size)
+    train = Batches(build_data_loader(train_set, state.consumed_train_samples, args, dp_rank, dp_size), args,
+                    tokenizer.eod)
+    consumed_valid = (state.iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
+    valid_loader = build_data_loader(valid_set, consumed_valid % len(valid_set) if valid_set else 0, args,
+                                     dp_rank, dp_size)
+    valid = Batches(valid_loader, args, tokenizer.eod, restart=True) if valid_loader and args.eval_iters else None
+
+    warmup_samples, decay_samples = schedule_samples(args)
+    train_iters = args.train_iters or train_valid_test_num_samples(args)[0] // args.global_batch_size
+    args.train_iters = train_iters
+    metrics = MetricsLog(args, padded_vocab_size)
+    validation_loss = None
+    skipped_before = engine.skipped_steps
+    while state.iteration < train_iters:
+        set_learning_rate(engine.optimizer, args, state.consumed_train_samples, warmup_samples, decay_samples)
+        loss = data_parallel_mean(train_step(engine, train, args))
+        state.iteration += 1
+        state.consumed_train_samples += args.global_batch_size
+        state.skipped_iterations += engine.skipped_steps - skipped_before
+        skipped_before = engine.skipped_steps
+        state.nan_iterations += int(not math.isfinite(loss))
+        lr = learning_rate(state.consumed_train_samples, max_lr=args.lr, min_lr=args.min_lr,
+                           warmup_samples=warmup_samples, decay_samples=decay_samples,
+                           decay_style=args.lr_decay_style)
+        metrics.iteration(state, loss, lr, engine)
+
+        paused = time.perf_counter()
+        if valid is not None and state.iteration % args.eval_interval == 0:
+            validation_loss = evaluate(engine, valid, args)
+            metrics.validation(state.iteration, validation_loss)
+        exiting = bool(args.exit_interval) and state.iteration % args.exit_interval == 0
+        if args.save and (state.iteration % args.save_interval == 0 or exiting):
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+        metrics.exclude_from_timing(time.perf_counter() - paused)
+        if exiting:
+            print_last_rank(f"exiting program at iteration {state.iteration}")
+            return {"iteration": state.iteration, "validation_loss": validation_loss}
+
+    if args.save and state.iteration % args.save_interval:
+        save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+    if valid is not None and state.iteration % args.eval_interval:
+        validation_loss = evaluate(engine, valid, args)
+        metrics.validation(state.iteration, validation_loss)
+    return {"iteration": state.iteration, "validation_loss": validation_loss}
