@@ -63,7 +63,7 @@ _FRACTIONS_BELOW_ONE = ("hidden_dropout", "attention_dropout", "adam_beta1", "ad
 _log = logging.getLogger(__name__)
 
 
-def flag(dest):
+def _flag(dest):
     """The command-line spelling of an argparse attribute, for messages."""
     return "--" + dest.replace("_", "-")
 
@@ -255,7 +255,7 @@ def parse_args(argv=None, extra_args_provider=None):
 def _check_required(args):
     for dest in _REQUIRED:
         if getattr(args, dest) is None:
-            raise InputError(f"{flag(dest)} is required: give it, or --model-size NAME "
+            raise InputError(f"{_flag(dest)} is required: give it, or --model-size NAME "
                              f"(one of {', '.join(preset_names())}) to take it from a preset")
 
 
@@ -266,7 +266,7 @@ def _check_ranges(args):
         for dest in names:
             value = getattr(args, dest)
             if value is not None and not ok(value):
-                raise InputError(f"{flag(dest)} {value} is out of range: it must be {wanted}")
+                raise InputError(f"{_flag(dest)} {value} is out of range: it must be {wanted}")
 
 
 def _set_parallel_sizes(args, world_size):
@@ -301,7 +301,7 @@ def _set_model_shape(args):
     for dest in ("num_attention_heads", "ffn_hidden_size"):
         if getattr(args, dest) % tp:
             raise InputError(
-                f"{flag(dest)} {getattr(args, dest)} is not divisible by "
+                f"{_flag(dest)} {getattr(args, dest)} is not divisible by "
                 f"--tensor-model-parallel-size {tp}; tensor parallelism splits it evenly, so "
                 f"choose a multiple of {tp} or a smaller tensor parallel size")
 
@@ -342,7 +342,7 @@ def _given(args, *dests):
 
 
 def _describe(args, dests):
-    return " and ".join(f"{flag(dest)} {getattr(args, dest)}" for dest in dests)
+    return " and ".join(f"{_flag(dest)} {getattr(args, dest)}" for dest in dests)
 
 
 def _check_training_length(args):
@@ -369,7 +369,7 @@ def _check_training_length(args):
     warmup = getattr(args, f"lr_warmup_{unit}")
     if warmup is not None and warmup > decay:
         raise InputError(
-            f"--lr-warmup-{unit} {warmup} is longer than the LR decay ({flag(decay_dest)} {decay}"
+            f"--lr-warmup-{unit} {warmup} is longer than the LR decay ({_flag(decay_dest)} {decay}"
             f", which defaults to --train-{unit}); shorten the warmup or lengthen the decay")
     args.lr_warmup_iters = args.lr_warmup_iters or 0
     args.lr_warmup_samples = args.lr_warmup_samples or 0
@@ -423,10 +423,10 @@ def _check_split(split):
 def _check_file(args, dest, what):
     value = getattr(args, dest)
     if value is None:
-        raise InputError(f"--tokenizer-type {args.tokenizer_type} needs {flag(dest)}; give the "
+        raise InputError(f"--tokenizer-type {args.tokenizer_type} needs {_flag(dest)}; give the "
                          f"path of {what}")
     if not os.path.isfile(value):
-        raise InputError(f"{flag(dest)} {value} does not exist; give the path of {what}")
+        raise InputError(f"{_flag(dest)} {value} does not exist; give the path of {what}")
 
 
 def _check_tokenizer(args):

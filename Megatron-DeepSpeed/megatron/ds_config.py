@@ -1,4 +1,4 @@
-"""The DeepSpeed config: generated from the flags, or a user's --deepspeed_config checked against them.
+"""The DeepSpeed config: built from the flags, or a user's --deepspeed_config checked against them.
 
 The flags drive the data loader, the model dtype and the LR schedule; DeepSpeed drives batching,
 clipping, precision and ZeRO from its JSON. If the two disagreed, the run would silently train

@@ -43,7 +43,9 @@ def schedule_samples(args):
     else:
         raise InputError("the LR schedule needs a training length: give --train-iters N or "
                          "--train-samples N")
-    decay = getattr(args, f"lr_decay_{unit}") or getattr(args, f"train_{unit}")
+    decay = getattr(args, f"lr_decay_{unit}")
+    if decay is None:
+        decay = getattr(args, f"train_{unit}")
     decay_samples = decay * scale
     if decay_samples <= 0:
         raise InputError(f"--lr-decay-{unit} {decay} leaves no samples to decay over; give a "

@@ -1,7 +1,7 @@
 """Model-size presets: the single source of truth for the numbers in DESIGN §7.
 
 `--model-size NAME` and the shell entry points both read this table, so a size is changed in one
-place. A preset maps argparse attribute names (Megatron flag names, dashes as underscores) to values.
+place. A preset maps argparse attribute names (Megatron flags, dashes as underscores) to values.
 
     python -m megatron.presets 345M                  # KEY=VALUE lines for `eval` in bash
     python -m megatron.presets 345M --format flags   # Megatron flags, one per line

@@ -24,7 +24,7 @@ from megatron.ds_config import resolve_deepspeed_config
 from megatron.learning_rates import learning_rate, schedule_samples
 from megatron.optimizer import build_optimizer
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
-from megatron.training_log import iteration_line, tflops_per_device, validation_lines
+from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
 
 
 @dataclass
@@ -113,7 +113,7 @@ def evaluate(engine, batches: Batches, args) -> float:
     return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches))
 
 
-def set_learning_rate(optimizer, args, consumed_samples: int, warmup_samples: int, decay_samples: int) -> float:
+def set_learning_rate(optimizer, args, consumed_samples: int, warmup_samples: float, decay_samples: float) -> float:
     lr = learning_rate(consumed_samples, max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup_samples,
                        decay_samples=decay_samples, decay_style=args.lr_decay_style)
     for group in optimizer.param_groups:
@@ -161,7 +161,7 @@ class MetricsLog:
         print_last_rank(validation_lines(iteration, loss))
         if self.writer is not None:
             self.writer.add_scalar("validation loss", loss, iteration)
-            self.writer.add_scalar("validation ppl", math.exp(min(20.0, loss)), iteration)
+            self.writer.add_scalar("validation ppl", perplexity(loss), iteration)
             self.writer.flush()
 
     def exclude_from_timing(self, seconds: float) -> None:

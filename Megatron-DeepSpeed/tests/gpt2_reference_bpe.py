@@ -1,7 +1,11 @@
-"""An independent, deliberately slow GPT-2 byte-level BPE encoder: the oracle the fast tokenizer is
-checked against. It follows the classic published algorithm step by step (regex split, byte -> printable
+"""Test material for the tokenizers: an independent, deliberately slow GPT-2 byte-level BPE encoder (the
+oracle) and a small real-text corpus to train vocabularies on.
+
+The encoder follows the classic published algorithm step by step (regex split, byte -> printable
 character table, repeatedly merge the adjacent pair with the lowest merge rank) and shares no code with
 megatron.tokenizer, so a bug there cannot hide in both."""
+import importlib
+import inspect
 import json
 
 import regex
@@ -63,3 +67,26 @@ class ReferenceGPT2Encoder:
             word = "".join(self.byte_to_char[b] for b in piece.encode("utf-8"))
             ids.extend(self.vocab[part] for part in self._merge_word(word))
         return ids
+
+
+CORPUS_MODULES = ("argparse", "collections", "csv", "datetime", "decimal", "email.message", "fractions",
+                  "functools", "http.client", "inspect", "itertools", "json", "logging", "os", "pathlib",
+                  "random", "re", "shutil", "statistics", "string", "subprocess", "tarfile", "tempfile",
+                  "textwrap", "threading", "unittest", "zipfile")
+NON_ENGLISH = ("Größe überprüfen, naïve Café-Bücher für 12,50 €.", "日本語の文章を分割します。東京は晴れ。",
+               "Привет, мир! Это проверка токенизатора.", "Ελληνικά γράμματα και αριθμοί ١٢٣ ٤٥٦.",
+               "emoji 😀🎉👍🏽 and flags 🇩🇪🇫🇷 in text", "tabs\tand\r\nwindows lines\u00a0nbsp")
+
+
+def docstring_corpus():
+    """About 180 kB of English prose (stdlib docstrings, fixed for a given Python) plus some non-English
+    lines repeated often enough that merges form inside multi-byte characters."""
+    texts = list(NON_ENGLISH) * 20
+    for name in CORPUS_MODULES:
+        module = importlib.import_module(name)
+        texts.append(module.__doc__ or "")
+        for attr, value in sorted(vars(module).items()):
+            defined_here = getattr(value, "__module__", None) == name
+            if not attr.startswith("_") and defined_here and (inspect.isclass(value) or inspect.isfunction(value)):
+                texts.append(value.__doc__ or "")
+    return texts

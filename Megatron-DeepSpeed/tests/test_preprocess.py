@@ -100,7 +100,7 @@ def test_glob_and_gzip_inputs_are_concatenated_in_sorted_order(tmp_path):
 
 
 def test_progress_reports_documents_and_throughput(tmp_path):
-    _, messages = run(tmp_path, [{"text": "1"}] * 5, log_interval=2)
+    _, messages = run(tmp_path, [{"text": "1"}] * 5, log_interval=2, batch_bytes=1)
     assert sum("Processed" in line for line in messages) == 2
     assert all("docs/s" in line and "MB/s" in line for line in messages if "Processed" in line)
 
@@ -116,7 +116,7 @@ def test_gpt2_tokens_match_the_reference_encoder(tmp_path):
     tokenizer = build_tokenizer("GPT2BPETokenizer", vocab_file=vocab, merge_file=merges)
     (prefix,) = preprocess(PreprocessOptions(input_pattern=source, output_prefix=str(tmp_path / "out"),
                                              append_eod=True, workers=2), tokenizer, log=lambda _: None)
-    reference = ReferenceGPT2Encoder.from_files(vocab, merges)
+    reference = ReferenceGPT2Encoder(vocab, merges)
     expected = [reference.encode(text) + [tokenizer.eod] for text in texts if reference.encode(text)]
     assert [item.tolist() for item in MMapIndexedDataset(prefix)] == expected
 

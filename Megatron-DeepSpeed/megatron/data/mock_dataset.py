@@ -14,12 +14,14 @@ class MockGPTDataset:
     """num_samples items of {"text": int64[seq_length + 1]} with uniform ids in [0, vocab_size)."""
 
     def __init__(self, num_samples, seq_length, vocab_size, seed):
-        for name, value, least in (("num_samples", num_samples, 0), ("seq_length", seq_length, 1),
-                                   ("vocab_size", vocab_size, 1), ("seed", seed, 0)):
+        for name, value, least, source in (
+                ("num_samples", num_samples, 0, "--train-iters / --train-samples"),
+                ("seq_length", seq_length, 1, "--seq-length"),
+                ("vocab_size", vocab_size, 1, "--vocab-size or the tokenizer's vocabulary"),
+                ("seed", seed, 0, "--seed")):
             if value < least:
-                raise InputError(f"--mock-data: {name} {value} must be at least {least}; check "
-                                 f"the flag that sets it (--{name.replace('_', '-')} or the "
-                                 f"training length)")
+                raise InputError(f"--mock-data: {name} {value} must be at least {least}; it "
+                                 f"comes from {source}, fix it there")
         self.num_samples = num_samples
         self.seq_length = seq_length
         self.vocab_size = vocab_size

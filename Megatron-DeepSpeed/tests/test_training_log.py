@@ -1,0 +1,149 @@
+"""DESIGN §8 log formats, byte for byte, and the parser that reads them back from noisy logs."""
+import dataclasses
+
+import pytest
+
+from megatron.training_log import (
+    IterationRecord, ValidationRecord, iteration_line, parse_log, perplexity, tflops_per_device,
+    validation_lines)
+
+RECORD = IterationRecord(iteration=3, train_iters=100, consumed_samples=48, elapsed_ms=1234.56,
+                         learning_rate=1.5e-4, global_batch_size=16, lm_loss=7.123456789,
+                         loss_scale=4096.0, grad_norm=1.23456, skipped_iterations=0,
+                         nan_iterations=1, samples_per_second=12.9654, tflops=3.14159)
+
+
+def test_iteration_line_matches_the_literal_format():
+    assert iteration_line(**dataclasses.asdict(RECORD)) == (
+        " iteration        3/     100 | consumed samples:           48 |"
+        " elapsed time per iteration (ms): 1234.6 | learning rate: 1.500E-04 |"
+        " global batch size:    16 | lm loss: 7.123457E+00 | loss scale: 4096.0 |"
+        " grad norm: 1.235 | number of skipped iterations:   0 |"
+        " number of nan iterations:   1 | samples per second: 12.965 | TFLOPs: 3.14 |")
+
+
+def test_wide_numbers_overflow_their_fields_without_truncation():
+    line = iteration_line(123456789, 500000000, 10 ** 13, 1.0, 1.0, 123456, 1.0, 1.0, 1.0,
+                          1000, 0, 1.0, 1.0)
+    assert line.startswith(" iteration 123456789/500000000 | consumed samples: 10000000000000 |")
+    assert " global batch size: 123456 |" in line
+    assert " number of skipped iterations: 1000 |" in line
+
+
+def test_validation_lines_are_framed_by_dashes_one_longer_than_the_result():
+    dashes = "-" * 95
+    assert validation_lines(100, 2.0) == "\n".join((
+        dashes,
+        " validation loss at iteration 100 | lm loss value: 2.000000E+00 |"
+        " lm loss PPL: 7.389056E+00 | ",
+        dashes))
+
+
+def test_validation_prefix_and_capped_perplexity():
+    first, middle, last = validation_lines(7, 25.0, prefix="test").split("\n")
+    assert middle == (" test loss at iteration 7 | lm loss value: 2.500000E+01 |"
+                      " lm loss PPL: 4.851652E+08 | ")
+    assert first == last == "-" * (len(middle) + 1)
+
+
+def test_perplexity_is_exp_of_the_loss_capped_at_20():
+    assert perplexity(0.0) == 1.0
+    assert perplexity(2.0) == pytest.approx(7.38905609893065)
+    assert perplexity(20.0) == perplexity(1000.0) == pytest.approx(485165195.4097903)
+
+
+def test_tflops_for_the_345m_shape():
+    # 24*4*16*1024*24*1024^2 = 39582418599936 flops of matmuls; the attention and logit terms
+    # add 1/6 and 50304/393216 of that: 51243254808576 flops per iteration, over 2 s x 8 devices.
+    shape = dict(global_batch_size=16, seq_length=1024, num_layers=24, hidden_size=1024,
+                 vocab_size=50304, seconds_per_iteration=2.0, world_size=8)
+    assert tflops_per_device(**shape, checkpoint_activations=True) == pytest.approx(
+        3.202703425536)
+    assert tflops_per_device(**shape, checkpoint_activations=False) == pytest.approx(
+        3.202703425536 * 3 / 4)
+
+
+def test_tflops_for_a_tiny_shape():
+    # 24*3*1*2*1*1*(1 + 2/6 + 12/16) = 144 * 25/12 = 300 flops in 1e-10 s on one device.
+    assert tflops_per_device(1, 2, 1, 1, 12, 1e-10, 1, False) == pytest.approx(3.0)
+
+
+REAL_LOG = """\
+[2024-05-01 10:00:00,123] [INFO] [real_accelerator.py:203:get_accelerator] Setting ds_accelerator to cuda (auto detect)
+using world size: 8, data-parallel-size: 4, tensor-model-parallel size: 1, pipeline-model-parallel size: 2
+> building train, validation, and test datasets ...
+[default7]: iteration       10/     300 | consumed samples:          160 | elapsed time per iteration (ms): 512.3 | learning rate: 1.500E-04 | global batch size:    16 | lm loss: 9.876543E+00 | loss scale: 65536.0 | grad norm: 12.345 | number of skipped iterations:   0 | number of nan iterations:   0 | samples per second: 31.231 | TFLOPs: 12.34 |
+[2024-05-01 10:00:05,456] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, skipped=0, lr=[0.00015], mom=[(0.9, 0.999)]
+/usr/lib/python3/site-packages/torch/utils/checkpoint.py:61: UserWarning: None of the inputs have requires_grad=True. Gradients will be None
+ iteration       20/     300 | consumed samples:          320 | consumed tokens:       327680 | elapsed time per iteration (ms): 421.3 | learning rate: 9.375E-05 | global batch size:    16 | lm loss: 7.654321E+00 | loss scale: 65536.0 | grad norm: 2.345 | actual seqlen:  1024 | number of skipped iterations:   1 | number of nan iterations:   0 | samples per second: 37.977 | tokens per gpu per second (tgs): 4861.056 | TFLOPs: 15.11 |
+ iteration       30/     300 | consumed samples:          480 | elapsed time per iteration (ms): 400.0 | learning rate: 9.000E-05 | global batch size:    16 | lm loss: 7.100000E+00 | loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |
+time (ms) | forward-compute: 101.23 | backward-compute: 202.46 | optimizer: 10.00
+-----------------------------------------------------------------------------------------------
+ validation loss at iteration 30 | lm loss value: 7.012345E+00 | lm loss PPL: 1.110624E+03 | 
+-----------------------------------------------------------------------------------------------
+ iteration       40/     300 | consumed samples:          640 | elapsed time per iteration (ms): 39
+[after training is done] datetime: 2024-05-01 10:05:00
+--------------------------------------------------------------------------------------------------------------------
+ validation loss at the end of training for val data | lm loss value: 6.900000E+00 | lm loss PPL: 9.921282E+02 | 
+ test loss at iteration 300 | lm loss value: 6.950000E+00 | lm loss PPL: 1.043 |
+"""
+
+
+def test_parser_reads_real_logs_among_noise():
+    parsed = parse_log(REAL_LOG.splitlines(keepends=True))
+    assert [record.iteration for record in parsed.iterations] == [10, 20, 30, 40]
+    assert parsed.iterations[0] == IterationRecord(
+        iteration=10, train_iters=300, consumed_samples=160, elapsed_ms=512.3,
+        learning_rate=1.5e-4, global_batch_size=16, lm_loss=9.876543, loss_scale=65536.0,
+        grad_norm=12.345, skipped_iterations=0, nan_iterations=0, samples_per_second=31.231,
+        tflops=12.34)
+    # Megatron-DeepSpeed's extra fields are ignored, the known ones still read.
+    second = parsed.iterations[1]
+    assert (second.lm_loss, second.skipped_iterations, second.samples_per_second,
+            second.tflops) == (7.654321, 1, 37.977, 15.11)
+    # Fields a line does not carry are None.
+    third = parsed.iterations[2]
+    assert (third.lm_loss, third.grad_norm, third.samples_per_second, third.tflops) == (
+        7.1, None, None, None)
+    # A line cut off mid-number keeps only its complete fields.
+    assert parsed.iterations[3] == IterationRecord(iteration=40, train_iters=300,
+                                                   consumed_samples=640)
+    # The end-of-training summary has no iteration number and is not a validation record.
+    assert parsed.validations == [
+        ValidationRecord(iteration=30, loss=7.012345, ppl=1110.624),
+        ValidationRecord(iteration=300, loss=6.95, ppl=1.043, prefix="test")]
+
+
+def test_parser_takes_one_string_too():
+    assert parse_log(REAL_LOG) == parse_log(REAL_LOG.splitlines())
+
+
+def test_parser_ignores_lines_that_only_mention_iterations():
+    noise = ["iteration 5 done", "loss at iteration 5 | nothing: here |",
+             " validation loss at iteration 5 | lm loss value: broken | lm loss PPL: 1.0 | ",
+             "resuming from iteration 5/10"]
+    parsed = parse_log(noise)
+    assert parsed.iterations == [] and parsed.validations == []
+
+
+def test_round_trip_of_our_own_lines():
+    records = [RECORD,
+               dataclasses.replace(RECORD, iteration=4, consumed_samples=64, elapsed_ms=98.7,
+                                   learning_rate=2.25e-4, lm_loss=6.5, loss_scale=1.0,
+                                   grad_norm=0.5, nan_iterations=0, samples_per_second=162.5,
+                                   tflops=0.25)]
+    # Values at the printed precision survive formatting and parsing exactly.
+    exact = [dataclasses.replace(record, elapsed_ms=round(record.elapsed_ms, 1),
+                                 lm_loss=float(f"{record.lm_loss:.6E}"),
+                                 grad_norm=round(record.grad_norm, 3),
+                                 samples_per_second=round(record.samples_per_second, 3),
+                                 tflops=round(record.tflops, 2))
+             for record in records]
+    validations = [ValidationRecord(iteration=4, loss=6.25, ppl=float(f"{perplexity(6.25):.6E}")),
+                   ValidationRecord(iteration=4, loss=6.5,
+                                    ppl=float(f"{perplexity(6.5):.6E}"), prefix="test")]
+    text = [iteration_line(**dataclasses.asdict(record)) for record in exact]
+    text += [validation_lines(v.iteration, v.loss, prefix=v.prefix) for v in validations]
+    parsed = parse_log("\n".join(text))
+    assert parsed.iterations == exact
+    assert parsed.validations == validations
