@@ -30,7 +30,7 @@ def data_prefix(tmp_path_factory):
 def pretrain(data_prefix, *flags, expect_failure=False):
     command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"),
                "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
-               "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
+               "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-2", "--min-lr", "1e-3",
                "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--hidden-dropout", "0",
                "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
                "--data-path", data_prefix, "--split", "90,10,0", "--num-workers", "0", "--log-interval", "1",
@@ -57,7 +57,7 @@ def test_loss_falls_and_logs_are_in_megatron_format(straight_run):
     _, stdout = straight_run
     log = parse_log(stdout.splitlines())
     assert [record.iteration for record in log.iterations] == list(range(1, 21))
-    assert log.iterations[-1].lm_loss < log.iterations[0].lm_loss - 1.0
+    assert log.iterations[-1].lm_loss < log.iterations[0].lm_loss - 1.0, stdout
     assert re.search(r"^ iteration +20/ +20 \| consumed samples: +160 \| elapsed time per iteration \(ms\): "
                      r"[\d.]+ \| learning rate: [\d.]+E[-+]\d+ \| global batch size: +8 \| lm loss: [\d.]+E[-+]\d+ "
                      r"\| loss scale: 1\.0 \| grad norm: [\d.]+ \| number of skipped iterations: +0 \| "
@@ -96,8 +96,8 @@ def test_resume_is_exact(straight_run, data_prefix, tmp_path):
 def test_gradient_accumulation_matches_one_big_micro_batch(straight_run, data_prefix):
     # Same global batch of 8 as one micro-batch: same samples, same mean loss, same update (fp32).
     _, stdout = straight_run
-    single = pretrain(data_prefix, "--train-iters", "5", "--micro-batch-size", "8", "--global-batch-size", "8",
-                      "--eval-iters", "0")
+    single = pretrain(data_prefix, "--train-iters", "5", "--lr-decay-iters", "20", "--micro-batch-size", "8",
+                      "--global-batch-size", "8", "--eval-iters", "0")
     accumulated = [r.lm_loss for r in parse_log(stdout.splitlines()).iterations[:5]]
     assert [r.lm_loss for r in parse_log(single.stdout.splitlines()).iterations] == pytest.approx(accumulated,
                                                                                                    rel=1e-5)

@@ -47,12 +47,22 @@ def input_paths(pattern):
 def read_texts(paths, json_keys, progress):
     """Yield the value of every key in `json_keys` of every JSON line of `paths`, in order."""
     for path in paths:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as lines:
-            for line_number, line in enumerate(lines, start=1):
-                if line.strip():
-                    yield from _texts_of_line(line, json_keys, f"{path}:{line_number}")
-                    progress.count(len(line))
+        try:
+            yield from _texts_of_file(path, json_keys, progress)
+        except (OSError, EOFError) as err:  # unreadable, or a broken/truncated .gz
+            raise InputError(f"--input {path}: cannot read it ({err}); pass JSONL files, plain or gzip-compressed "
+                             f"with a .gz name") from None
+    progress.report()
+    print("computing merges", file=sys.stderr, flush=True)
+
+
+def _texts_of_file(path, json_keys, progress):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield from _texts_of_line(line, json_keys, f"{path}:{line_number}")
+                progress.count(len(line))
 
 
 def _texts_of_line(line, json_keys, where):
@@ -61,13 +71,15 @@ def _texts_of_line(line, json_keys, where):
     except orjson.JSONDecodeError as err:
         raise InputError(f"{where}: not valid JSON ({err}); each line must be one JSON object") from None
     if not isinstance(document, dict):
-        raise InputError(f"{where}: a JSON {type(document).__name__}, not an object; each line must be one "
-                         f"JSON object with the keys {', '.join(json_keys)}")
+        raise InputError(f"{where}: expected a JSON object, got {type(document).__name__}; each line must be "
+                         f"one JSON object with the keys {', '.join(json_keys)}")
     for key in json_keys:
-        text = document.get(key)
+        if key not in document:
+            raise InputError(f"{where}: key {key!r} is missing; pick the text keys with --json-keys")
+        text = document[key]
         if not isinstance(text, str):
-            problem = "is missing" if text is None else f"is a {type(text).__name__}, not a string"
-            raise InputError(f"{where}: key {key!r} {problem}; pick the text keys with --json-keys")
+            raise InputError(f"{where}: key {key!r} is not a string (got {type(text).__name__}); "
+                             f"pick the text keys with --json-keys")
         yield text
 
 
@@ -100,8 +112,7 @@ def main(argv=None):
     print(f"training a {args.vocab_size}-token byte-level BPE on {len(paths)} file(s)", file=sys.stderr)
     progress = Progress()
     texts = read_texts(paths, args.json_keys, progress)
-    vocab_path, merges_path = train_bpe_vocab(texts, args.vocab_size, args.output_dir, show_progress=True)
-    progress.report()
+    vocab_path, merges_path = train_bpe_vocab(texts, args.vocab_size, args.output_dir)
     print(f"wrote {vocab_path} and {merges_path}", file=sys.stderr)
 
 

@@ -78,11 +78,16 @@ def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int,
     return sample_idx
 
 
+def shuffle_idx_dtype(num_samples: int) -> type:
+    """uint32 halves the file; Megatron switches to int64 two short of the uint32 limit."""
+    return np.uint32 if num_samples < np.iinfo(np.uint32).max - 1 else np.int64
+
+
 def build_shuffle_idx(num_shuffled_first: int, num_samples: int,
                       rng: np.random.RandomState) -> np.ndarray:
     """Samples [0, num_shuffled_first) shuffled, then [num_shuffled_first, num_samples) shuffled
     on their own. uint32 unless the count needs more (then int64)."""
-    dtype = np.uint32 if num_samples < np.iinfo(np.uint32).max - 1 else np.int64
+    dtype = shuffle_idx_dtype(num_samples)
     first = np.arange(num_shuffled_first, dtype=dtype)
     rng.shuffle(first)
     if num_shuffled_first == num_samples:

@@ -2,10 +2,11 @@
 
     tokens -> Embedding (word + learned position, dropout)
            -> num_layers x TransformerLayer (pre-LayerNorm attention and MLP, each added to the residual)
-           -> final LayerNorm -> lm_logits (tied to the word embedding) -> language_model_loss
+           -> final LayerNorm -> LMHead (tied to the word embedding) -> LanguageModelLoss
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
-model can build the same network from the same pieces, one DeepSpeed LayerSpec per piece. Tensors are
+model can build the same network from the same pieces, one DeepSpeed LayerSpec per piece. Parallelism is
+applied from outside by swapping pieces (model/parallelize.py); the model itself knows nothing about it. Tensors are
 batch-first: hidden states are [batch, seq, hidden]. Parameter names follow Megatron, so it is obvious which
 linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
 (attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
@@ -106,8 +107,11 @@ class SelfAttention(nn.Module):
         self.attend = kernels.attention_fn()
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        batch, seq_length, _ = hidden.shape
-        qkv = self.query_key_value(hidden).view(batch, seq_length, -1, 3, self.head_dim)
+        qkv = self.query_key_value(hidden)
+        # Sizes come from the projection's output: under tensor parallelism it holds only this rank's heads,
+        # and under sequence parallelism the whole sequence while `hidden` held only a chunk of it.
+        batch, seq_length, _ = qkv.shape
+        qkv = qkv.view(batch, seq_length, -1, 3, self.head_dim)
         query, key, value = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, head_dim]
         dropout_p = self.dropout_p if self.training else 0.0
         context = self.attend(query, key, value, attention_mask, dropout_p)
@@ -141,9 +145,20 @@ class TransformerLayer(nn.Module):
         return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
 
-def lm_logits(hidden: torch.Tensor, word_embedding_weight: torch.Tensor) -> torch.Tensor:
-    """The LM head: scores against every (padded) vocabulary entry, reusing the word-embedding matrix."""
-    return F.linear(hidden, word_embedding_weight)
+class LMHead(nn.Module):
+    """Scores against every (padded) vocabulary entry. The weight is the word-embedding matrix, passed in at
+    call time so that the tied weight has a single owner."""
+
+    def forward(self, hidden: torch.Tensor, word_embedding_weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, word_embedding_weight)
+
+
+def masked_mean(token_losses: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean of the per-token losses over the positions where loss_mask is 1 (all positions without a mask)."""
+    if loss_mask is None:
+        return token_losses.mean()
+    loss_mask = loss_mask.flatten().float()
+    return (token_losses.flatten() * loss_mask).sum() / loss_mask.sum()
 
 
 def language_model_loss(logits: torch.Tensor, labels: torch.Tensor,
@@ -151,10 +166,19 @@ def language_model_loss(logits: torch.Tensor, labels: torch.Tensor,
     """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16
     logits do not lose precision in the softmax."""
     token_losses = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none")
-    if loss_mask is None:
-        return token_losses.mean()
-    loss_mask = loss_mask.flatten().float()
-    return (token_losses * loss_mask).sum() / loss_mask.sum()
+    return masked_mean(token_losses, loss_mask)
+
+
+class LanguageModelLoss(nn.Module):
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor,
+                loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return language_model_loss(logits, labels, loss_mask)
+
+
+def checkpoint_layer(layer: nn.Module, *args) -> torch.Tensor:
+    """layer(*args) keeping only its inputs; its insides are recomputed during backward, with torch's random
+    generators rewound so that dropout masks repeat."""
+    return checkpoint(layer, *args, use_reentrant=False)
 
 
 class GPTModel(nn.Module):
@@ -164,20 +188,25 @@ class GPTModel(nn.Module):
         self.embedding = Embedding(config)
         self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
         self.final_layernorm = layer_norm(config)
+        self.lm_head = LMHead()
+        self.loss = LanguageModelLoss()
+        # How --checkpoint-activations recomputes a layer; tensor parallelism swaps in one that also rewinds
+        # its own random streams.
+        self.checkpoint_layer = checkpoint_layer
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits [batch, seq, vocab]; or, given labels, the scalar loss.
+        """Logits [batch, seq, vocab] (under tensor parallelism this rank's vocabulary slice); or, given labels,
+        the scalar loss.
 
         attention_mask: None for causal attention, else bool [batch, 1, seq, seq] with True = masked.
         """
         hidden = self.embedding(tokens, position_ids)
         for layer in self.layers:
             if self.config.checkpoint_activations and torch.is_grad_enabled():
-                # Keep only each layer's input; recompute its insides during backward.
-                hidden = checkpoint(layer, hidden, attention_mask, use_reentrant=False)
+                hidden = self.checkpoint_layer(layer, hidden, attention_mask)
             else:
                 hidden = layer(hidden, attention_mask)
-        logits = lm_logits(self.final_layernorm(hidden), self.embedding.word_embeddings.weight)
-        return logits if labels is None else language_model_loss(logits, labels, loss_mask)
+        logits = self.lm_head(self.final_layernorm(hidden), self.embedding.word_embeddings.weight)
+        return logits if labels is None else self.loss(logits, labels, loss_mask)

@@ -1,0 +1,11 @@
+"""Tensor and sequence parallelism: named communication functions, sharded layers, vocab-parallel cross
+entropy, and the RNG streams dropout draws from under tensor parallelism."""
+from megatron.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDropout, RowParallelLinear,
+                                             VocabParallelEmbedding, column_parallel_linear, mark_sequence_parallel,
+                                             shard_parameter)
+from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
+                                               gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
+                                               reduce_scatter_to_sequence_parallel_region,
+                                               scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
+from megatron.tensor_parallel.random import (MODEL_PARALLEL_RNG, RNGStatesTracker, tensor_parallel_rng_tracker)

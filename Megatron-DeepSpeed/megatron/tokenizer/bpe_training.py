@@ -14,7 +14,7 @@ MERGES_FILE = "merges.txt"
 MIN_VOCAB_SIZE = 257  # the 256 byte tokens and <|endoftext|>
 
 
-def train_bpe_vocab(texts, vocab_size, output_dir, show_progress=False):
+def train_bpe_vocab(texts, vocab_size, output_dir):
     """Train on `texts` (any iterable, consumed once, never held in memory as a whole) and write
     output_dir/vocab.json and output_dir/merges.txt in GPT-2's format; returns their paths.
 
@@ -27,7 +27,7 @@ def train_bpe_vocab(texts, vocab_size, output_dir, show_progress=False):
                          f"(256 byte tokens + {EOD_TOKEN}, then one token per merge)")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=show_progress,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer=trainer)
 

@@ -7,7 +7,7 @@ from megatron.tokenizer import pack_token_arrays, require_positive_int
 
 
 class NullTokenizer:
-    """Ids 0..vocab_size-1 come from the text; `eod` is the extra id vocab_size, hence the reported
+    """Ids come straight from the text; `eod` is the extra id --vocab-size, hence the reported
     `vocab_size` is one larger than the flag (Megatron's meaning)."""
 
     def __init__(self, vocab_size):

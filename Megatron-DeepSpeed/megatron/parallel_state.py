@@ -1,0 +1,165 @@
+"""Which processes work together: the tensor-, data- and pipeline-parallel groups of this process.
+
+Rank layout (DESIGN §4): tensor-parallel innermost, then data, then pipeline:
+    global rank = pp_rank * (DP * TP) + dp_rank * TP + tp_rank
+which is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp=TP, num_dp), so our groups and the ones the
+DeepSpeed pipeline engine builds agree. Tensor-parallel neighbours are adjacent ranks, hence on one node.
+
+One ParallelState object owns the groups (no module-level state) and is itself the `mpu` that
+deepspeed.initialize(mpu=...) expects.
+"""
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch.distributed as dist
+
+from megatron.errors import InputError
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """The arithmetic of the rank layout, independent of any running process group."""
+    tensor: int
+    data: int
+    pipeline: int
+
+    @classmethod
+    def for_world(cls, world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> "RankLayout":
+        for flag, value in (("--tensor-model-parallel-size", tensor_parallel_size),
+                            ("--pipeline-model-parallel-size", pipeline_parallel_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"{flag} is {value!r}; it must be a positive integer")
+        model_parallel = tensor_parallel_size * pipeline_parallel_size
+        if world_size % model_parallel:
+            raise InputError(
+                f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
+                f"{pipeline_parallel_size} = {model_parallel} does not divide the number of processes "
+                f"{world_size}; choose sizes whose product divides {world_size} (the rest is data parallelism)")
+        return cls(tensor_parallel_size, world_size // model_parallel, pipeline_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.data * self.pipeline
+
+    def global_rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * self.data + dp_rank) * self.tensor + tp_rank
+
+    def coordinates(self, rank: int) -> Tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank."""
+        return rank // (self.data * self.tensor), (rank // self.tensor) % self.data, rank % self.tensor
+
+    def tensor_groups(self) -> List[List[int]]:
+        return [[self.global_rank(p, d, t) for t in range(self.tensor)]
+                for p in range(self.pipeline) for d in range(self.data)]
+
+    def data_groups(self) -> List[List[int]]:
+        return [[self.global_rank(p, d, t) for d in range(self.data)]
+                for p in range(self.pipeline) for t in range(self.tensor)]
+
+    def pipeline_groups(self) -> List[List[int]]:
+        return [[self.global_rank(p, d, t) for p in range(self.pipeline)]
+                for d in range(self.data) for t in range(self.tensor)]
+
+    def model_groups(self) -> List[List[int]]:
+        """One per data-parallel replica: every TP x PP rank that together holds one copy of the model."""
+        return [sorted(self.global_rank(p, d, t) for p in range(self.pipeline) for t in range(self.tensor))
+                for d in range(self.data)]
+
+
+class ParallelState:
+    """This process's groups and ranks; also the `mpu` object DeepSpeed queries (method names are DeepSpeed's
+    and Megatron's, which is why they are long)."""
+
+    def __init__(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
+        if not dist.is_initialized():
+            raise RuntimeError("ParallelState needs torch.distributed to be initialized first "
+                               "(init_process_group / deepspeed.init_distributed)")
+        self.layout = RankLayout.for_world(dist.get_world_size(), tensor_parallel_size, pipeline_parallel_size)
+        self.rank = dist.get_rank()
+        self.pp_rank, self.dp_rank, self.tp_rank = self.layout.coordinates(self.rank)
+        # Every process must take part in creating every group, in the same order.
+        self._tensor_group, self._tensor_ranks = self._new_groups(self.layout.tensor_groups())
+        self._data_group, self._data_ranks = self._new_groups(self.layout.data_groups())
+        self._pipeline_group, self._pipeline_ranks = self._new_groups(self.layout.pipeline_groups())
+        self._model_group, self._model_ranks = self._new_groups(self.layout.model_groups())
+
+    def _new_groups(self, rank_lists: List[List[int]]):
+        group, _ = dist.new_subgroups_by_enumeration(rank_lists)
+        mine = next(ranks for ranks in rank_lists if self.rank in ranks)
+        return group, mine
+
+    # --- tensor parallel ---------------------------------------------------------------------------------
+    def get_tensor_model_parallel_group(self):
+        return self._tensor_group
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.layout.tensor
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self.tp_rank
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        """Global rank of tensor-parallel rank 0 in this group: the source when broadcasting the batch."""
+        return self._tensor_ranks[0]
+
+    # --- data parallel -----------------------------------------------------------------------------------
+    def get_data_parallel_group(self):
+        return self._data_group
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.layout.data
+
+    def get_data_parallel_rank(self) -> int:
+        return self.dp_rank
+
+    def get_data_parallel_group_ranks(self) -> List[int]:
+        return list(self._data_ranks)
+
+    # --- pipeline parallel -------------------------------------------------------------------------------
+    def get_pipeline_model_parallel_group(self):
+        return self._pipeline_group
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.layout.pipeline
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return self.pp_rank
+
+    def is_pipeline_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    def is_pipeline_last_stage(self) -> bool:
+        return self.pp_rank == self.layout.pipeline - 1
+
+    # --- model parallel (TP x PP of one replica): DeepSpeed reduces grad norms and overflow flags here ----
+    def get_model_parallel_group(self):
+        return self._model_group
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.layout.tensor * self.layout.pipeline
+
+    def get_model_parallel_rank(self) -> int:
+        """Position inside the replica; DeepSpeed names checkpoint files mp_rank_XX by it."""
+        return self._model_ranks.index(self.rank)
+
+    # --- DeepSpeed's names for the same groups -----------------------------------------------------------
+    # DeepSpeed's pipeline grid calls the tensor-parallel group the "slice" group and the pipeline group "pipe".
+    get_slice_parallel_group = get_tensor_model_parallel_group
+    get_slice_parallel_world_size = get_tensor_model_parallel_world_size
+    get_slice_parallel_rank = get_tensor_model_parallel_rank
+    get_pipe_parallel_group = get_pipeline_model_parallel_group
+    get_pipe_parallel_world_size = get_pipeline_model_parallel_world_size
+    get_pipe_parallel_rank = get_pipeline_model_parallel_rank
+
+    # DeepSpeed's own "sequence parallelism" (Ulysses) splits attention heads over an extra group; we do not use
+    # it (Megatron's sequence parallelism reuses the tensor group), so DeepSpeed must see size 1. We deliberately
+    # define no `initialize_sequence_parallel`: its mere presence switches DeepSpeed's ZeRO into Ulysses mode.
+    def get_sequence_parallel_world_size(self) -> int:
+        return 1
+
+    def get_sequence_parallel_rank(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return (f"ParallelState(rank={self.rank}, tp={self.tp_rank}/{self.layout.tensor}, "
+                f"dp={self.dp_rank}/{self.layout.data}, pp={self.pp_rank}/{self.layout.pipeline})")
