@@ -50,13 +50,14 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
-def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int) -> str:
+def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int, rng_tracker) -> str:
     """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir."""
     import torch.distributed as dist
 
     tag = checkpoint_tag(iteration)
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
-                    "args": _plain_args(args), "rng_state": _rng_state()}
+                    "args": _plain_args(args), "rng_state": _rng_state(),
+                    "tensor_parallel_rng_state": rng_tracker.get_states()}
     try:
         os.makedirs(args.save, exist_ok=True)
     except OSError as err:
@@ -69,7 +70,7 @@ def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int) -
     return os.path.join(args.save, tag)
 
 
-def load_checkpoint(engine, args) -> tuple[int, int]:
+def load_checkpoint(engine, args, rng_tracker) -> tuple[int, int]:
     """Resume from --load if it holds a checkpoint: returns (iteration, consumed train samples), or (0, 0)
     when there is nothing to load (a fresh run, as in Megatron)."""
     if not args.load or not os.path.exists(os.path.join(args.load, LATEST_TAG_FILE)):
@@ -80,4 +81,5 @@ def load_checkpoint(engine, args) -> tuple[int, int]:
         raise InputError(f"--load {args.load}: the checkpoint named in its '{LATEST_TAG_FILE}' file could not be "
                          f"read as a checkpoint of this trainer; point --load at a --save directory")
     _set_rng_state(client_state["rng_state"])
+    rng_tracker.set_states(client_state["tensor_parallel_rng_state"])
     return client_state["iteration"], client_state["consumed_train_samples"]

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,11 @@ from megatron.data.data_loaders import build_data_loader, build_datasets, train_
 from megatron.data.gpt_batch import make_batch
 from megatron.ds_config import resolve_deepspeed_config
 from megatron.learning_rates import learning_rate, schedule_samples
+from megatron.errors import InputError
+from megatron.model.parallelize import apply_tensor_parallel
 from megatron.optimizer import build_optimizer
+from megatron.parallel_state import ParallelState
+from megatron.tensor_parallel import tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
 
@@ -58,11 +62,11 @@ def print_last_rank(message: str) -> None:
         print(message, flush=True)
 
 
-def data_parallel_mean(value: torch.Tensor) -> float:
-    """Mean of a scalar over the data-parallel ranks (every rank holds a loss of different samples)."""
+def data_parallel_mean(value: torch.Tensor, parallel: ParallelState) -> float:
+    """Mean of a scalar over the data-parallel ranks (every replica holds a loss of different samples)."""
     value = value.detach().float().clone()
-    dist.all_reduce(value)
-    return value.item() / dist.get_world_size()
+    dist.all_reduce(value, group=parallel.get_data_parallel_group())
+    return value.item() / parallel.get_data_parallel_world_size()
 
 
 class Batches:
@@ -86,20 +90,38 @@ class Batches:
         return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
 
 
-def train_step(engine, batches: Batches, args) -> torch.Tensor:
-    """One optimizer step over `num_micro_batches` micro-batches; returns this rank's mean loss."""
+def unreported_grad_norm(engine) -> Optional[float]:
+    """DeepSpeed's plain fp32 path (ZeRO 0, no fp16/bf16) clips gradients but keeps no norm to report; in that
+    case compute it, before the step, from the already data-parallel-reduced gradients."""
+    if engine.zero_optimization() or engine.fp16_enabled() or engine.bfloat16_enabled():
+        return None
+    from deepspeed.runtime.utils import get_global_norm_of_tensors, is_model_parallel_parameter
+
+    # A parameter replicated over tensor-parallel ranks is counted once, from TP rank 0 (as DeepSpeed does).
+    first_tp_rank = engine.mpu.get_tensor_model_parallel_rank() == 0
+    gradients = [p.grad for p in engine.module.parameters()
+                 if p.grad is not None and (first_tp_rank or is_model_parallel_parameter(p))]
+    return float(get_global_norm_of_tensors(gradients, mpu=engine.mpu))
+
+
+def train_step(engine, batches: Batches, args) -> tuple[torch.Tensor, Optional[float]]:
+    """One optimizer step over `num_micro_batches` micro-batches; returns this rank's mean loss and the
+    gradient norm (None when DeepSpeed reports it itself)."""
     total = torch.zeros((), device=device.current_device())
+    grad_norm = None
     for _ in range(args.num_micro_batches):
         batch = next(batches)
         loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                       labels=batch["labels"], loss_mask=batch["loss_mask"])
         engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():
+            grad_norm = unreported_grad_norm(engine)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
-    return total / args.num_micro_batches
+    return total / args.num_micro_batches, grad_norm
 
 
-def evaluate(engine, batches: Batches, args) -> float:
+def evaluate(engine, batches: Batches, args, parallel: ParallelState) -> float:
     """Mean validation loss over `eval_iters` global batches."""
     engine.eval()
     total = torch.zeros((), device=device.current_device())
@@ -110,7 +132,7 @@ def evaluate(engine, batches: Batches, args) -> float:
                             attention_mask=batch["attention_mask"], labels=batch["labels"],
                             loss_mask=batch["loss_mask"]).float()
     engine.train()
-    return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches))
+    return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches), parallel)
 
 
 def set_learning_rate(optimizer, args, consumed_samples: int, warmup_samples: float, decay_samples: float) -> float:
@@ -132,7 +154,7 @@ class MetricsLog:
             self.writer = SummaryWriter(log_dir=args.tensorboard_dir)
         self.losses, self.interval_start = [], time.perf_counter()
 
-    def iteration(self, state: TrainState, loss: float, lr: float, engine) -> None:
+    def iteration(self, state: TrainState, loss: float, grad_norm: Optional[float], lr: float, engine) -> None:
         self.losses.append(loss)
         args = self.args
         if state.iteration % args.log_interval:
@@ -140,8 +162,8 @@ class MetricsLog:
         device.synchronize()
         seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
         mean_loss = sum(self.losses) / len(self.losses)
-        grad_norm = engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+        if grad_norm is None:
+            grad_norm = float(engine.get_global_grad_norm() or 0.0)
         loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
         samples_per_second = args.global_batch_size / seconds
         tflops = tflops_per_device(args.global_batch_size, args.seq_length, args.num_layers, args.hidden_size,
@@ -169,13 +191,27 @@ class MetricsLog:
         self.interval_start += seconds
 
 
-def pretrain(model_provider: Callable, argv=None) -> dict:
-    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size) -> nn.Module` builds the model.
-    Returns the final figures: {'iteration', 'validation_loss'}."""
+@dataclass
+class TrainingResult:
+    iteration: int
+    losses: list  # the training loss of every iteration this run made
+    validation_loss: Optional[float]
+    model: torch.nn.Module  # this rank's (possibly tensor-parallel) module, as trained
+    parallel: ParallelState
+
+
+def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
+    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size) -> nn.Module` builds the full
+    single-device model, identically on every rank; tensor parallelism is then applied from outside."""
     args = parse_args(argv)
     initialize_distributed(args.distributed_backend or device.communication_backend())
     validate_args(args, dist.get_world_size(), device.device_name())
-    device.manual_seed(args.seed)
+    if args.pipeline_model_parallel_size > 1:
+        raise InputError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: pipeline "
+                         "parallelism is not available yet; use 1")
+    parallel = ParallelState(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    device.manual_seed(args.seed)  # the default stream: identical on every rank, so every rank builds one model
+    rng_tracker = tensor_parallel_rng_tracker(args.seed, parallel.tp_rank)
 
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
                                 tokenizer_model=args.tokenizer_model, vocab_size=args.vocab_size)
@@ -186,12 +222,14 @@ def pretrain(model_provider: Callable, argv=None) -> dict:
     import deepspeed
 
     model = model_provider(args, padded_vocab_size)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args),
+    if args.tensor_model_parallel_size > 1:
+        apply_tensor_parallel(model, parallel, args.sequence_parallel, rng_tracker=rng_tracker)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args), mpu=parallel,
                                            config=resolve_deepspeed_config(args), dist_init_required=False)
     state = TrainState()
-    state.iteration, state.consumed_train_samples = load_checkpoint(engine, args)
+    state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, rng_tracker)
 
-    dp_rank, dp_size = dist.get_rank(), dist.get_world_size()
+    dp_rank, dp_size = parallel.dp_rank, parallel.get_data_parallel_world_size()
     train_set, valid_set, _ = build_datasets(args, padded_vocab_size)
     train = Batches(build_data_loader(train_set, state.consumed_train_samples, args, dp_rank, dp_size), args,
                     tokenizer.eod)
@@ -204,11 +242,13 @@ def pretrain(model_provider: Callable, argv=None) -> dict:
     train_iters = args.train_iters or train_valid_test_num_samples(args)[0] // args.global_batch_size
     args.train_iters = train_iters
     metrics = MetricsLog(args, padded_vocab_size)
-    validation_loss = None
+    validation_loss, losses = None, []
     skipped_before = engine.skipped_steps
     while state.iteration < train_iters:
         set_learning_rate(engine.optimizer, args, state.consumed_train_samples, warmup_samples, decay_samples)
-        loss = data_parallel_mean(train_step(engine, train, args))
+        loss, grad_norm = train_step(engine, train, args)
+        loss = data_parallel_mean(loss, parallel)
+        losses.append(loss)
         state.iteration += 1
         state.consumed_train_samples += args.global_batch_size
         state.skipped_iterations += engine.skipped_steps - skipped_before
@@ -217,23 +257,24 @@ def pretrain(model_provider: Callable, argv=None) -> dict:
         lr = learning_rate(state.consumed_train_samples, max_lr=args.lr, min_lr=args.min_lr,
                            warmup_samples=warmup_samples, decay_samples=decay_samples,
                            decay_style=args.lr_decay_style)
-        metrics.iteration(state, loss, lr, engine)
+        metrics.iteration(state, loss, grad_norm, lr, engine)
 
         paused = time.perf_counter()
         if valid is not None and state.iteration % args.eval_interval == 0:
-            validation_loss = evaluate(engine, valid, args)
+            validation_loss = evaluate(engine, valid, args, parallel)
             metrics.validation(state.iteration, validation_loss)
         exiting = bool(args.exit_interval) and state.iteration % args.exit_interval == 0
         if args.save and (state.iteration % args.save_interval == 0 or exiting):
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, rng_tracker)
         metrics.exclude_from_timing(time.perf_counter() - paused)
         if exiting:
             print_last_rank(f"exiting program at iteration {state.iteration}")
-            return {"iteration": state.iteration, "validation_loss": validation_loss}
+            break
 
-    if args.save and state.iteration % args.save_interval:
-        save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
-    if valid is not None and state.iteration % args.eval_interval:
-        validation_loss = evaluate(engine, valid, args)
-        metrics.validation(state.iteration, validation_loss)
-    return {"iteration": state.iteration, "validation_loss": validation_loss}
+    else:
+        if args.save and state.iteration % args.save_interval:
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, rng_tracker)
+        if valid is not None and state.iteration % args.eval_interval:
+            validation_loss = evaluate(engine, valid, args, parallel)
+            metrics.validation(state.iteration, validation_loss)
+    return TrainingResult(state.iteration, losses, validation_loss, engine.module, parallel)

@@ -10,6 +10,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 
 PRELOADED_MODULES = ["torch", "torch.distributed", "deepspeed"]
@@ -53,14 +54,19 @@ def run_on_ranks(function, world_size: int, *args, timeout: float = 120.0) -> li
                  for rank in range(world_size)]
     for process in processes:
         process.start()
-    outcomes, finished = {}, False
+    outcomes, finished, deadline = {}, False, time.monotonic() + timeout
     try:
         while len(outcomes) < world_size:
             try:
-                rank, payload = results.get(timeout=timeout)
+                rank, payload = results.get(timeout=1.0)
             except queue.Empty:
-                raise AssertionError(f"{function.__name__}: ranks {sorted(set(range(world_size)) - set(outcomes))} "
-                                     f"gave no result within {timeout} s") from None
+                missing = [rank for rank in range(world_size) if rank not in outcomes]
+                crashed = [rank for rank in missing if processes[rank].exitcode not in (None, 0)]
+                if crashed or time.monotonic() > deadline:
+                    what = f"died (exit codes {[processes[r].exitcode for r in crashed]})" if crashed else \
+                        f"gave no result within {timeout} s"
+                    raise AssertionError(f"{function.__name__}: ranks {crashed or missing} {what}") from None
+                continue
             status, value = pickle.loads(payload)
             if status == "error":
                 raise AssertionError(f"{function.__name__} failed on rank {rank}:\n{value}")

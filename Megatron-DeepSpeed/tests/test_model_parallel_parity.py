@@ -1,7 +1,7 @@
 """The GPT model under tensor (and sequence) parallelism computes what the single-process model computes.
 
 The same seed builds the same model on every rank and in this process; apply_tensor_parallel shards it; five
-AdamW steps on the same batches must give the single-process losses (1e-5 relative) and, gathered back, the
+SGD steps on the same batches must give the single-process losses (1e-5 relative) and, gathered back, the
 single-process weights, padded vocabulary rows included. With dropout on: attention-probability masks differ
 across TP ranks, hidden-dropout masks are shared without sequence parallelism and differ with it, and
 activation recomputation repeats every mask exactly.
@@ -46,6 +46,8 @@ def batches():
 
 
 def train(model):
+    """SGD, not Adam: Adam divides by the gradient's magnitude, so where the exact gradient is zero (the key
+    bias: softmax ignores a shift shared by all keys) it turns rounding noise into full-size steps."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = []
     for tokens, loss_mask in batches():
@@ -146,8 +148,7 @@ def assert_same_training(parallel_results, tp_size):
         assert weights.keys() == expected_weights.keys()
         for name, expected in expected_weights.items():
             assert weights[name].shape == expected.shape, name
-            print(name, (weights[name]- expected).abs().max().item(), ((weights[name]- expected).abs()/expected.abs().clamp(min=1e-3)).max().item())
-            assert torch.allclose(weights[name], expected, rtol=1e-4, atol=1e-6), (rank, name)
+            assert torch.allclose(weights[name], expected, rtol=1e-5, atol=1e-6), (rank, name)
     assert weights["embedding.word_embeddings.weight"].shape[0] == padded_vocab(tp_size)
 
 

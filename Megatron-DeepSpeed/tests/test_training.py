@@ -7,34 +7,21 @@ import sys
 import numpy as np
 import pytest
 
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.training_log import parse_log
+from tests.training_helpers import TINY_FLAGS, write_counting_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB = 200  # NullTokenizer: eod = 200, padded vocabulary 256
 
 
 @pytest.fixture(scope="module")
 def data_prefix(tmp_path_factory):
-    """Documents that count upwards with a per-document step: easy to learn, so the loss must fall."""
-    prefix = str(tmp_path_factory.mktemp("data") / "counting_text_document")
-    rng = np.random.default_rng(0)
-    with MMapIndexedDatasetBuilder(prefix, np.uint16) as builder:
-        for _ in range(400):
-            start, step, length = rng.integers(0, VOCAB), rng.integers(1, 4), rng.integers(20, 120)
-            builder.add_item((start + step * np.arange(length)) % VOCAB)
-            builder.end_document()
-    return prefix
+    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
 
 
 def pretrain(data_prefix, *flags, expect_failure=False):
-    command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"),
-               "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
-               "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-2", "--min-lr", "1e-3",
-               "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--hidden-dropout", "0",
-               "--attention-dropout", "0", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB),
-               "--data-path", data_prefix, "--split", "90,10,0", "--num-workers", "0", "--log-interval", "1",
-               "--eval-interval", "10", "--eval-iters", "2", "--seed", "7", *flags]
+    command = [sys.executable, os.path.join(ROOT, "pretrain_gpt.py"), *TINY_FLAGS, "--micro-batch-size", "4",
+               "--global-batch-size", "8", "--data-path", data_prefix, "--log-interval", "1",
+               "--eval-interval", "10", "--eval-iters", "2", *flags]
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     if expect_failure:
@@ -49,7 +36,8 @@ def straight_run(data_prefix, tmp_path_factory):
     """20 iterations with a checkpoint at 10 (and the end), 2 micro-batches per step."""
     save = str(tmp_path_factory.mktemp("ckpt"))
     result = pretrain(data_prefix, "--train-iters", "20", "--save", save, "--save-interval", "10",
-                      "--micro-batch-size", "4", "--global-batch-size", "8")
+                      "--micro-batch-size", "4", "--global-batch-size", "8",
+                      "--tensorboard-dir", os.path.join(save, "tensorboard"))
     return save, result.stdout
 
 
@@ -66,6 +54,16 @@ def test_loss_falls_and_logs_are_in_megatron_format(straight_run):
     assert [record.iteration for record in log.validations] == [10, 20]
     for record in log.validations:
         assert record.ppl == pytest.approx(np.exp(record.loss), rel=1e-5)
+
+
+def test_tensorboard_scalars(straight_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    save, _ = straight_run
+    events = EventAccumulator(os.path.join(save, "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("lm loss")] == list(range(1, 21))
+    assert [event.step for event in events.Scalars("validation ppl")] == [10, 20]
 
 
 def test_checkpoint_layout(straight_run):

@@ -118,7 +118,8 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_tensor_parallel_region(embedded.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)
 
     def extra_repr(self) -> str:
-        return f"vocab_rows={self.vocab_start}..{self.vocab_start + self.weight.shape[0] - 1}, dim={self.weight.shape[1]}"
+        last_row = self.vocab_start + self.weight.shape[0] - 1
+        return f"vocab_rows={self.vocab_start}..{last_row}, dim={self.weight.shape[1]}"
 
 
 class RNGForkedDropout(nn.Dropout):

@@ -1,0 +1,42 @@
+"""`latest` only ever names a checkpoint whose files are all written."""
+import argparse
+import os
+
+from tests.distributed_helpers import run_on_ranks
+
+
+class EngineThatDiesMidSave:
+    """Writes part of a checkpoint, then fails, as a crash or a full disk would."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        assert save_latest is False  # DeepSpeed's own `latest` is written before other ranks finish
+        os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        with open(os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"), "wb") as handle:
+            handle.write(b"half")
+        raise OSError("disk full")
+
+
+class EngineThatSaves:
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+
+
+def save_then_fail(save_dir):
+    from megatron.checkpointing import save_checkpoint
+    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+
+    args = argparse.Namespace(save=save_dir, seed=1)
+    tracker = tensor_parallel_rng_tracker(1, 0)
+    save_checkpoint(EngineThatSaves(), args, 10, 80, tracker)
+    try:
+        save_checkpoint(EngineThatDiesMidSave(), args, 20, 160, tracker)
+    except OSError:
+        pass
+    return (open(os.path.join(save_dir, "latest")).read(),
+            open(os.path.join(save_dir, "latest_checkpointed_iteration.txt")).read(),
+            sorted(name for name in os.listdir(save_dir) if ".tmp" in name))
+
+
+def test_interrupted_save_leaves_latest_on_the_previous_checkpoint(tmp_path):
+    (latest, iteration, temporaries), = run_on_ranks(save_then_fail, 1, str(tmp_path))
+    assert (latest, iteration, temporaries) == ("global_step10", "10", [])
