@@ -34,6 +34,11 @@ def local_rank() -> int:
                          "unset it or let torchrun / the deepspeed launcher set it") from None
 
 
+def device_count() -> int:
+    """Accelerators visible to this process (DeepSpeed's count; not meaningful on CPU)."""
+    return accelerator().device_count()
+
+
 def current_device() -> torch.device:
     """The device this process's tensors belong on: accelerator number LOCAL_RANK, or the CPU."""
     return torch.device(accelerator().device_name(local_rank()))

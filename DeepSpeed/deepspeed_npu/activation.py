@@ -1,0 +1,54 @@
+"""activate(): the one call that puts DeepSpeed and the trainer on the NPUs when this host has them.
+
+It only uses the extension points both sides offer (DeepSpeed's DS_ACCELERATOR variable, the trainer's
+kernel registry), so nothing is patched and a host without NPUs is left exactly as it was.
+"""
+from dataclasses import dataclass
+
+from deepspeed_npu import accelerator_choice
+from deepspeed_npu.environment import (NOT_INSTALLED, NpuSetupError, find_devices, import_torch_npu,
+                                        installed_version)
+
+
+@dataclass(frozen=True)
+class Activation:
+    active: bool  # True: DeepSpeed and the trainer run on the NPUs with the NPU kernels
+    summary: str  # one line that says what was done, or why NPU support stays off
+
+
+def activate(register_kernels=None) -> Activation:
+    """Switch to the NPUs if this host has working ones; call before anything imports DeepSpeed.
+
+    `register_kernels(device_name, attention=..., adam=...)` is the trainer's kernel hook (default:
+    megatron.model.kernels.register_kernels); the NPU kernels go under the device name "npu", so CPU and
+    CUDA runs keep their own kernels.
+    Raises NpuSetupError when the host is meant to use NPUs but its set-up is incomplete.
+    """
+    requested = accelerator_choice.requested_accelerator()
+    if requested not in (None, "npu"):
+        return Activation(False, f"NPU support inactive: {accelerator_choice.ACCELERATOR_VARIABLE}={requested} "
+                                 "selects another accelerator (unset it to train on the NPUs)")
+    torch_npu = import_torch_npu()
+    if torch_npu is None:
+        if requested == "npu":
+            raise NpuSetupError(f"{accelerator_choice.ACCELERATOR_VARIABLE}=npu asks for the NPUs, but torch_npu "
+                                "is not installed: install the torch_npu release built for torch "
+                                f"{installed_version('torch')} (on a host with the CANN toolkit), or unset "
+                                f"{accelerator_choice.ACCELERATOR_VARIABLE}")
+        return Activation(False, NOT_INSTALLED)
+    devices = find_devices(torch_npu)
+    already_chosen = accelerator_choice.accelerator_already_chosen()
+    if already_chosen not in (None, "npu"):
+        raise NpuSetupError(f"DeepSpeed already chose its '{already_chosen}' accelerator before "
+                            "deepspeed_npu.activate() ran, so it would not use the NPUs: call activate() "
+                            "before the first `import deepspeed` (first thing in the entry script)")
+    accelerator_choice.choose_npu()
+    # Imported only now: it needs torch, and `import torch` is what fails on a host with a broken torch_npu.
+    from deepspeed_npu.fused_kernels import npu_kernels
+    kernels = npu_kernels(torch_npu, devices.chip_name)
+    if register_kernels is None:
+        from megatron.model import kernels as trainer_kernels
+        register_kernels = trainer_kernels.register_kernels
+    register_kernels("npu", attention=kernels.attention, adam=kernels.adam)
+    return Activation(True, f"NPU support active: {devices.count} x {devices.chip_name}, DeepSpeed accelerator "
+                            f"npu (hccl backend), kernels: {kernels.description()}")

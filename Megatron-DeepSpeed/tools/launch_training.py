@@ -1,0 +1,226 @@
+"""What test/train_full_8p.sh and test/train_performance_8p.sh do: pick the device, the preset and the data,
+launch one pretrain_gpt.py process per device with torchrun, keep the log under test/output/<run>/, and end
+with the three summary lines of DESIGN §8.
+
+  launch_training.py --run full|performance [--model_size=tiny] [--data_path=DIR_OR_PREFIX] [--train_iters=N]
+      [--device=auto|cuda|npu|cpu] [--nproc=N] [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
+      [--vocab_file=F --merge_file=F | --tokenizer_model=F] [Megatron flags passed through, e.g. --zero-stage 1]
+"""
+import argparse
+import glob
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+MEGATRON_ROOT = os.path.dirname(TOOLS)
+REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
+sys.path.insert(0, MEGATRON_ROOT)
+
+from megatron.errors import InputError, run_cli  # noqa: E402
+from megatron.presets import get_preset, preset_names  # noqa: E402
+
+DEVICES = ("auto", "cuda", "npu", "cpu")
+VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
+MERGES_NAMES = ("gpt2-merges.txt", "merges.txt")
+
+
+def positive_int(flag):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag}={value} must be at least 1")
+        return value
+    return parse
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--run", choices=("full", "performance"), required=True)
+    parser.add_argument("--model_size", help=f"one of {', '.join(preset_names())} (default: tiny on CPU, "
+                                             "345M on accelerators)")
+    parser.add_argument("--data_path", help="a .bin/.idx prefix, or a directory holding one dataset and its "
+                                            "vocab files (default: the embedded demo data, built if absent)")
+    parser.add_argument("--train_iters", type=positive_int("--train_iters"))
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--nproc", type=positive_int("--nproc"), help="processes on this node (default: one "
+                        "per accelerator; on CPU TP x PP x 2)")
+    parser.add_argument("--nnodes", type=positive_int("--nnodes"), default=1)
+    parser.add_argument("--node_rank", type=int, default=0)
+    parser.add_argument("--master_addr", default="127.0.0.1")
+    parser.add_argument("--master_port", type=positive_int("--master_port"), default=29500)
+    parser.add_argument("--vocab_file")
+    parser.add_argument("--merge_file")
+    parser.add_argument("--tokenizer_model")
+    parser.add_argument("--output_dir", default=os.path.join(REPO_ROOT, "test", "output"))
+    args, passthrough = parser.parse_known_args(argv)
+    unknown = [arg for arg in passthrough if arg.startswith("--") and "_" in arg.split("=")[0]
+               and arg.split("=")[0] != "--deepspeed_config"]
+    if unknown:
+        parser.error(f"unknown option {unknown[0]}: script options are spelled with underscores (see --help), "
+                     f"Megatron flags passed through with dashes")
+    return args, passthrough
+
+
+def detect_device(requested: str) -> tuple[str, int]:
+    """(device name, devices on this node) — NPU when torch_npu and devices are present, else CUDA, else CPU."""
+    if requested == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    elif requested in ("cuda", "npu"):
+        os.environ["DS_ACCELERATOR"] = requested
+    from megatron import device
+    name = device.device_name()
+    if requested != "auto" and name != requested:
+        raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{name}' here; check the "
+                         f"drivers (and for npu: source test/env_npu.sh), or use --device=auto")
+    return name, (0 if name == "cpu" else device.device_count())
+
+
+def demo_data() -> tuple[str, str, str]:
+    prefix = os.path.join(REPO_ROOT, "data", "demo_text_document")
+    tokenizer = os.path.join(REPO_ROOT, "data", "demo_tokenizer")
+    if not os.path.exists(prefix + ".idx"):
+        print("Building the demo data (test/dataset_preprocess_gpt.sh) ...", flush=True)
+        subprocess.run(["bash", os.path.join(REPO_ROOT, "test", "dataset_preprocess_gpt.sh")], check=True)
+    return prefix, os.path.join(tokenizer, "vocab.json"), os.path.join(tokenizer, "merges.txt")
+
+
+def _find(directory, names):
+    return next((os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n))), None)
+
+
+def resolve_data(args) -> tuple[str, list[str]]:
+    """The --data-path prefix and the tokenizer flags for pretrain_gpt.py."""
+    make_data = "make data with: bash test/dataset_preprocess_gpt.sh --input=corpus.jsonl --vocab_file=... " \
+                "--merge_file=..."
+    if args.data_path is None:
+        prefix, vocab, merges = demo_data()
+    else:
+        path = os.path.abspath(args.data_path)
+        vocab, merges = args.vocab_file, args.merge_file
+        if os.path.isdir(path):
+            indexes = sorted(glob.glob(os.path.join(path, "*_document.idx")) + glob.glob(os.path.join(path, "*_sentence.idx")))
+            if len(indexes) != 1:
+                raise InputError(f"--data_path={args.data_path} is a directory with {len(indexes)} datasets "
+                                 f"(*_document.idx); give the prefix of one, e.g. {path}/my-gpt2_text_document, "
+                                 f"or {make_data}")
+            prefix = indexes[0][:-len(".idx")]
+            vocab, merges = vocab or _find(path, VOCAB_NAMES), merges or _find(path, MERGES_NAMES)
+        else:
+            prefix = path
+            if not (os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin")):
+                raise InputError(f"--data_path={args.data_path}: no {prefix}.bin/.idx; {make_data}")
+    if args.tokenizer_model:
+        return prefix, ["--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", args.tokenizer_model]
+    if not vocab or not merges:
+        raise InputError(f"--data_path={args.data_path}: no GPT-2 vocab/merges found beside the data "
+                         f"({' or '.join(VOCAB_NAMES)}, {' or '.join(MERGES_NAMES)}); give --vocab_file and "
+                         f"--merge_file, or --tokenizer_model for SentencePiece")
+    return prefix, ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+
+
+def model_shape(pretrain_flags: list[str]) -> dict:
+    """The shape figures of the results table, as pretrain_gpt.py will see them (preset plus user flags);
+    a flag pretrain_gpt.py would reject is reported now, before any process starts."""
+    from megatron.arguments import parse_args as parse_pretrain_args
+    from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
+
+    flags = parse_pretrain_args(pretrain_flags)
+    tokenizer = build_tokenizer(flags.tokenizer_type, vocab_file=flags.vocab_file, merge_file=flags.merge_file,
+                                tokenizer_model=flags.tokenizer_model, vocab_size=flags.vocab_size)
+    return {"seq_length": flags.seq_length, "num_layers": flags.num_layers, "hidden_size": flags.hidden_size,
+            "padded_vocab_size": vocab_size_with_padding(tokenizer.vocab_size, flags.make_vocab_size_divisible_by,
+                                                         flags.tensor_model_parallel_size),
+            "train_iters": flags.train_iters, "global_batch_size": flags.global_batch_size}
+
+
+def machine_description(device_name: str, nproc: int) -> str:
+    if device_name != "cpu":
+        return f"{nproc} x {device_name.upper()}"
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
+    return f"{os.cpu_count()}-core {model}"
+
+
+def schedule_flags(run: str, train_iters: int) -> list[str]:
+    """How often to log, evaluate and save: Megatron's usual intervals, shrunk for short runs."""
+    log_interval = 1 if run == "performance" else max(1, min(100, train_iters // 30))
+    eval_interval = max(1, min(1000, train_iters // 3))
+    flags = ["--log-interval", str(log_interval), "--eval-interval", str(eval_interval), "--eval-iters", "10"]
+    if run == "full":
+        flags += ["--save-interval", str(min(10000, train_iters))]
+    return flags
+
+
+def main(argv=None):
+    args, passthrough = parse_args(argv)
+    device_name, device_count = detect_device(args.device)
+    model_size = args.model_size or ("tiny" if device_name == "cpu" else "345M")
+    preset = get_preset(model_size, args.run)  # InputError listing the valid names
+    train_iters = args.train_iters or preset["train_iters"]
+    model_parallel = preset["tensor_model_parallel_size"] * preset["pipeline_model_parallel_size"]
+    nproc = args.nproc or (device_count if device_name != "cpu" else 2 * model_parallel)
+    if device_name != "cpu" and nproc > device_count:
+        raise InputError(f"--nproc={nproc} but this node has {device_count} {device_name} devices")
+    world_size = nproc * args.nnodes
+    if world_size < model_parallel or world_size % model_parallel:
+        raise InputError(f"--model_size={model_size} needs a multiple of TP {preset['tensor_model_parallel_size']}"
+                         f" x PP {preset['pipeline_model_parallel_size']} = {model_parallel} processes, but "
+                         f"{world_size} are launched ({nproc} per node x {args.nnodes} nodes); add devices or pick "
+                         f"a smaller --model_size")
+    data_prefix, tokenizer_flags = resolve_data(args)
+
+    run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = os.path.join(args.output_dir, run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
+             *tokenizer_flags, *schedule_flags(args.run, train_iters),
+             "--tensorboard-dir", os.path.join(run_dir, "tensorboard")]
+    if args.run == "full":
+        flags += ["--save", os.path.join(run_dir, "checkpoints")]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--nnodes={args.nnodes}", f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
+               f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
+               *flags, *passthrough]
+    environment = dict(os.environ)
+    if device_name == "cpu":
+        environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
+                "run": args.run, "nproc_per_node": nproc, "nnodes": args.nnodes, "world_size": world_size,
+                **model_shape(flags + passthrough), "command": shlex.join(command), "start_time": time.time()}
+    print(f"Run {run_name}: {world_size} {device_name} processes; log: {os.path.join(run_dir, 'train.log')}",
+          flush=True)
+    returncode = _run_and_tee(command, environment, os.path.join(run_dir, "train.log"))
+    run_info["end_time"] = time.time()
+    _write_json(os.path.join(run_dir, "run.json"), run_info)
+    if returncode != 0:
+        raise InputError(f"training failed (exit {returncode}); see {os.path.join(run_dir, 'train.log')}")
+    subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
+
+
+def _run_and_tee(command, environment, log_path) -> int:
+    with open(log_path, "w") as log, subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+        for line in process.stdout:
+            log.write(line)
+            sys.stdout.write(line)
+        return process.wait()
+
+
+def _write_json(path, content) -> None:
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(content, handle, indent=2)
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Performance run: 300 iterations (default) of a preset, reporting steady-state samples/s.
+#
+#   bash test/train_performance_8p.sh                      # CPU: tiny preset on the embedded demo data, TP2 x PP2 x DP2
+#   bash test/train_performance_8p.sh --model_size=1.3B --data_path=data/   # 8 GPUs / NPUs
+#
+# Options: --model_size=345M|1.3B|2.7B|3.7B|345M_without_mp|tiny  --data_path=PREFIX_OR_DIR  --train_iters=N
+#   --device=auto|cuda|npu|cpu  --nproc=N  --vocab_file=F --merge_file=F | --tokenizer_model=F
+#   multi-node: --nnodes=N --node_rank=I --master_addr=HOST [--master_port=P] (run on every node)
+#   any Megatron flag (with dashes) is passed to pretrain_gpt.py, e.g. --zero-stage 1 --bf16
+# Logs, run.json, checkpoints and loss_curve.png go to test/output/<run>/; the last three lines are the summary.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ -n "${ASCEND_HOME_PATH:-}" ] || [ ! -f "$root/test/env_npu.sh" ] || ! command -v npu-smi >/dev/null 2>&1 || source "$root/test/env_npu.sh"
+python=$(bash "$root/Megatron-DeepSpeed/tools/setup_env.sh")
+exec "$python" "$root/Megatron-DeepSpeed/tools/launch_training.py" --run performance "$@"
