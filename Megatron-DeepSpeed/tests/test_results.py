@@ -185,6 +185,7 @@ def test_results_table_cli_prints_and_writes_table_and_plot(tmp_path, capsys):
     assert "- 345M (GPU) [gpu]: 8x test GPU, 8 processes (8 per node)\n" in printed
     assert "- upstream: " in printed
     assert (out / "results.md").read_text() == printed
+    assert os.stat(out / "results.md").st_mode & 0o777 == 0o644
     assert_valid_png(str(out / "curves.png"))
 
 
@@ -232,3 +233,9 @@ def test_cli_reports_bad_input_in_one_line_from_any_directory(tmp_path):
     assert result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "train.log not found" in result.stderr
+
+
+def test_output_into_a_missing_directory_is_an_input_error(tmp_path):
+    run_dir = make_run(tmp_path / "tiny")
+    with pytest.raises(InputError, match=r"cannot write .*curves\.png: directory .*absent does not exist"):
+        results_table.main([run_dir, "--plot", str(tmp_path / "absent" / "curves.png")])

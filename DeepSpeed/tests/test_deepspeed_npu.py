@@ -1,0 +1,306 @@
+"""deepspeed_npu on a CPU host: which accelerator and kernels it selects, and what it says when it cannot.
+
+No NPU is reachable here, so torch_npu is replaced by a stand-in module placed in sys.modules for one
+test at a time; its fusion attention follows torch_npu's documented semantics in plain torch
+(BNSD layout, True = masked, sparse_mode 2 = top-left causal read from a 2048 x 2048 compressed mask).
+"""
+import math
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepspeed_npu import NpuSetupError, activate, explain_import_failure
+from deepspeed_npu.__main__ import main as diagnose
+from deepspeed_npu.fused_kernels import FusionAttention
+from megatron.errors import InputError
+from megatron.model import kernels as trainer_kernels
+from megatron.model.kernels import PORTABLE_KERNELS, KernelRegistry, sdpa_attention
+
+REPO = Path(__file__).resolve().parents[2]
+LIBHCCL_MISSING = "libhccl.so: cannot open shared object file: No such file or directory"
+
+
+class StandInFusedAdamW(torch.optim.AdamW):
+    """Stands for torch_npu.optim.NpuFusedAdamW: only its identity matters to these tests."""
+
+
+class StandInFusionAttention:
+    """torch_npu.npu_fusion_attention in plain torch; records the keyword arguments of every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0, keep_prob=1.0,
+                 sparse_mode=0, **unused):
+        self.calls.append(dict(head_num=head_num, input_layout=input_layout, atten_mask=atten_mask, scale=scale,
+                               keep_prob=keep_prob, sparse_mode=sparse_mode))
+        assert input_layout == "BNSD" and head_num == query.shape[1]
+        if sparse_mode == 2:  # the kernel reads causality from a fixed compressed mask, not a [seq, seq] one
+            assert torch.equal(atten_mask, torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+            masked = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool).triu(1)
+        else:
+            assert sparse_mode == 0
+            masked = atten_mask
+        scores = (query @ key.transpose(-1, -2)) * scale
+        if masked is not None:
+            scores = scores.masked_fill(masked, float("-inf"))
+        probabilities = torch.nn.functional.dropout(scores.softmax(dim=-1), p=1.0 - keep_prob)
+        return probabilities @ value, None, None, None, 0, 0, 0
+
+
+def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_attention=True):
+    module = types.ModuleType("torch_npu")
+    module.npu = types.SimpleNamespace(is_available=lambda: device_count > 0, device_count=lambda: device_count,
+                                       get_device_name=lambda index=0: chip_name)
+    module.optim = types.SimpleNamespace(NpuFusedAdamW=StandInFusedAdamW)
+    if with_fusion_attention:
+        module.npu_fusion_attention = StandInFusionAttention()
+    return module
+
+
+@pytest.fixture(autouse=True)
+def plain_host(monkeypatch):
+    """No Ascend variables set; activate()'s own writes to DS_ACCELERATOR are undone after each test."""
+    for name in ("DS_ACCELERATOR", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_TOOLKIT_HOME"):
+        monkeypatch.setenv(name, "")  # records the original value, so the deletion below is undone too
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def install(monkeypatch):
+    """Make `import torch_npu` find the given stand-in (None: behave as if torch_npu were not installed)."""
+    def put(module):
+        monkeypatch.setitem(sys.modules, "torch_npu", module)
+        return module
+    return put
+
+
+@pytest.fixture
+def broken_torch_npu(monkeypatch, tmp_path):
+    """A torch_npu package on sys.path whose import fails like it does on a host without CANN."""
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"raise ImportError({LIBHCCL_MISSING!r})\n")
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+# ---- selection: what activate() does on each kind of host ----
+
+def test_without_torch_npu_nothing_changes(install):
+    install(None)
+    registry = KernelRegistry()
+    result = activate(register_kernels=registry.register)
+    assert not result.active
+    assert result.summary == "NPU support inactive: torch_npu is not installed"
+    assert "DS_ACCELERATOR" not in os.environ
+    assert registry.kernels_for("npu") is PORTABLE_KERNELS
+
+
+def test_asking_for_npu_without_torch_npu_says_what_to_install(install, monkeypatch):
+    install(None)
+    monkeypatch.setenv("DS_ACCELERATOR", "npu")
+    with pytest.raises(NpuSetupError, match=r"DS_ACCELERATOR=npu .* torch_npu is not installed: install"):
+        activate(register_kernels=KernelRegistry().register)
+
+
+def test_another_requested_accelerator_is_respected_without_touching_torch_npu(broken_torch_npu, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    result = activate(register_kernels=KernelRegistry().register)  # importing the broken torch_npu would raise
+    assert not result.active
+    assert "DS_ACCELERATOR=cpu" in result.summary
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+
+
+def test_libhccl_import_error_names_cann_and_the_fix(broken_torch_npu):
+    registry = KernelRegistry()
+    with pytest.raises(NpuSetupError) as raised:
+        activate(register_kernels=registry.register)
+    message = str(raised.value)
+    assert "libhccl.so" in message and "CANN" in message
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in message
+    assert isinstance(raised.value, InputError)  # the entry script's run_cli prints it as one line
+    assert "DS_ACCELERATOR" not in os.environ
+    assert registry.kernels_for("npu") is PORTABLE_KERNELS
+
+
+def test_no_visible_device_is_explained(install, monkeypatch):
+    install(stand_in_torch_npu(device_count=0))
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "9")
+    with pytest.raises(NpuSetupError) as raised:
+        activate(register_kernels=KernelRegistry().register)
+    message = str(raised.value)
+    assert "sees no NPU" in message and "npu-smi info" in message
+    assert "ASCEND_RT_VISIBLE_DEVICES='9'" in message
+    assert "set_env.sh" in message  # ASCEND_TOOLKIT_HOME is unset: CANN's environment was not loaded
+    assert "DS_ACCELERATOR" not in os.environ
+
+
+def test_failing_device_query_is_reported_with_its_cause(install):
+    module = install(stand_in_torch_npu())
+
+    def driver_failure():
+        raise RuntimeError("drvGetDevNum failed")
+    module.npu.is_available = driver_failure
+    with pytest.raises(NpuSetupError, match="sees no NPU.*drvGetDevNum failed"):
+        activate(register_kernels=KernelRegistry().register)
+
+
+def test_working_npu_selects_deepspeed_npu_and_registers_fused_kernels(install):
+    module = install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
+    registry = KernelRegistry()
+    result = activate(register_kernels=registry.register)
+    assert result.active
+    assert result.summary == ("NPU support active: 8 x Ascend910B3, DeepSpeed accelerator npu (hccl backend), "
+                              "kernels: torch_npu fused attention, NpuFusedAdamW")
+    assert os.environ["DS_ACCELERATOR"] == "npu"
+    npu = registry.kernels_for("npu")
+    assert isinstance(npu.attention, FusionAttention)
+    assert npu.adam is StandInFusedAdamW
+    assert npu.layer_norm is torch.nn.LayerNorm
+    assert registry.kernels_for("cpu") is PORTABLE_KERNELS  # CPU runs keep their kernels
+    query = torch.randn(1, 2, 4, 16)
+    npu.attention(query, query, query, None, 0.0)
+    assert len(module.npu_fusion_attention.calls) == 1  # the registered kernel calls torch_npu's
+
+
+def test_default_hook_is_the_trainers_kernel_registry(install):
+    install(stand_in_torch_npu())
+    try:
+        assert activate().active
+        assert isinstance(trainer_kernels.attention_fn("npu"), FusionAttention)
+        assert trainer_kernels.adam_optimizer_cls("npu") is StandInFusedAdamW
+    finally:
+        trainer_kernels.register_kernels("npu", attention=PORTABLE_KERNELS.attention, adam=PORTABLE_KERNELS.adam)
+
+
+@pytest.mark.parametrize("chip_name", ["Ascend910A", "Ascend910ProB", "Ascend910PremiumA"])
+def test_first_generation_chips_keep_portable_attention(install, chip_name):
+    install(stand_in_torch_npu(chip_name=chip_name))
+    registry = KernelRegistry()
+    summary = activate(register_kernels=registry.register).summary
+    assert registry.kernels_for("npu").attention is sdpa_attention
+    assert registry.kernels_for("npu").adam is StandInFusedAdamW
+    assert summary.endswith("kernels: PyTorch SDPA attention, NpuFusedAdamW")
+
+
+def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
+    install(stand_in_torch_npu(with_fusion_attention=False))
+    registry = KernelRegistry()
+    assert activate(register_kernels=registry.register).active
+    assert registry.kernels_for("npu").attention is sdpa_attention
+
+
+def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    from deepspeed.accelerator import get_accelerator
+    chosen = get_accelerator().device_name()  # what DeepSpeed picks on this host without torch_npu
+    install(stand_in_torch_npu())
+    with pytest.raises(NpuSetupError, match=rf"DeepSpeed already chose its '{chosen}' accelerator .* before "
+                                            r"the first `import deepspeed`"):
+        activate(register_kernels=KernelRegistry().register)
+    assert "DS_ACCELERATOR" not in os.environ
+
+
+# ---- explanations of failed imports ----
+
+def raised_from(cause, wrapper=None):
+    """An exception as torch raises it: the wrapper, with `cause` as its __cause__."""
+    try:
+        try:
+            raise cause
+        except Exception as inner:
+            if wrapper is None:
+                raise
+            raise wrapper from inner
+    except Exception as outer:
+        return outer
+
+
+@pytest.mark.parametrize("error, expected", [
+    # `import torch` with torch_npu installed but CANN missing: torch wraps the loader's error.
+    (raised_from(ImportError("libascendcl.so: cannot open shared object file: No such file or directory"),
+                 RuntimeError("Failed to load the backend extension: torch_npu. You can disable extension "
+                              "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.")),
+     ["CANN library libascendcl.so", "source /usr/local/Ascend/ascend-toolkit/set_env.sh", "pip uninstall"]),
+    (raised_from(OSError("libascend_hal.so: cannot open shared object file: No such file or directory")),
+     ["Ascend driver library libascend_hal.so", "npu-smi info", "LD_LIBRARY_PATH"]),
+    (raised_from(ImportError("/site-packages/torch_npu/lib/libtorch_npu.so: undefined symbol: _ZN3c104impl")),
+     ["does not fit the installed torch", "release built for torch"]),
+    (raised_from(ModuleNotFoundError("No module named 'yaml'", name="yaml")),
+     ["needs the Python module 'yaml'", "install it with pip"]),
+    (raised_from(RuntimeError("something unforeseen")),
+     ["fails to import (RuntimeError: something unforeseen)", "set_env.sh"]),
+])
+def test_import_failures_are_explained_in_plain_words(error, expected):
+    message = explain_import_failure(error)
+    for phrase in expected:
+        assert phrase in message
+
+
+# ---- the attention adapter against the trainer's portable kernel ----
+
+def attention_inputs(seed=0, batch=2, heads=3, seq=7, head_dim=16):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, seq, head_dim, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+def test_causal_attention_matches_sdpa_and_uses_the_compressed_causal_mode():
+    fusion = StandInFusionAttention()
+    attention = FusionAttention(fusion)
+    query, key, value = attention_inputs()
+    torch.testing.assert_close(attention(query, key, value, None, 0.0), sdpa_attention(query, key, value, None, 0.0))
+    call = fusion.calls[0]
+    assert (call["sparse_mode"], call["input_layout"], call["head_num"], call["keep_prob"]) == (2, "BNSD", 3, 1.0)
+    assert call["scale"] == pytest.approx(1 / math.sqrt(16))
+    attention(query, key, value, None, 0.0)
+    assert fusion.calls[1]["atten_mask"] is call["atten_mask"]  # the 2048 x 2048 mask is built once
+
+
+def test_explicit_megatron_mask_matches_sdpa():
+    query, key, value = attention_inputs(seed=1, seq=6)
+    # Two documents in each sequence (reset attention mask): causal, and no attending across the boundary.
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    mask[3:, :3] = True
+    mask = mask.expand(2, 1, 6, 6)
+    fusion = StandInFusionAttention()
+    result = FusionAttention(fusion)(query, key, value, mask, 0.0)
+    torch.testing.assert_close(result, sdpa_attention(query, key, value, mask, 0.0))
+    assert fusion.calls[0]["sparse_mode"] == 0
+    assert fusion.calls[0]["atten_mask"] is mask  # same True-is-masked convention: passed through unchanged
+
+
+def test_dropout_probability_becomes_keep_probability():
+    fusion = StandInFusionAttention()
+    query, key, value = attention_inputs()
+    FusionAttention(fusion)(query, key, value, None, 0.1)
+    assert fusion.calls[0]["keep_prob"] == pytest.approx(0.9)
+
+
+# ---- `python -m deepspeed_npu` and the import promise ----
+
+def test_diagnosis_command_reports_each_state(install, capsys):
+    install(None)
+    assert diagnose() == 0
+    assert capsys.readouterr().out == "NPU support inactive: torch_npu is not installed\n"
+    install(stand_in_torch_npu(device_count=0))
+    assert diagnose() == 1
+    assert capsys.readouterr().err.startswith("error: torch_npu")
+    install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
+    assert diagnose() == 0
+    assert capsys.readouterr().out == "NPUs ready: 8 x Ascend910B3\n"
+    assert "DS_ACCELERATOR" not in os.environ  # the diagnosis only looks
+
+
+def test_importing_the_package_imports_no_torch():
+    """A broken torch_npu breaks `import torch`, so the package must load without it to explain that."""
+    path = os.pathsep.join([str(REPO / "DeepSpeed"), str(REPO / "Megatron-DeepSpeed")])
+    probe = "import sys, deepspeed_npu; print(sorted(m for m in ('torch', 'torch_npu') if m in sys.modules))"
+    output = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path},
+                            capture_output=True, text=True, check=True).stdout
+    assert output.strip() == "[]"

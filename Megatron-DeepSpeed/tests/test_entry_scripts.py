@@ -1,0 +1,27 @@
+"""The user-facing shell entry points: clear errors for bad input, and a real end-to-end CPU run."""
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_script(name, *args, timeout=900):
+    return subprocess.run(["bash", os.path.join(REPO, "test", name), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model_size=huge"], "unknown model size preset 'huge'; valid names: 345M, 1.3B, 2.7B, 3.7B, "
+                            "345M_without_mp, tiny"),
+    (["--data_path=/nonexistent/corpus_text_document"], "bash test/dataset_preprocess_gpt.sh"),
+    (["--nproc=3"], "needs a multiple of TP 2 x PP 2 = 4 processes, but 3 are launched"),
+    (["--train_iters=abc"], "--train_iters='abc' is not a whole number"),
+    (["--modelsize=tiny"], "unrecognized arguments: --modelsize=tiny"),
+])
+def test_bad_input_stops_with_a_clear_message(args, message, tmp_path):
+    result = run_script("train_full_8p.sh", *args, f"--output_dir={tmp_path}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
