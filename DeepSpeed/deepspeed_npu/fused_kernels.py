@@ -34,7 +34,7 @@ class FusionAttention:
         if attention_mask is None:
             mask, sparse_mode = self._causal_mask(query.device), TOP_LEFT_CAUSAL
         else:
-            mask, sparse_mode = ~attention_mask, MASK_AS_GIVEN
+            mask, sparse_mode = attention_mask, MASK_AS_GIVEN
         outputs = self._fusion_attention(
             query, key, value, query.shape[1], "BNSD", atten_mask=mask, scale=1.0 / math.sqrt(query.shape[-1]),
             keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)

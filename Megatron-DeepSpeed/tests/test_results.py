@@ -54,7 +54,7 @@ GPU_INFO = dict(TINY_INFO, model_size="345M", device="cuda", machine="8x test GP
                 seq_length=1024, num_layers=24, hidden_size=1024, padded_vocab_size=50304, train_iters=100,
                 global_batch_size=16, start_time=0, end_time=60)
 
-TINY_ROW = "| tiny (CPU) | 241.0K | 20.086 | 8.500 | 128 | 5 |\n"
+TINY_ROW = "| tiny (CPU) | 241.0K | 33.115 | 8.500 | 128 | 5 |\n"
 HEADER = "| NAME (device) | params | PPL | samples/s | seq_len | Steps |\n|---|---|---|---|---|---|\n"
 
 
@@ -110,6 +110,7 @@ def test_summary_figures_from_a_log(tmp_path):
     assert summary.samples_per_second == pytest.approx(8.5)        # mean of 8 and 9 (records 4, 5)
     assert summary.final_train_ppl == pytest.approx(20.0855369)    # e³
     assert summary.best_validation_ppl == pytest.approx(33.11545)  # e^3.5; the test loss is not validation
+    assert summary.reported_ppl == summary.best_validation_ppl    # a full run is judged by validation
     assert summary.steps == 5
     assert summary.duration_seconds == pytest.approx(123.6)
 
@@ -118,13 +119,14 @@ def test_throughput_from_batch_and_time_when_the_log_has_no_samples_per_second(t
     summary = read_run(make_run(tmp_path / "gpu", GPU_LOG, GPU_INFO)).summary
     assert summary.samples_per_second == pytest.approx(64.0)  # 4 records, 3 warm-up: 16 / 0.25 s
     assert summary.best_validation_ppl is None
+    assert summary.reported_ppl == summary.final_train_ppl  # no validation ran: the training PPL
     assert summary.steps == 40
 
 
 def test_summary_lines_are_the_entry_scripts_three_lines(tmp_path):
     assert summary_lines(read_run(make_run(tmp_path / "tiny")).summary) == (
         "Final Performance samples/sec : 8.500\n"
-        "Final Train lm loss PPL(accuracy): 20.086\n"
+        "Final Train lm loss PPL(accuracy): 33.115\n"
         "E2E Training Duration sec : 124\n")
 
 
@@ -166,7 +168,7 @@ def test_summarize_run_prints_three_lines_and_draws_the_loss_curve(tmp_path, cap
     summarize_run.main([run_dir])
     assert capsys.readouterr().out == (
         "Final Performance samples/sec : 8.500\n"
-        "Final Train lm loss PPL(accuracy): 20.086\n"
+        "Final Train lm loss PPL(accuracy): 33.115\n"
         "E2E Training Duration sec : 124\n")
     assert_valid_png(os.path.join(run_dir, "loss_curve.png"))
 
