@@ -5,12 +5,15 @@
            -> final LayerNorm -> LMHead (tied to the word embedding) -> LanguageModelLoss
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
-model can build the same network from the same pieces, one DeepSpeed LayerSpec per piece. Parallelism is
+model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
+piece draws its initial weights from its own random stream, seeded by (init_seed, piece index), so the weights
+do not depend on which process or pipeline stage builds which piece. Parallelism is
 applied from outside by swapping pieces (model/parallelize.py); the model itself knows nothing about it. Tensors are
 batch-first: hidden states are [batch, seq, hidden]. Parameter names follow Megatron, so it is obvious which
 linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
 (attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
 """
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -38,6 +41,7 @@ class GPTConfig:
     openai_gelu: bool = False
     layernorm_epsilon: float = 1e-5
     checkpoint_activations: bool = False
+    init_seed: int = 1234  # with the piece index, decides every initial weight (see seeded_init)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -62,6 +66,23 @@ class GPTConfig:
         """Smaller init for the projections that write into the residual stream, so its variance does not
         grow with depth (GPT-2 / Megatron scaling)."""
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+
+
+EMBEDDING_PIECE = 0  # piece indices: the embedding, then the layers 1..num_layers (DeepSpeed's layer numbering)
+
+
+def layer_piece(layer_number: int) -> int:
+    return 1 + layer_number
+
+
+@contextlib.contextmanager
+def seeded_init(config: GPTConfig, piece_index: int):
+    """Build a piece inside: its random initialisation then comes from torch's CPU generator seeded with
+    init_seed + piece_index (DeepSpeed's seed_layers rule), whichever process, pipeline stage or construction
+    order builds it; the caller's random stream is left where it was. Pieces are built on the CPU."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(config.init_seed + piece_index)
+        yield
 
 
 def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
@@ -185,8 +206,12 @@ class GPTModel(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.embedding = Embedding(config)
-        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
+        with seeded_init(config, EMBEDDING_PIECE):
+            self.embedding = Embedding(config)
+        self.layers = nn.ModuleList()
+        for layer_number in range(config.num_layers):
+            with seeded_init(config, layer_piece(layer_number)):
+                self.layers.append(TransformerLayer(config))
         self.final_layernorm = layer_norm(config)
         self.lm_head = LMHead()
         self.loss = LanguageModelLoss()
