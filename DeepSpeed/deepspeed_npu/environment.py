@@ -84,7 +84,7 @@ def explain_import_failure(err: BaseException) -> str:
                     "does it) before starting. If CANN is not installed, install the CANN toolkit release that "
                     "your torch_npu release requires; on a machine without NPUs, uninstall torch_npu instead "
                     "(`pip uninstall torch-npu`): without CANN it breaks `import torch`")
-        if isinstance(error, ModuleNotFoundError) and error.name and error.name != "torch_npu":
+        if isinstance(error, ModuleNotFoundError) and error.name and error.name.split(".")[0] != "torch_npu":
             return (f"torch_npu needs the Python module '{error.name}', which is not installed {detail}: "
                     f"install it with pip into this environment, then retry")
     return (f"torch_npu is installed but fails to import {detail}. Check that CANN's environment is set "
@@ -103,7 +103,7 @@ def find_devices(torch_npu: ModuleType) -> NpuDevices:
         raise NpuSetupError(_no_device_message(""))
     try:
         chip_name = str(torch_npu.npu.get_device_name(0))
-    except Exception:  # the name only picks kernels; an unknown chip gets the portable ones
+    except Exception:  # the name only rules out first-generation chips; an unnamed one is assumed newer
         chip_name = "unknown"
     return NpuDevices(count=count, chip_name=chip_name)
 

@@ -22,6 +22,7 @@ from megatron.model import kernels as trainer_kernels
 from megatron.model.kernels import PORTABLE_KERNELS, KernelRegistry, sdpa_attention
 
 REPO = Path(__file__).resolve().parents[2]
+ACCELERATOR_SELECTOR = "deepspeed.accelerator.real_accelerator"  # DeepSpeed's module that caches its choice
 LIBHCCL_MISSING = "libhccl.so: cannot open shared object file: No such file or directory"
 
 
@@ -65,10 +66,12 @@ def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_atte
 
 @pytest.fixture(autouse=True)
 def plain_host(monkeypatch):
-    """No Ascend variables set; activate()'s own writes to DS_ACCELERATOR are undone after each test."""
+    """Like a fresh process on a host without Ascend variables: DeepSpeed has not chosen an accelerator yet
+    (other test files may have made it choose), and activate()'s writes to DS_ACCELERATOR are undone."""
     for name in ("DS_ACCELERATOR", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_TOOLKIT_HOME"):
         monkeypatch.setenv(name, "")  # records the original value, so the deletion below is undone too
         monkeypatch.delenv(name)
+    monkeypatch.delitem(sys.modules, ACCELERATOR_SELECTOR, raising=False)
 
 
 @pytest.fixture
@@ -154,6 +157,7 @@ def test_failing_device_query_is_reported_with_its_cause(install):
 def test_working_npu_selects_deepspeed_npu_and_registers_fused_kernels(install):
     module = install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
     registry = KernelRegistry()
+    cpu_kernels = registry.kernels_for("cpu")
     result = activate(register_kernels=registry.register)
     assert result.active
     assert result.summary == ("NPU support active: 8 x Ascend910B3, DeepSpeed accelerator npu (hccl backend), "
@@ -163,7 +167,7 @@ def test_working_npu_selects_deepspeed_npu_and_registers_fused_kernels(install):
     assert isinstance(npu.attention, FusionAttention)
     assert npu.adam is StandInFusedAdamW
     assert npu.layer_norm is torch.nn.LayerNorm
-    assert registry.kernels_for("cpu") is PORTABLE_KERNELS  # CPU runs keep their kernels
+    assert registry.kernels_for("cpu") is cpu_kernels  # CPU runs keep their kernels
     query = torch.randn(1, 2, 4, 16)
     npu.attention(query, query, query, None, 0.0)
     assert len(module.npu_fusion_attention.calls) == 1  # the registered kernel calls torch_npu's
@@ -171,12 +175,13 @@ def test_working_npu_selects_deepspeed_npu_and_registers_fused_kernels(install):
 
 def test_default_hook_is_the_trainers_kernel_registry(install):
     install(stand_in_torch_npu())
+    attention, adam = trainer_kernels.attention_fn("npu"), trainer_kernels.adam_optimizer_cls("npu")
     try:
         assert activate().active
         assert isinstance(trainer_kernels.attention_fn("npu"), FusionAttention)
         assert trainer_kernels.adam_optimizer_cls("npu") is StandInFusedAdamW
-    finally:
-        trainer_kernels.register_kernels("npu", attention=PORTABLE_KERNELS.attention, adam=PORTABLE_KERNELS.adam)
+    finally:  # the trainer's registry outlives this test: leave "npu" as it was
+        trainer_kernels.register_kernels("npu", attention=attention, adam=adam)
 
 
 @pytest.mark.parametrize("chip_name", ["Ascend910A", "Ascend910ProB", "Ascend910PremiumA"])
@@ -198,8 +203,10 @@ def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
 
 def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    from deepspeed.accelerator import get_accelerator
-    chosen = get_accelerator().device_name()  # what DeepSpeed picks on this host without torch_npu
+    import deepspeed.accelerator
+    selector = deepspeed.accelerator.real_accelerator  # the module plain_host hid, if it was imported before
+    monkeypatch.setitem(sys.modules, ACCELERATOR_SELECTOR, selector)
+    chosen = selector.get_accelerator().device_name()  # what DeepSpeed picks on this host without torch_npu
     install(stand_in_torch_npu())
     with pytest.raises(NpuSetupError, match=rf"DeepSpeed already chose its '{chosen}' accelerator .* before "
                                             r"the first `import deepspeed`"):
@@ -304,3 +311,30 @@ def test_importing_the_package_imports_no_torch():
     output = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": path},
                             capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+# ---- test/env_npu.sh ----
+
+def test_env_script_loads_cann_and_keeps_user_settings(tmp_path):
+    toolkit = tmp_path / "ascend-toolkit"
+    toolkit.mkdir()
+    (tmp_path / "driver" / "lib64").mkdir(parents=True)
+    # Like CANN's own script, it reads a variable that may be unset.
+    (toolkit / "set_env.sh").write_text(f"export ASCEND_TOOLKIT_HOME={toolkit}/latest\n"
+                                        "export LD_LIBRARY_PATH=$ASCEND_TOOLKIT_HOME/lib64:$LD_LIBRARY_PATH\n")
+    script = (f"set -euo pipefail; source {REPO / 'test' / 'env_npu.sh'}; "
+              'echo "$ASCEND_TOOLKIT_HOME|$LD_LIBRARY_PATH|$PYTHONPATH|$HCCL_CONNECT_TIMEOUT|$HCCL_EXEC_TIMEOUT"')
+    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path),
+                   "HCCL_EXEC_TIMEOUT": "99"}
+    output = subprocess.run(["bash", "-c", script], env=environment, capture_output=True, text=True, check=True)
+    cann_home, library_path, python_path, connect_timeout, exec_timeout = output.stdout.strip().split("|")
+    assert cann_home == f"{toolkit}/latest"
+    assert library_path.split(":")[:2] == [str(tmp_path / "driver" / "lib64"), f"{toolkit}/latest/lib64"]
+    assert python_path.split(":") == [str(REPO / "DeepSpeed"), str(REPO / "Megatron-DeepSpeed")]
+    assert (connect_timeout, exec_timeout) == ("1200", "99")
+
+
+def test_env_script_run_instead_of_sourced_says_how_to_use_it():
+    result = subprocess.run(["bash", str(REPO / "test" / "env_npu.sh")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "run 'source" in result.stderr

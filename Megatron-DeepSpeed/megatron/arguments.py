@@ -274,6 +274,11 @@ def _set_parallel_sizes(args, world_size):
     if world_size < 1:
         raise InputError(f"world size {world_size} must be at least 1; check the launcher "
                          f"(WORLD_SIZE)")
+    if world_size < tp * pp:
+        raise InputError(
+            f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} needs at least "
+            f"{tp * pp} processes (one per device), but world size is {world_size}; launch {tp * pp} "
+            f"or a multiple (e.g. torchrun --nproc_per_node {tp * pp}), or lower those sizes")
     if world_size % (tp * pp):
         raise InputError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
@@ -449,6 +454,11 @@ def _check_parallel_features(args):
         raise InputError(f"--sequence-parallel splits --seq-length {args.seq_length} over "
                          f"--tensor-model-parallel-size {tp}, which does not divide it; use a "
                          f"multiple of {tp}")
+    if pp > args.num_layers:
+        raise InputError(f"--pipeline-model-parallel-size {pp} is more than --num-layers "
+                         f"{args.num_layers}: every pipeline stage needs a transformer layer; use at most "
+                         f"{args.num_layers} stages or more layers (uneven splits are fine: stages are cut "
+                         f"between layers as evenly as possible)")
     if args.no_pipeline_parallel and pp > 1:
         raise InputError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size "
                          f"{pp}; drop one of them")

@@ -16,9 +16,7 @@ STEPS_PER_PRINT_NEVER = 10 ** 12
 def build_deepspeed_config(args):
     """DeepSpeed's config dict for validated `args` (see megatron.arguments.validate_args)."""
     zero = {"stage": args.zero_stage}
-    if args.cpu_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu"}
-    return {
+    config = {
         "train_batch_size": args.global_batch_size,
         "train_micro_batch_size_per_gpu": args.micro_batch_size,
         "gradient_accumulation_steps": args.num_micro_batches,
@@ -36,13 +34,24 @@ def build_deepspeed_config(args):
         "steps_per_print": STEPS_PER_PRINT_NEVER,
         "wall_clock_breakdown": False,
     }
+    if args.cpu_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        # The offloaded state is stepped by torch's AdamW on the CPU (megatron.optimizer), which DeepSpeed
+        # refuses unless told: it wants its DeepSpeedCPUAdam, a C++ op our set-up does not prebuild and that
+        # takes minutes to JIT-compile at first use. torch's AdamW needs no compiler, works beside every
+        # accelerator, and updates exactly as a run without offload does.
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config
 
 
 def _flag_values(args):
     """(config key path, what the flags say, how to name that in a message) for every key the
     user's JSON must agree with."""
     offload = "cpu" if args.cpu_optimizer else "none"
-    return (
+    cpu_optimizer_keys = ((("zero_force_ds_cpu_optimizer",), False,
+                           "--cpu-optimizer steps torch's AdamW on the CPU, not DeepSpeedCPUAdam"),
+                          ) if args.cpu_optimizer else ()
+    return cpu_optimizer_keys + (
         (("train_batch_size",), args.global_batch_size,
          f"--global-batch-size is {args.global_batch_size}"),
         (("train_micro_batch_size_per_gpu",), args.micro_batch_size,

@@ -16,7 +16,9 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, args):
-    """The device's AdamW kernel over `model`; its learning rate is set before every step by the loop."""
-    adam = kernels.adam_optimizer_cls()
+    """AdamW over `model`, with the kernel of the device that will hold its state: the CPU's with
+    --cpu-optimizer (ZeRO moves the state there, where an accelerator's fused kernel cannot step it), else
+    this process's device. Its learning rate is set before every step by the loop."""
+    adam = kernels.adam_optimizer_cls("cpu" if args.cpu_optimizer else None)
     return adam(parameter_groups(model, args.weight_decay), lr=args.lr,
                 betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, weight_decay=args.weight_decay)

@@ -1,9 +1,10 @@
 """The training loop: build everything from the flags, train on the DeepSpeed engine, evaluate, log, save.
 
-DeepSpeed owns the optimizer step, gradient accumulation, clipping, loss scaling and ZeRO; this loop owns
-what Megatron users expect around it: the learning-rate schedule counted in samples, the data order
-counted in consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and
-Megatron's log lines.
+DeepSpeed owns the optimizer step, gradient accumulation, clipping, loss scaling, ZeRO and the pipeline
+schedule (its pipeline engine trains a PipelineModule, its plain engine anything else); this loop owns what
+Megatron users expect around it: the learning-rate schedule counted in samples, the data order counted in
+consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and Megatron's log
+lines.
 """
 import math
 import os
@@ -12,18 +13,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.pipe import PipelineModule
+from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import device
 from megatron.arguments import parse_args, validate_args
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.data_loaders import build_data_loader, build_datasets, train_valid_test_num_samples
 from megatron.data.gpt_batch import make_batch
-from megatron.ds_config import resolve_deepspeed_config
+from megatron.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
 from megatron.learning_rates import learning_rate, schedule_samples
 from megatron.errors import InputError
-from megatron.model.parallelize import apply_tensor_parallel
+from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
@@ -42,8 +46,6 @@ class TrainState:
 def initialize_distributed(backend: str) -> None:
     """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
     becomes a group of one."""
-    import deepspeed
-
     if "RANK" not in os.environ:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -76,6 +78,9 @@ class Batches:
         self.loader, self.args, self.eod, self.restart = loader, args, eod, restart
         self.iterator = iter(loader)
 
+    def __iter__(self):
+        return self
+
     def __next__(self) -> dict:
         try:
             text = next(self.iterator)
@@ -90,39 +95,61 @@ class Batches:
         return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
 
 
-def unreported_grad_norm(engine) -> Optional[float]:
-    """DeepSpeed's plain fp32 path (ZeRO 0, no fp16/bf16) clips gradients but keeps no norm to report; in that
-    case compute it, before the step, from the already data-parallel-reduced gradients."""
-    if engine.zero_optimization() or engine.fp16_enabled() or engine.bfloat16_enabled():
-        return None
-    from deepspeed.runtime.utils import get_global_norm_of_tensors, is_model_parallel_parameter
+class Fp32GradientClipping:
+    """Gradient clipping for DeepSpeed's plain fp32 path (ZeRO 0, no fp16/bf16), run as a step pre-hook of the
+    optimizer, after gradients are reduced over data-parallel ranks (and tied pipeline stages).
 
-    # A parameter replicated over tensor-parallel ranks is counted once, from TP rank 0 (as DeepSpeed does).
-    first_tp_rank = engine.mpu.get_tensor_model_parallel_rank() == 0
-    gradients = [p.grad for p in engine.module.parameters()
-                 if p.grad is not None and (first_tp_rank or is_model_parallel_parameter(p))]
-    return float(get_global_norm_of_tensors(gradients, mpu=engine.mpu))
+    DeepSpeed clips that path itself but keeps no norm to report, and under pipeline parallelism its norm
+    counts replicated parameters from the first stage only, so later stages' parameters are left out. Here
+    every parameter counts once per model replica: tensor-parallel shards on every rank, replicated parameters
+    on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it. DeepSpeed's own clipping is
+    then switched off (gradient_clipping 0 in its config)."""
+
+    def __init__(self, model: torch.nn.Module, parallel: ParallelState, max_norm: float):
+        self.model, self.parallel, self.max_norm = model, parallel, max_norm
+        self.norm: Optional[float] = None  # of the last step, before clipping
+
+    def _counted_here(self, parameter) -> bool:
+        if getattr(parameter, "ds_pipe_replicated", False):
+            return False
+        return self.parallel.tp_rank == 0 or getattr(parameter, "tensor_model_parallel", False)
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        gradients = [p.grad for p in self.model.parameters() if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32, device=device.current_device())
+        for parameter in self.model.parameters():
+            if parameter.grad is not None and self._counted_here(parameter):
+                squares += parameter.grad.detach().float().pow(2).sum()
+        dist.all_reduce(squares, group=self.parallel.get_model_parallel_group())
+        norm = squares.sqrt()
+        self.norm = norm.item()
+        if self.max_norm > 0:
+            scale = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
+            for gradient in gradients:
+                gradient.mul_(scale.to(gradient.dtype))
 
 
-def train_step(engine, batches: Batches, args) -> tuple[torch.Tensor, Optional[float]]:
-    """One optimizer step over `num_micro_batches` micro-batches; returns this rank's mean loss and the
-    gradient norm (None when DeepSpeed reports it itself)."""
+def train_step(engine, batches: Batches, args, parallel: ParallelState) -> float:
+    """One optimizer step over `num_micro_batches` micro-batches; returns the loss averaged over them and over
+    the data-parallel ranks."""
+    if isinstance(engine, PipelineEngine):  # train_batch does the averaging itself
+        return engine.train_batch(map(pipeline_micro_batch, batches)).item()
     total = torch.zeros((), device=device.current_device())
-    grad_norm = None
     for _ in range(args.num_micro_batches):
         batch = next(batches)
         loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                       labels=batch["labels"], loss_mask=batch["loss_mask"])
         engine.backward(loss)
-        if engine.is_gradient_accumulation_boundary():
-            grad_norm = unreported_grad_norm(engine)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
-    return total / args.num_micro_batches, grad_norm
+    return data_parallel_mean(total / args.num_micro_batches, parallel)
 
 
 def evaluate(engine, batches: Batches, args, parallel: ParallelState) -> float:
     """Mean validation loss over `eval_iters` global batches."""
+    if isinstance(engine, PipelineEngine):  # eval_batch averages over micro-batches and data-parallel ranks
+        losses = [engine.eval_batch(map(pipeline_micro_batch, batches)).item() for _ in range(args.eval_iters)]
+        return sum(losses) / args.eval_iters
     engine.eval()
     total = torch.zeros((), device=device.current_device())
     with torch.no_grad():
@@ -154,7 +181,7 @@ class MetricsLog:
             self.writer = SummaryWriter(log_dir=args.tensorboard_dir)
         self.losses, self.interval_start = [], time.perf_counter()
 
-    def iteration(self, state: TrainState, loss: float, grad_norm: Optional[float], lr: float, engine) -> None:
+    def iteration(self, state: TrainState, loss: float, grad_norm: float, lr: float, engine) -> None:
         self.losses.append(loss)
         args = self.args
         if state.iteration % args.log_interval:
@@ -162,8 +189,6 @@ class MetricsLog:
         device.synchronize()
         seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
         mean_loss = sum(self.losses) / len(self.losses)
-        if grad_norm is None:
-            grad_norm = float(engine.get_global_grad_norm() or 0.0)
         loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
         samples_per_second = args.global_batch_size / seconds
         tflops = tflops_per_device(args.global_batch_size, args.seq_length, args.num_layers, args.hidden_size,
@@ -195,22 +220,42 @@ class MetricsLog:
 class TrainingResult:
     iteration: int
     losses: list  # the training loss of every iteration this run made
+    grad_norms: list  # and its gradient norm, before clipping
     validation_loss: Optional[float]
-    model: torch.nn.Module  # this rank's (possibly tensor-parallel) module, as trained
+    model: torch.nn.Module  # this rank's module as trained: its pipeline stage, or the plain model; TP-sharded
     parallel: ParallelState
 
 
+def engine_config(args, pipelined: bool, clipping_ourselves: bool) -> dict:
+    """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
+    Fp32GradientClipping does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
+    (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe)."""
+    config = resolve_deepspeed_config(args)
+    if clipping_ourselves:
+        config["gradient_clipping"] = 0.0
+    if pipelined:
+        pipeline = dict(config.get("pipeline") or {})
+        for key in ("pipe_partitioned", "grad_partitioned"):
+            if pipeline.get(key):
+                raise InputError(f"--deepspeed_config {args.deepspeed_config} sets pipeline.{key}=true, but stage "
+                                 "outputs may be sequence-parallel chunks or change shape between batches, which "
+                                 "that partitioning cannot handle; set it to false or remove it")
+            pipeline[key] = False
+        config["pipeline"] = pipeline
+        if config["steps_per_print"] == STEPS_PER_PRINT_NEVER:
+            config["steps_per_print"] = args.log_interval
+    return config
+
+
 def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
-    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size) -> nn.Module` builds the full
-    single-device model, identically on every rank; tensor parallelism is then applied from outside."""
+    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size, parallel, rng_tracker)` returns
+    this rank's part of the model, parallelised: a DeepSpeed PipelineModule (trained on the pipeline engine)
+    or a plain nn.Module (trained on DeepSpeed's plain engine)."""
     args = parse_args(argv)
     initialize_distributed(args.distributed_backend or device.communication_backend())
     validate_args(args, dist.get_world_size(), device.device_name())
-    if args.pipeline_model_parallel_size > 1:
-        raise InputError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: pipeline "
-                         "parallelism is not available yet; use 1")
     parallel = ParallelState(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
-    device.manual_seed(args.seed)  # the default stream: identical on every rank, so every rank builds one model
+    device.manual_seed(args.seed)  # the default stream (dropout): identical on every rank
     rng_tracker = tensor_parallel_rng_tracker(args.seed, parallel.tp_rank)
 
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
@@ -219,15 +264,19 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
                                                 args.tensor_model_parallel_size)
     args.padded_vocab_size = padded_vocab_size
 
-    import deepspeed
-
-    model = model_provider(args, padded_vocab_size)
-    if args.tensor_model_parallel_size > 1:
-        apply_tensor_parallel(model, parallel, args.sequence_parallel, rng_tracker=rng_tracker)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args), mpu=parallel,
-                                           config=resolve_deepspeed_config(args), dist_init_required=False)
+    model = model_provider(args, padded_vocab_size, parallel, rng_tracker)
+    pipelined = isinstance(model, PipelineModule)
+    optimizer = build_optimizer(model, args)
+    clipping = None
+    if args.zero_stage == 0 and not (args.fp16 or args.bf16):
+        clipping = Fp32GradientClipping(model, parallel, args.clip_grad)
+        optimizer.register_step_pre_hook(clipping)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
+                                           config=engine_config(args, pipelined, clipping is not None),
+                                           dist_init_required=False)
     state = TrainState()
-    state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, rng_tracker)
+    with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
+        state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, rng_tracker)
 
     dp_rank, dp_size = parallel.dp_rank, parallel.get_data_parallel_world_size()
     train_set, valid_set, _ = build_datasets(args, padded_vocab_size)
@@ -242,13 +291,14 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
     train_iters = args.train_iters or train_valid_test_num_samples(args)[0] // args.global_batch_size
     args.train_iters = train_iters
     metrics = MetricsLog(args, padded_vocab_size)
-    validation_loss, losses = None, []
+    validation_loss, losses, grad_norms = None, [], []
     skipped_before = engine.skipped_steps
     while state.iteration < train_iters:
         set_learning_rate(engine.optimizer, args, state.consumed_train_samples, warmup_samples, decay_samples)
-        loss, grad_norm = train_step(engine, train, args)
-        loss = data_parallel_mean(loss, parallel)
+        loss = train_step(engine, train, args, parallel)
+        grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
         losses.append(loss)
+        grad_norms.append(grad_norm)
         state.iteration += 1
         state.consumed_train_samples += args.global_batch_size
         state.skipped_iterations += engine.skipped_steps - skipped_before
@@ -277,4 +327,4 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
         if valid is not None and state.iteration % args.eval_interval:
             validation_loss = evaluate(engine, valid, args, parallel)
             metrics.validation(state.iteration, validation_loss)
-    return TrainingResult(state.iteration, losses, validation_loss, engine.module, parallel)
+    return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)

@@ -56,6 +56,8 @@ def test_zero_stage_and_cpu_offload():
     config = build_deepspeed_config(validated("--zero-stage", "3", "--no-pipeline-parallel",
                                               "--cpu-optimizer"))
     assert config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    # Offloaded state is stepped by torch's AdamW (megatron.optimizer), which DeepSpeed must be told to accept.
+    assert config["zero_force_ds_cpu_optimizer"] is False
 
 
 def test_batch_and_clipping_follow_flags():
@@ -74,6 +76,7 @@ def test_deepspeed_reads_the_generated_config_as_meant():
             parsed.gradient_accumulation_steps) == (6, 2, 3)
     assert parsed.zero_optimization_stage == 2
     assert parsed.zero_config.offload_optimizer.device == "cpu"
+    assert parsed.zero_force_ds_cpu_optimizer is False
     assert parsed.float16_config.enabled is True
     assert parsed.float16_config.initial_scale_power == 10
     assert parsed.float16_config.loss_scale == 0
@@ -140,6 +143,18 @@ def test_flags_set_on_contradict_json_set_off():
     with pytest.raises(InputError, match='device="none" but --cpu-optimizer is on'):
         merge_with_user_config({"zero_optimization": {"offload_optimizer": {"device": "none"}}},
                                args, "ds.json")
+
+
+def test_json_forcing_deepspeed_cpu_adam_contradicts_cpu_optimizer():
+    args = validated("--zero-stage", "2", "--no-pipeline-parallel", "--cpu-optimizer")
+    with pytest.raises(InputError) as caught:
+        merge_with_user_config({"zero_force_ds_cpu_optimizer": True}, args, "ds.json")
+    assert str(caught.value) == (
+        "--deepspeed_config ds.json sets zero_force_ds_cpu_optimizer=true but --cpu-optimizer steps torch's "
+        "AdamW on the CPU, not DeepSpeedCPUAdam; make them agree or remove the key from the JSON")
+    # Without offload DeepSpeed ignores the key, so any value is fine.
+    assert merge_with_user_config({"zero_force_ds_cpu_optimizer": True}, validated(),
+                                  "ds.json")["zero_force_ds_cpu_optimizer"] is True
 
 
 def test_section_that_is_not_an_object():

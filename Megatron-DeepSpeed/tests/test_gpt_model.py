@@ -251,8 +251,9 @@ def test_registry_defaults_and_partial_registration():
     registry = kernels.KernelRegistry()
     assert registry.kernels_for("cpu").attention is kernels.sdpa_attention
     assert registry.kernels_for("npu") == kernels.PORTABLE_KERNELS  # nothing registered yet
-    fused = registry.kernels_for("cuda").adam
-    assert fused.func is torch.optim.AdamW and fused.keywords == {"fused": True}
+    for device_name in ("cpu", "cuda"):
+        fused = registry.kernels_for(device_name).adam
+        assert fused.func is torch.optim.AdamW and fused.keywords == {"fused": True}
     registry.register("npu", layer_norm=torch.nn.RMSNorm)
     assert registry.kernels_for("npu").layer_norm is torch.nn.RMSNorm
     assert registry.kernels_for("npu").attention is kernels.sdpa_attention  # untouched slots keep defaults

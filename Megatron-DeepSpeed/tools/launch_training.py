@@ -19,7 +19,8 @@ import time
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
-sys.path.insert(0, MEGATRON_ROOT)
+ADAPTOR_ROOT = os.path.join(REPO_ROOT, "DeepSpeed")  # the deepspeed_npu package
+sys.path[:0] = [MEGATRON_ROOT, ADAPTOR_ROOT]
 
 from megatron.errors import InputError, run_cli  # noqa: E402
 from megatron.presets import get_preset, preset_names  # noqa: E402
@@ -76,6 +77,8 @@ def detect_device(requested: str) -> tuple[str, int]:
         os.environ["DS_ACCELERATOR"] = "cpu"
     elif requested in ("cuda", "npu"):
         os.environ["DS_ACCELERATOR"] = requested
+    from deepspeed_npu import activate
+    print(activate().summary, flush=True)  # explains a missing or broken torch_npu / CANN in plain words
     from megatron import device
     name = device.device_name()
     if requested != "auto" and name != requested:
@@ -191,6 +194,7 @@ def main(argv=None):
                f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
                *flags, *passthrough]
     environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [ADAPTOR_ROOT, environment.get("PYTHONPATH")]))
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),

@@ -1,4 +1,5 @@
-"""Tensor and sequence parallelism applied to a built GPTModel from outside, by swapping its pieces in place.
+"""Tensor and sequence parallelism applied to a built GPTModel (or to the pieces of a pipeline stage) from
+outside, by swapping its pieces in place.
 
 Build the model with the same seed on every rank, then call apply_tensor_parallel: each linear, the word
 embedding, the LM head and the loss are replaced by tensor-parallel versions holding this rank's shard of the
@@ -17,14 +18,16 @@ Parameters that are replicated but see only local tokens (LayerNorms, row-parall
 `sequence_parallel=True` and sum their gradients over TP through hooks, so no training-loop call is needed.
 """
 from collections import OrderedDict
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.distributed as dist
+from deepspeed.pipe import PipelineModule
 from torch import nn
 
 from megatron.errors import InputError
-from megatron.model.gpt import GPTModel, masked_mean
+from megatron.model.gpt import (MLP, Embedding, GPTModel, LanguageModelLoss, LMHead, SelfAttention, TransformerLayer,
+                                masked_mean)
 from megatron.tensor_parallel import (ColumnParallelLinear, RNGForkedDropout, RNGStatesTracker, RowParallelLinear,
                                       VocabParallelEmbedding, column_parallel_linear, mark_sequence_parallel,
                                       scatter_to_sequence_parallel_region, vocab_parallel_cross_entropy)
@@ -73,28 +76,37 @@ class VocabParallelLanguageModelLoss(nn.Module):
         return masked_mean(vocab_parallel_cross_entropy(logits, labels, self.group), loss_mask)
 
 
-def check_divisible_by_tensor_parallel_size(model: GPTModel, tp_size: int) -> None:
-    config = model.config
-    for what, value, fix in (
-            ("--num-attention-heads", config.num_attention_heads, "each rank must hold whole attention heads"),
-            ("--ffn-hidden-size", config.ffn_hidden_size, "choose an FFN size divisible by it"),
-            ("the padded vocabulary size", config.vocab_size,
-             "pad the vocabulary with megatron.tokenizer.vocab_size_with_padding(..., tensor_model_parallel_size)")):
+def check_divisible_by_tensor_parallel_size(pieces: List[nn.Module], tp_size: int) -> None:
+    """Raise InputError, before anything is swapped, if a piece cannot be split evenly over tp_size ranks."""
+    for piece in pieces:
+        if isinstance(piece, SelfAttention):
+            what, value, fix = ("--num-attention-heads", piece.num_heads, "each rank must hold whole attention heads")
+        elif isinstance(piece, MLP):
+            what, value, fix = ("--ffn-hidden-size", piece.dense_h_to_4h.out_features,
+                                "choose an FFN size divisible by it")
+        elif isinstance(piece, Embedding):
+            what, value, fix = ("the padded vocabulary size", piece.word_embeddings.num_embeddings,
+                                "pad the vocabulary with megatron.tokenizer.vocab_size_with_padding(..., "
+                                "tensor_model_parallel_size)")
+        else:
+            continue
         if value % tp_size:
             raise InputError(f"{what} {value} is not divisible by --tensor-model-parallel-size {tp_size}; {fix}")
 
 
-def apply_tensor_parallel(model: GPTModel, parallel_state, sequence_parallel: bool = False, *,
-                          rng_tracker: RNGStatesTracker) -> GPTModel:
-    """Shard `model` over parallel_state's tensor-parallel group in place (and return it).
+def apply_tensor_parallel(model: nn.Module, parallel_state, sequence_parallel: bool = False, *,
+                          rng_tracker: RNGStatesTracker) -> nn.Module:
+    """Shard every GPT piece inside `model` in place (and return it): a whole GPTModel, or a single piece as a
+    pipeline stage builds it (model/pipe.py), so both share this one set of swaps.
 
     rng_tracker: from tensor_parallel_rng_tracker(seed, tp_rank); dropout in TP / SP regions draws from it and
     activation recomputation rewinds it. Its states belong in checkpoints next to torch's.
     """
     group = parallel_state.get_tensor_model_parallel_group()
-    if isinstance(model.embedding.word_embeddings, VocabParallelEmbedding):
+    modules = list(model.modules())
+    if any(isinstance(module, (VocabParallelEmbedding, ColumnParallelLinear)) for module in modules):
         raise ValueError("apply_tensor_parallel was already applied to this model")
-    check_divisible_by_tensor_parallel_size(model, dist.get_world_size(group))
+    check_divisible_by_tensor_parallel_size(modules, dist.get_world_size(group))
 
     def column(linear):
         return ColumnParallelLinear(linear.weight, linear.bias, group, sequence_parallel)
@@ -106,13 +118,14 @@ def apply_tensor_parallel(model: GPTModel, parallel_state, sequence_parallel: bo
         for parameter in layer_norm.parameters():
             mark_sequence_parallel(parameter, group)
 
-    embedding = model.embedding
-    embedding.word_embeddings = VocabParallelEmbedding(embedding.word_embeddings.weight, group)
-    if sequence_parallel:
-        embedding.dropout = nn.Sequential(OrderedDict(
-            scatter_to_sequence_chunks=ScatterToSequenceParallelRegion(group),
-            dropout=RNGForkedDropout(embedding.dropout.p, rng_tracker)))
-    for layer in model.layers:
+    def shard_embedding(embedding: Embedding):
+        embedding.word_embeddings = VocabParallelEmbedding(embedding.word_embeddings.weight, group)
+        if sequence_parallel:
+            embedding.dropout = nn.Sequential(OrderedDict(
+                scatter_to_sequence_chunks=ScatterToSequenceParallelRegion(group),
+                dropout=RNGForkedDropout(embedding.dropout.p, rng_tracker)))
+
+    def shard_layer(layer: TransformerLayer):
         attention, mlp = layer.attention, layer.mlp
         attention.query_key_value, attention.dense = column(attention.query_key_value), row(attention.dense)
         attention.attend = RNGForkedAttention(attention.attend, rng_tracker)
@@ -121,17 +134,26 @@ def apply_tensor_parallel(model: GPTModel, parallel_state, sequence_parallel: bo
             layer.dropout = RNGForkedDropout(layer.dropout.p, rng_tracker)
             mark_layer_norm(layer.input_layernorm)
             mark_layer_norm(layer.post_attention_layernorm)
-    if sequence_parallel:
-        mark_layer_norm(model.final_layernorm)
-    model.lm_head = VocabParallelLMHead(group, sequence_parallel)
-    model.loss = VocabParallelLanguageModelLoss(group)
-    model.checkpoint_layer = rng_tracker.checkpoint
+
+    for module in modules:
+        if isinstance(module, Embedding):
+            shard_embedding(module)
+        elif isinstance(module, TransformerLayer):
+            shard_layer(module)
+        # The final LayerNorm goes by this attribute name in GPTModel and in the pipeline's final piece.
+        if sequence_parallel and hasattr(module, "final_layernorm"):
+            mark_layer_norm(module.final_layernorm)
+        for name, child in list(module.named_children()):
+            if isinstance(child, LMHead):
+                setattr(module, name, VocabParallelLMHead(group, sequence_parallel))
+            elif isinstance(child, LanguageModelLoss):
+                setattr(module, name, VocabParallelLanguageModelLoss(group))
+    if isinstance(model, GPTModel):
+        model.checkpoint_layer = rng_tracker.checkpoint
     return model
 
 
-def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
-    """The single-process state dict, rebuilt on every tensor-parallel rank by joining the shards (a
-    collective: every rank of the group must call it)."""
+def _join_tensor_parallel_shards(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
     group = parallel_state.get_tensor_model_parallel_group()
     world_size = dist.get_world_size(group)
     full = {}
@@ -143,4 +165,14 @@ def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.
             full[name] = torch.cat(shards, dim=tensor.partition_dim)
         else:
             full[name] = local.clone()
+    return full
+
+
+def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
+    """The single-process GPTModel's state dict, rebuilt on every rank by joining the tensor-parallel shards
+    and, for a pipeline stage, collecting every stage's pieces under GPTModel's names (a collective: every
+    rank of the model's groups must call it)."""
+    full = _join_tensor_parallel_shards(model, parallel_state)
+    if isinstance(model, PipelineModule):  # model/pipe.py's GPTPipe: it knows its stages' names
+        return model.single_process_state_dict(full, parallel_state.get_pipeline_model_parallel_group())
     return full

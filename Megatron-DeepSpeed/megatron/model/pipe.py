@@ -1,0 +1,171 @@
+"""The GPT model as DeepSpeed pipeline stages: gpt.py's pieces as LayerSpecs, plus thin adapters for the
+pipeline's calling convention (every piece takes and returns one tensor or a tuple of tensors).
+
+    spec 0          EmbeddingPipe   (tokens, position_ids[, attention_mask]) -> hidden[, attention_mask]
+    specs 1..L      TransformerLayerPipe, one per layer: hidden[, attention_mask] -> the same
+    spec L+1        FinalLayerNormPipe: drops the attention mask
+    spec L+2        the LM head: EmbeddingPipe again, tied (TiedLayerSpec), scoring against its word embeddings
+    loss_fn         LanguageModelLossPipe(logits, (labels, loss_mask))
+
+Stages are cut between transformer layers (partition "type:TransformerLayerPipe"): the first stage also holds
+the embedding, the last one the final LayerNorm, the LM head and the loss. The data iterator yields
+pipeline_micro_batch(batch): the first stage reads its inputs, the last one its labels and loss mask, and the
+attention mask (when there is one) rides along between stages with the hidden states.
+
+Every piece is built as GPTModel builds it (same seeded_init index) and then handed to `prepare`, which under
+tensor parallelism shards it right away with apply_tensor_parallel: a pipeline of any layout starts from the
+single-process weights, and DeepSpeed's bookkeeping of tied parameters sees the final, sharded ones.
+"""
+import re
+from typing import Dict, Tuple
+
+import torch
+import torch.distributed as dist
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+from torch import nn
+
+from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
+                                layer_norm, layer_piece, seeded_init)
+from megatron.model.parallelize import apply_tensor_parallel
+
+TIED_EMBEDDING = "embedding"
+TIED_WEIGHT = "word_embeddings.weight"  # of the tied EmbeddingPipe: the input embedding and the LM head's weight
+
+
+def _as_tuple(inputs) -> tuple:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def _pack(hidden: torch.Tensor, passengers: list):
+    """What a piece hands on: the hidden states alone, or with the tensors riding along."""
+    return (hidden, *passengers) if passengers else hidden
+
+
+class EmbeddingPipe(Embedding):
+    """The embedding on the first stage and, tied to it, the LM head on the last (which scores hidden states
+    against these word embeddings through `lm_head`, see lm_head_logits)."""
+
+    def __init__(self, config: GPTConfig, prepare):
+        with seeded_init(config, EMBEDDING_PIECE):
+            super().__init__(config)
+        self.lm_head = LMHead()
+        prepare(self)
+
+    def forward(self, inputs):
+        tokens, position_ids, *attention_mask = inputs
+        return _pack(super().forward(tokens, position_ids), attention_mask)
+
+
+def lm_head_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
+    return embedding.lm_head(hidden, embedding.word_embeddings.weight)
+
+
+class TransformerLayerPipe(TransformerLayer):
+    def __init__(self, config: GPTConfig, layer_number: int, prepare):
+        with seeded_init(config, layer_piece(layer_number)):
+            super().__init__(config)
+        prepare(self)
+
+    def forward(self, inputs):
+        hidden, *attention_mask = _as_tuple(inputs)
+        return _pack(super().forward(hidden, *attention_mask), attention_mask)
+
+
+class FinalLayerNormPipe(nn.Module):
+    def __init__(self, config: GPTConfig, prepare):
+        super().__init__()
+        self.final_layernorm = layer_norm(config)
+        prepare(self)
+
+    def forward(self, inputs) -> torch.Tensor:
+        return self.final_layernorm(_as_tuple(inputs)[0])
+
+
+class LanguageModelLossPipe(nn.Module):
+    """DeepSpeed calls loss_fn(outputs, labels) with the second item of the micro-batch as `labels`."""
+
+    def __init__(self):
+        super().__init__()
+        self.loss = LanguageModelLoss()
+
+    def forward(self, logits: torch.Tensor, labels_and_loss_mask: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        labels, loss_mask = labels_and_loss_mask
+        return self.loss(logits, labels, loss_mask)
+
+
+def pipeline_micro_batch(batch: dict) -> tuple:
+    """A micro-batch of data/gpt_batch.make_batch as DeepSpeed's pipeline engine reads it: (first-stage inputs,
+    last-stage labels). The attention mask is left out when attention is plain causal."""
+    inputs = (batch["tokens"], batch["position_ids"])
+    if batch["attention_mask"] is not None:
+        inputs += (batch["attention_mask"],)
+    return inputs, (batch["labels"], batch["loss_mask"])
+
+
+class GPTPipe(PipelineModule):
+    """This rank's pipeline stage of the GPT model, built from LayerSpecs and parallelised as parallel_state
+    says (stages over its pipeline group, pieces sharded over its tensor group).
+
+    Sequence lengths may change from batch to batch (dynamic_shape): stages tell each other the shapes they
+    send, so nothing about the parallel plan is fixed to one length. For the same reason, and because with
+    sequence parallelism stage outputs differ between tensor-parallel ranks, the engine must not split stage
+    outputs over the tensor group (see training.engine_config).
+    """
+
+    def __init__(self, config: GPTConfig, parallel_state, rng_tracker, sequence_parallel: bool = False):
+        layout = parallel_state.layout
+
+        def prepare(piece: nn.Module) -> nn.Module:
+            if layout.tensor == 1:
+                return piece
+            return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker)
+
+        specs = [TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),
+                 *(LayerSpec(TransformerLayerPipe, config, number, prepare) for number in range(config.num_layers)),
+                 LayerSpec(FinalLayerNormPipe, config, prepare),
+                 TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, forward_fn=lm_head_logits,
+                               tied_weight_attr=TIED_WEIGHT)]
+        # no_grad: DeepSpeed synchronises the tied weights here with an in-place broadcast, which autograd would
+        # otherwise record on the parameters and warn about in every backward.
+        with torch.no_grad():
+            super().__init__(
+                specs, topology=PipeModelDataParallelTopology(num_pp=layout.pipeline, num_mp=layout.tensor,
+                                                              num_dp=layout.data),
+                loss_fn=prepare(LanguageModelLossPipe()), partition_method=f"type:{TransformerLayerPipe.__name__}",
+                activation_checkpoint_interval=int(config.checkpoint_activations),
+                activation_checkpoint_func=rng_tracker.checkpoint,
+                checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
+        self.num_transformer_layers = config.num_layers
+        if dist.get_rank() == 0:
+            print(f"pipeline: transformer layers per stage {self.layers_per_stage()}", flush=True)
+
+    def layers_per_stage(self) -> list:
+        """How many transformer layers each stage holds (uneven when --num-layers is not a multiple of the
+        number of stages)."""
+        first_layer, after_last_layer = layer_piece(0), layer_piece(self.num_transformer_layers)
+        return [max(0, min(int(stop), after_last_layer) - max(int(start), first_layer))
+                for start, stop in zip(self.parts[:-1], self.parts[1:])]
+
+    def single_process_name(self, name: str) -> str:
+        """GPTModel's name for a parameter of this stage ('tied_modules.embedding.x' -> 'embedding.x',
+        '3.mlp...' -> 'layers.2.mlp...', '<L+1>.final_layernorm.x' -> 'final_layernorm.x')."""
+        tied_prefix = f"tied_modules.{TIED_EMBEDDING}."
+        if name.startswith(tied_prefix):
+            return "embedding." + name[len(tied_prefix):]
+        spec_index, rest = re.fullmatch(r"(\d+)\.(.*)", name).groups()
+        layer_number = int(spec_index) - layer_piece(0)
+        return f"layers.{layer_number}.{rest}" if layer_number < self.num_transformer_layers else rest
+
+    def single_process_state_dict(self, stage_state: Dict[str, torch.Tensor],
+                                  pipeline_group) -> Dict[str, torch.Tensor]:
+        """GPTModel's state dict from every stage's `stage_state` (a collective over the pipeline group). The
+        tied embedding is taken from the first stage, which is the one that uses its position embeddings."""
+        stages = [None] * dist.get_world_size(pipeline_group)
+        dist.all_gather_object(stages, {name: tensor.cpu() for name, tensor in stage_state.items()},
+                               group=pipeline_group)
+        full = {}
+        for stage in stages:
+            for name, tensor in stage.items():
+                full.setdefault(self.single_process_name(name), tensor)
+        return full

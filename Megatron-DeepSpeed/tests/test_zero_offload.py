@@ -1,0 +1,103 @@
+"""--cpu-optimizer (ZeRO's offload_optimizer to the CPU): DeepSpeed really keeps the optimizer state on the CPU and
+steps it with torch's AdamW, and data-parallel training with offload equals single-process training (fp32,
+dropout 0: losses within 1e-5 relative, same weights)."""
+import pytest
+import torch
+
+from megatron.arguments import parse_args
+from megatron.optimizer import build_optimizer
+from tests.distributed_helpers import run_on_ranks
+from tests.test_parallel_training import COMMON, assert_same_training, train
+from tests.training_helpers import TINY_FLAGS, write_counting_dataset
+
+OFFLOAD = ["--cpu-optimizer", "--no-pipeline-parallel"]
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory):
+    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
+
+
+@pytest.fixture(scope="module")
+def single_process(data_prefix):
+    return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
+
+
+@pytest.mark.parametrize("stage", ["2", "3"])
+def test_dp2_with_offloaded_optimizer_equals_single_process(stage, data_prefix, single_process):
+    result = run_on_ranks(train, 2, [*COMMON, "--data-path", data_prefix, "--zero-stage", stage, *OFFLOAD])[0]
+    assert_same_training(result, single_process)
+
+
+def offloaded_engine_facts(stage: str) -> dict:
+    """Build the engine as pretrain() does, take one step, and describe where its optimizer state lives."""
+    import deepspeed
+
+    from megatron.arguments import validate_args
+    from megatron.data.gpt_batch import make_batch
+    from megatron.ds_config import build_deepspeed_config
+    from megatron.parallel_state import ParallelState
+    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+    from pretrain_gpt import model_provider
+
+    argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
+            "--mock-data", "--zero-stage", stage, *OFFLOAD]
+    args = validate_args(parse_args(argv), 1, "cpu")
+    parallel = ParallelState()
+    model = model_provider(args, 256, parallel, tensor_parallel_rng_tracker(args.seed, 0))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args), mpu=parallel,
+                                           config=build_deepspeed_config(args), dist_init_required=False)
+    batch = make_batch(torch.randint(0, 200, (2, 33)), 200)
+    engine.backward(engine(batch["tokens"], position_ids=batch["position_ids"],
+                           attention_mask=batch["attention_mask"], labels=batch["labels"],
+                           loss_mask=batch["loss_mask"]))
+    engine.step()
+    model_storages = {p.untyped_storage().data_ptr() for p in engine.module.parameters()}
+    # Keyed by the tensors Adam stepped (ZeRO-3 puts them into param_groups only during its step).
+    stepped, state = zip(*engine.basic_optimizer.state.items())
+    facts = {
+        "offload": engine.zero_cpu_offload(),
+        "optimizer": type(engine.basic_optimizer),
+        "stepped_devices": {p.device.type for p in stepped},
+        "steps_model_storage": any(p.untyped_storage().data_ptr() in model_storages for p in stepped),
+        "state_keys": {key for entry in state for key in entry},
+        "state_devices": {entry["exp_avg"].device.type for entry in state},
+        "state_moved": all(bool(entry["exp_avg_sq"].abs().sum() > 0) for entry in state),
+    }
+    engine.destroy()
+    return facts
+
+
+def engines_of_stages(stages) -> dict:
+    """offloaded_engine_facts of each stage, one after the other in one process (a launch costs seconds)."""
+    return {stage: offloaded_engine_facts(stage) for stage in stages}
+
+
+def test_engine_offloads_to_torch_adamw_stepping_cpu_master_copies():
+    for stage, facts in run_on_ranks(engines_of_stages, 1, ["1", "3"])[0].items():
+        assert facts["offload"] is True, stage
+        assert facts["optimizer"] is torch.optim.AdamW, stage
+        # Adam steps DeepSpeed's fp32 master partitions on the CPU, not the model's own parameters.
+        assert facts["stepped_devices"] == {"cpu"} and not facts["steps_model_storage"], stage
+        assert facts["state_keys"] >= {"exp_avg", "exp_avg_sq"}, stage
+        assert facts["state_devices"] == {"cpu"} and facts["state_moved"], stage
+
+
+def test_cpu_optimizer_uses_the_cpu_adam_kernel_beside_an_accelerator(monkeypatch):
+    """The offloaded state is on the CPU, where an accelerator's own Adam kernel (an NPU one, say) cannot step it."""
+    from megatron.model import kernels
+
+    class AcceleratorAdam(torch.optim.AdamW):
+        """Stands in for a device-specific fused kernel."""
+
+    registry = kernels.KernelRegistry()
+    registry.register("cuda", adam=AcceleratorAdam)
+    monkeypatch.setattr(kernels, "REGISTRY", registry)
+    monkeypatch.setattr("megatron.device.device_name", lambda: "cuda")
+    model = torch.nn.Linear(4, 4)
+    flags = [*TINY_FLAGS, "--micro-batch-size", "1", "--train-iters", "1", "--mock-data"]
+    on_accelerator = build_optimizer(model, parse_args(flags))
+    offloaded = build_optimizer(model, parse_args([*flags, "--cpu-optimizer"]))
+    assert type(on_accelerator) is AcceleratorAdam
+    assert type(offloaded) is torch.optim.AdamW and offloaded.defaults["fused"] is True  # the CPU's kernel
+    assert offloaded.defaults["lr"] == 1e-2 and offloaded.defaults["eps"] == 1e-8

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Ascend NPU environment for the training scripts. Source it, do not run it:
+#
+#     source test/env_npu.sh
+#
+# - CANN: sources the toolkit's set_env.sh when CANN is installed (searched under ASCEND_ROOT, default
+#   /usr/local/Ascend, then ~/Ascend) and puts the driver's libraries on LD_LIBRARY_PATH; torch_npu cannot
+#   load without both, and then even `import torch` fails
+# - HCCL: timeouts long enough for rank 0 to build the dataset index cache while the other ranks wait
+# - task queue: torch_npu's two-stage operator dispatch, level 2
+# - PYTHONPATH: the deepspeed_npu adaptor (DeepSpeed/) and the trainer (Megatron-DeepSpeed/)
+# A variable that is already set keeps its value. Safe on machines without NPUs: there it only sets
+# variables that nothing but Ascend software reads. Check the result with `python -m deepspeed_npu`.
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "env_npu.sh sets variables for the shell that sources it: run 'source $0' instead" >&2
+  exit 2
+fi
+
+_env_npu_setup() {
+  local root ascend_root set_env candidate directory restore_nounset=""
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  ascend_root=${ASCEND_ROOT:-/usr/local/Ascend}
+
+  if [ -z "${ASCEND_TOOLKIT_HOME:-}" ]; then  # set by set_env.sh: already loaded otherwise
+    set_env=""
+    for candidate in "$ascend_root/ascend-toolkit/set_env.sh" "$ascend_root/cann/set_env.sh" \
+                     "$HOME/Ascend/ascend-toolkit/set_env.sh"; do
+      if [ -f "$candidate" ]; then set_env=$candidate; break; fi
+    done
+    if [ -n "$set_env" ]; then
+      # CANN's script reads variables that may be unset; the calling script may run with `set -u`.
+      case $- in *u*) restore_nounset=1; set +u ;; esac
+      # shellcheck disable=SC1090
+      source "$set_env"
+      if [ -n "$restore_nounset" ]; then set -u; fi
+    elif compgen -G "/dev/davinci[0-9]*" >/dev/null; then
+      echo "env_npu.sh: this machine has NPUs but no CANN toolkit under $ascend_root or ~/Ascend;" \
+           "install CANN or set ASCEND_ROOT to where it is installed" >&2
+    fi
+  fi
+
+  for directory in "$ascend_root/driver/lib64" "$ascend_root/driver/lib64/common" \
+                   "$ascend_root/driver/lib64/driver"; do
+    if [ -d "$directory" ] && [[ ":${LD_LIBRARY_PATH:-}:" != *":$directory:"* ]]; then
+      export LD_LIBRARY_PATH="$directory${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+  done
+
+  for directory in "$root/Megatron-DeepSpeed" "$root/DeepSpeed"; do
+    if [[ ":${PYTHONPATH:-}:" != *":$directory:"* ]]; then
+      export PYTHONPATH="$directory${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+  done
+}
+_env_npu_setup
+unset -f _env_npu_setup
+
+# Seconds. HCCL's defaults (120 s to connect) are shorter than building a large dataset's index cache.
+export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
+export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-3600}
+# No trust-list file for HCCL's inter-node connections: the launcher already names the nodes.
+export HCCL_WHITELIST_DISABLE=${HCCL_WHITELIST_DISABLE:-1}
+# Operator dispatch split over two host threads; level 2 also moves workspace set-up to the second one.
+export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-2}
+# CANN logs errors only, into its log files rather than the training output.
+export ASCEND_GLOBAL_LOG_LEVEL=${ASCEND_GLOBAL_LOG_LEVEL:-3}
+export ASCEND_SLOG_PRINT_TO_STDOUT=${ASCEND_SLOG_PRINT_TO_STDOUT:-0}
