@@ -55,7 +55,7 @@ _TABLE = (
     _Size("3.7B",             2, 2, 32,    3072,  32,   2048, 4,  16, 1.2e-4, 1.2e-5),
     _Size("345M_without_mp",  1, 1, 24,    1024,  16,   1024, 8,  64, 1.5e-4, 1.5e-5,
           no_pipeline=True),
-    _Size("tiny",             2, 2, 4,     64,    4,    128,  2,  8,  1e-3,   1e-4,
+    _Size("tiny",             2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
           full_run_iters=300, lr_decay_iters=300),
 )
 

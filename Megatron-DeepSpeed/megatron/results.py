@@ -299,7 +299,8 @@ def machine_notes(runs, with_upstream=False):
                      f"({info.nproc_per_node} per node)")
     if with_upstream:
         notes.append(f"- {UPSTREAM_MACHINE}")
-    notes.append(f"\nOur runs: PPL = exp of the final train lm loss; samples/s = mean over the iteration "
+    notes.append(f"\nOur runs: PPL = the best validation PPL (exp of the final train lm loss when no validation "
+                 f"ran); samples/s = mean over the iteration "
                  f"records after warm-up (the first max({WARMUP_MIN_RECORDS}, {WARMUP_FRACTION:.0%}) of them "
                  f"are skipped).")
     return "\n".join(notes) + "\n"

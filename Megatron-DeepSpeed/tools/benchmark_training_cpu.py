@@ -3,7 +3,7 @@
 The reference is a straightforward GPT-2 of the same shape written here (embedding, pre-LN blocks with
 scaled-dot-product attention, tied head), trained with torch.optim.AdamW and gradient clipping, on the same
 batch shape. Both run in one process on the same synthetic tokens. Printed: tokens/s of each (steady state,
-warm-up excluded) and their ratio.
+warm-up excluded, median over alternating rounds) and their ratio.
 
   python tools/benchmark_training_cpu.py [--layers 4 --hidden 256 --heads 8 --seq 256 --batch 8 --iters 30]
 """
@@ -97,9 +97,14 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate the two loops this many times and take medians: a shared machine's "
+                             "speed drifts by 10-20%% from minute to minute")
     args = parser.parse_args()
-    ours = our_tokens_per_second(args)
-    reference = reference_tokens_per_second(args)
+    rounds = [(our_tokens_per_second(args), reference_tokens_per_second(args)) for _ in range(args.rounds)]
+    ours = statistics.median(round_[0] for round_ in rounds)
+    reference = statistics.median(round_[1] for round_ in rounds)
+    print("rounds (ours / reference tokens/s): " + ", ".join(f"{o:,.0f} / {r:,.0f}" for o, r in rounds))
     print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, batch {args.batch}, "
           f"vocab {args.vocab}, fp32, {torch.get_num_threads()} threads")
     print(f"pretrain_gpt.py (DeepSpeed engine): {ours:,.0f} tokens/s")
