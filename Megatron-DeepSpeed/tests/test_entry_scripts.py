@@ -25,3 +25,18 @@ def test_bad_input_stops_with_a_clear_message(args, message, tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", ["train_full_8p.sh", "train_performance_8p.sh"])
+def test_cpu_run_end_to_end_with_the_tiny_preset(script, tmp_path):
+    """No data arguments: the demo data is built if absent, 8 CPU processes train TP2 x PP2 x DP2."""
+    result = run_script(script, "--train_iters=6", f"--output_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = result.stdout.strip().splitlines()[-3:]
+    assert summary[0].startswith("Final Performance samples/sec : ") and float(summary[0].split(":")[1]) > 0
+    assert summary[1].startswith("Final Train lm loss PPL(accuracy): ") and float(summary[1].split(":")[1]) > 1
+    assert summary[2].startswith("E2E Training Duration sec : ")
+    (run_dir,) = tmp_path.iterdir()
+    assert {"train.log", "run.json", "loss_curve.png", "tensorboard"} <= set(os.listdir(run_dir))
+    assert ("checkpoints" in os.listdir(run_dir)) == (script == "train_full_8p.sh")
+    assert "pipeline: transformer layers per stage [2, 2]" in result.stdout
