@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from megatron import device
+from megatron.atomic_files import write_text_atomically
 from megatron.errors import InputError
 
 LATEST_TAG_FILE = "latest"
@@ -41,15 +42,6 @@ def _plain_args(args) -> dict:
             if isinstance(value, (str, int, float, bool, list, tuple, type(None)))}
 
 
-def _write_atomically(path: str, text: str) -> None:
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
 def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int, rng_tracker) -> str:
     """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir."""
     import torch.distributed as dist
@@ -64,8 +56,8 @@ def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int, r
         raise InputError(f"--save {args.save}: cannot create the checkpoint directory ({err.strerror})") from err
     engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        _write_atomically(os.path.join(args.save, LATEST_TAG_FILE), tag)
-        _write_atomically(os.path.join(args.save, LATEST_ITERATION_FILE), str(iteration))
+        write_text_atomically(os.path.join(args.save, LATEST_TAG_FILE), tag)
+        write_text_atomically(os.path.join(args.save, LATEST_ITERATION_FILE), str(iteration))
     dist.barrier()
     return os.path.join(args.save, tag)
 

@@ -22,9 +22,9 @@ run. Schema of run.json (version 1; other keys are ignored, so the writer may ad
 import json
 import math
 import os
-import tempfile
 from dataclasses import astuple, dataclass
 
+from megatron.atomic_files import write_atomically
 from megatron.errors import InputError
 from megatron.presets import get_preset
 from megatron.tokenizer import vocab_size_with_padding
@@ -311,25 +311,6 @@ def summary_lines(summary):
     return (f"Final Performance samples/sec : {summary.samples_per_second:.3f}\n"
             f"Final Train lm loss PPL(accuracy): {summary.reported_ppl:.3f}\n"
             f"E2E Training Duration sec : {round(summary.duration_seconds)}\n")
-
-
-def write_atomically(path, write):
-    """Call write(binary file) on a temporary beside path, then rename it over path, so a crash
-    never leaves a half-written file under the real name. The result is world-readable like any
-    report (mkstemp alone would make it private)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"cannot write {path}: directory {directory} does not exist; create it or "
-                         f"choose another path")
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def plot_loss_curves(runs, path):

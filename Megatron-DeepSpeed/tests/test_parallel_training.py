@@ -5,50 +5,7 @@ import pytest
 import torch
 
 from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, write_counting_dataset
-
-ITERATIONS = 5
-# Global batch 8 = micro batch 2 x DP x gradient-accumulation steps, for every layout below.
-COMMON = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERATIONS),
-          "--log-interval", "1", "--eval-iters", "0", "--adam-eps", "1e-4"]
-# --adam-eps: the attention key bias has an exactly zero true gradient (softmax ignores a constant shift), so
-# Adam with a tiny eps would turn rounding noise into full-size steps that differ between layouts.
-
-
-def train(argv):
-    """pretrain() on this rank; rank 0 returns the losses and the full (TP-gathered, ZeRO-3-gathered) weights."""
-    import deepspeed
-    import torch.distributed as dist
-
-    from megatron.model.parallelize import gather_full_state_dict
-    from megatron.training import pretrain
-    from pretrain_gpt import model_provider
-
-    result = pretrain(model_provider, argv)
-    with deepspeed.zero.GatheredParameters(list(result.model.parameters())):
-        weights = gather_full_state_dict(result.model, result.parallel)
-    return (result.losses, weights) if dist.get_rank() == 0 else None
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
-
-
-@pytest.fixture(scope="module")
-def single_process(data_prefix):
-    return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
-
-
-def assert_same_training(result, reference):
-    losses, weights = result
-    reference_losses, reference_weights = reference
-    assert len(reference_losses) == ITERATIONS and len(reference_weights) > 10
-    assert losses == pytest.approx(reference_losses, rel=1e-5)
-    assert weights.keys() == reference_weights.keys()
-    for name, tensor in weights.items():
-        torch.testing.assert_close(tensor, reference_weights[name], rtol=1e-4, atol=1e-5, msg=name)
-
+from tests.training_helpers import COMMON, assert_same_training, train
 
 @pytest.mark.parametrize("ranks, flags", [
     (2, ["--tensor-model-parallel-size", "2"]),

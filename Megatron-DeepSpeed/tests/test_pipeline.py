@@ -16,7 +16,7 @@ from megatron.arguments import parse_args, validate_args
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel, TransformerLayer, layer_piece, seeded_init
 from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, write_counting_dataset
+from tests.training_helpers import TINY_FLAGS
 
 ITERATIONS = 5
 # Global batch 8 = micro batch 2 x DP x micro-batches per step. --clip-grad 0.5 clips every step, so clipping
@@ -52,11 +52,6 @@ def train(argv):
     if dist.get_rank():
         return None
     return Run(result.losses, result.grad_norms, result.validation_loss, weights, stdout.getvalue())
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
 
 
 @pytest.fixture(scope="module")

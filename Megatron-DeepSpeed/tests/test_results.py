@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
+from megatron.atomic_files import write_atomically
 from megatron.errors import InputError
 from megatron.results import (
     format_parameter_count, gpt_parameter_count, markdown_table, read_run, steady_state_records,
-    summary_lines, table_rows, upstream_rows, write_atomically)
+    summary_lines, table_rows, upstream_rows)
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 sys.path.insert(0, TOOLS)

@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 from megatron.training_log import parse_log
-from tests.training_helpers import TINY_FLAGS, write_counting_dataset
+from tests.training_helpers import TINY_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
 
 
 def pretrain(data_prefix, *flags, expect_failure=False):

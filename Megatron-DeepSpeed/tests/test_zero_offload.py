@@ -7,20 +7,9 @@ import torch
 from megatron.arguments import parse_args
 from megatron.optimizer import build_optimizer
 from tests.distributed_helpers import run_on_ranks
-from tests.test_parallel_training import COMMON, assert_same_training, train
-from tests.training_helpers import TINY_FLAGS, write_counting_dataset
+from tests.training_helpers import COMMON, TINY_FLAGS, assert_same_training, train
 
 OFFLOAD = ["--cpu-optimizer", "--no-pipeline-parallel"]
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
-
-
-@pytest.fixture(scope="module")
-def single_process(data_prefix):
-    return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
 
 
 @pytest.mark.parametrize("stage", ["2", "3"])

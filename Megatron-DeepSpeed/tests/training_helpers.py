@@ -1,5 +1,8 @@
-"""Shared by the training tests: a learnable Megatron-format dataset and a tiny model's flags."""
+"""Shared by the training tests: a learnable Megatron-format dataset, a tiny model's flags, and the parity
+check of a parallel run against single-process training."""
 import numpy as np
+import pytest
+import torch
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 
@@ -21,3 +24,36 @@ def write_counting_dataset(prefix: str, documents: int = 400) -> str:
             builder.add_item((start + step * np.arange(length)) % VOCAB)
             builder.end_document()
     return prefix
+
+
+ITERATIONS = 5
+# Global batch 8 = micro batch 2 x DP x gradient-accumulation steps, for every layout below.
+COMMON = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERATIONS),
+          "--log-interval", "1", "--eval-iters", "0", "--adam-eps", "1e-4"]
+# --adam-eps: the attention key bias has an exactly zero true gradient (softmax ignores a constant shift), so
+# Adam with a tiny eps would turn rounding noise into full-size steps that differ between layouts.
+
+
+def train(argv):
+    """pretrain() on this rank; rank 0 returns the losses and the full (TP-gathered, ZeRO-3-gathered) weights."""
+    import deepspeed
+    import torch.distributed as dist
+
+    from megatron.model.parallelize import gather_full_state_dict
+    from megatron.training import pretrain
+    from pretrain_gpt import model_provider
+
+    result = pretrain(model_provider, argv)
+    with deepspeed.zero.GatheredParameters(list(result.model.parameters())):
+        weights = gather_full_state_dict(result.model, result.parallel)
+    return (result.losses, weights) if dist.get_rank() == 0 else None
+
+
+def assert_same_training(result, reference):
+    losses, weights = result
+    reference_losses, reference_weights = reference
+    assert len(reference_losses) == ITERATIONS and len(reference_weights) > 10
+    assert losses == pytest.approx(reference_losses, rel=1e-5)
+    assert weights.keys() == reference_weights.keys()
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, reference_weights[name], rtol=1e-4, atol=1e-5, msg=name)

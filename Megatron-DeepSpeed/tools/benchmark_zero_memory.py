@@ -137,7 +137,6 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
         raise RuntimeError(f"ZeRO {stage}: found no gradients; DeepSpeed {deepspeed.__version__} keeps them "
                            f"somewhere other than {ZERO_GRADIENT_HOLDERS}: update ZERO_GRADIENT_HOLDERS")
     engine.destroy()
-    del engine, model
     gc.collect()
     return counts
 

@@ -22,6 +22,7 @@ REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 ADAPTOR_ROOT = os.path.join(REPO_ROOT, "DeepSpeed")  # the deepspeed_npu package
 sys.path[:0] = [MEGATRON_ROOT, ADAPTOR_ROOT]
 
+from megatron.atomic_files import write_text_atomically  # noqa: E402
 from megatron.errors import InputError, run_cli  # noqa: E402
 from megatron.presets import get_preset, preset_names  # noqa: E402
 
@@ -204,7 +205,7 @@ def main(argv=None):
           flush=True)
     returncode = _run_and_tee(command, environment, os.path.join(run_dir, "train.log"))
     run_info["end_time"] = time.time()
-    _write_json(os.path.join(run_dir, "run.json"), run_info)
+    write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
     if returncode != 0:
         raise InputError(f"training failed (exit {returncode}); see {os.path.join(run_dir, 'train.log')}")
     subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
@@ -217,13 +218,6 @@ def _run_and_tee(command, environment, log_path) -> int:
             log.write(line)
             sys.stdout.write(line)
         return process.wait()
-
-
-def _write_json(path, content) -> None:
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(content, handle, indent=2)
-    os.replace(temporary, path)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ import sys
 # Run from any working directory: the package lives one level above tools/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron.atomic_files import write_text_atomically  # noqa: E402
 from megatron.errors import run_cli  # noqa: E402
 from megatron.results import (  # noqa: E402
-    machine_notes, markdown_table, plot_loss_curves, read_run, table_rows, write_atomically)
+    machine_notes, markdown_table, plot_loss_curves, read_run, table_rows)
 
 
 def parse_args(argv):
@@ -34,7 +35,7 @@ def main(argv=None):
     text = markdown_table(table_rows(runs, args.upstream)) + "\n" + machine_notes(runs, args.upstream)
     print(text, end="")
     if args.markdown:
-        write_atomically(args.markdown, lambda handle: handle.write(text.encode("utf-8")))
+        write_text_atomically(args.markdown, text)
     if args.plot:
         plot_loss_curves(runs, args.plot)
     return 0

@@ -5,13 +5,13 @@ rank builds and saves them as .npy files and all ranks map them read-only. The f
 the md5 of a text that describes every parameter they depend on (Megatron-DeepSpeed's text, so
 each code base finds the other's caches); that text is saved beside them as a .dsc file.
 """
-import contextlib
 import hashlib
 import os
 
 import numpy as np
 import torch
 
+from megatron.atomic_files import write_atomically
 from megatron.data.index_building import SampleIndex
 from megatron.errors import InputError
 
@@ -59,9 +59,9 @@ class IndexCache:
         try:
             os.makedirs(self.directory, exist_ok=True)
             for path, array in zip(self.array_paths, index):
-                _write_atomically(path, lambda stream, a=array: np.save(stream, a,
+                write_atomically(path, lambda stream, a=array: np.save(stream, a,
                                                                         allow_pickle=False))
-            _write_atomically(self.description_path,
+            write_atomically(self.description_path,
                               lambda stream: stream.write(self.description.encode("utf-8")))
         except OSError as err:
             raise InputError(f"cannot write the GPT index cache to {self.directory} "
@@ -77,20 +77,6 @@ class IndexCache:
                 raise InputError(f"index cache file {path} is unreadable ({err}); delete it so "
                                  f"that it is rebuilt") from err
         return SampleIndex(*arrays)
-
-
-def _write_atomically(path, write):
-    """Write through a temporary name in the same directory, then rename: a reader never sees a
-    half-written file, and a failed write leaves nothing behind."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "wb") as stream:
-            write(stream)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise
 
 
 def _distributed() -> bool:

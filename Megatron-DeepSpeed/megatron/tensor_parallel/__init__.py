@@ -9,3 +9,13 @@ from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, g
                                                reduce_scatter_to_sequence_parallel_region,
                                                scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
 from megatron.tensor_parallel.random import (MODEL_PARALLEL_RNG, RNGStatesTracker, tensor_parallel_rng_tracker)
+
+__all__ = [
+    "vocab_parallel_cross_entropy",
+    "ColumnParallelLinear", "RNGForkedDropout", "RowParallelLinear", "VocabParallelEmbedding", "column_parallel_linear",
+    "mark_sequence_parallel", "shard_parameter",
+    "copy_to_tensor_parallel_region", "gather_from_sequence_parallel_region", "gather_from_tensor_parallel_region",
+    "reduce_from_tensor_parallel_region", "reduce_scatter_to_sequence_parallel_region",
+    "scatter_to_sequence_parallel_region", "scatter_to_tensor_parallel_region",
+    "MODEL_PARALLEL_RNG", "RNGStatesTracker", "tensor_parallel_rng_tracker",
+]

@@ -1,0 +1,17 @@
+"""Fixtures shared by the training tests."""
+import pytest
+
+from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import COMMON, train, write_counting_dataset
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory):
+    """A small learnable Megatron-format dataset (see training_helpers.write_counting_dataset)."""
+    return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
+
+
+@pytest.fixture(scope="module")
+def single_process(data_prefix):
+    """The reference every parallel layout must equal: training on one process."""
+    return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
