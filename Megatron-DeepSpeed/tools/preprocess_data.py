@@ -45,7 +45,7 @@ def parse_args(argv):
                        help="only Megatron's mmap format is written")
 
     group = parser.add_argument_group("runtime")
-    group.add_argument("--workers", type=int, default=1, help="tokenizer threads")
+    group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     group.add_argument("--partitions", type=int, default=1,
                        help="accepted for compatibility: the input is streamed once whatever the value, and the "
                             "output is identical; use --workers for parallelism")

@@ -1,7 +1,8 @@
 """JSONL text → Megatron `.bin/.idx` token files, streamed, with parsing, tokenizing and writing overlapped.
 
-The input is read in batches of lines; worker threads parse and tokenize whole batches (the tokenizer
-engines release the GIL), while the main thread appends finished batches to the output in input order.
+The input is read in batches of lines; worker processes parse and tokenize whole batches (processes, not
+threads: JSON parsing and per-document bookkeeping hold the GIL for a fifth of the time), while the main
+process appends finished batches to the output in input order.
 At most a few batches are in flight, so memory stays bounded however large the corpus is. The output is
 the same for any number of workers: Megatron-LM's tool would write the same bytes.
 """
@@ -11,7 +12,8 @@ import os
 import sys
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -87,7 +89,7 @@ def iter_line_batches(paths: list[str], batch_bytes: int = BATCH_BYTES) -> Itera
 
 
 class BatchEncoder:
-    """Parses and tokenizes one batch of JSONL lines; safe to call from several threads at once."""
+    """Parses and tokenizes one batch of JSONL lines."""
 
     def __init__(self, tokenizer, options: PreprocessOptions):
         self.tokenizer = tokenizer
@@ -162,6 +164,18 @@ class BatchEncoder:
         return tokens, sizes, items_per_document
 
 
+_worker_encoder = None  # each worker process's BatchEncoder, set once by _start_worker
+
+
+def _start_worker(encoder: BatchEncoder) -> None:
+    global _worker_encoder
+    _worker_encoder = encoder
+
+
+def _encode_in_worker(batch: LineBatch) -> EncodedBatch:
+    return _worker_encoder(batch)
+
+
 def preprocess(options: PreprocessOptions, tokenizer, log: Callable[[str], None] = None) -> list[str]:
     """Run the whole conversion; returns the output prefixes written (one per JSON key)."""
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
@@ -175,11 +189,13 @@ def preprocess(options: PreprocessOptions, tokenizer, log: Callable[[str], None]
     with ExitStack() as stack:
         builders = {key: stack.enter_context(MMapIndexedDatasetBuilder(prefix, dtype))
                     for key, prefix in prefixes.items()}
-        pool = stack.enter_context(ThreadPoolExecutor(options.workers, thread_name_prefix="tokenize"))
+        # fork: the workers inherit the tokenizer instead of loading it again.
+        pool = stack.enter_context(ProcessPoolExecutor(options.workers, multiprocessing.get_context("fork"),
+                                                       initializer=_start_worker, initargs=(encode,)))
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         in_flight = deque()
         for batch in iter_line_batches(paths, options.batch_bytes):
-            in_flight.append(pool.submit(encode, batch))
+            in_flight.append(pool.submit(_encode_in_worker, batch))
             if len(in_flight) > 2 * options.workers:
                 _write(in_flight.popleft().result(), builders, progress)
         while in_flight:
