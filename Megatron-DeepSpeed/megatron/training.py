@@ -6,6 +6,7 @@ Megatron users expect around it: the learning-rate schedule counted in samples, 
 consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and Megatron's log
 lines.
 """
+import functools
 import math
 import os
 import socket
@@ -162,19 +163,23 @@ def evaluate(engine, batches: Batches, args, parallel: ParallelState) -> float:
     return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches), parallel)
 
 
-def set_learning_rate(optimizer, args, consumed_samples: int, warmup_samples: float, decay_samples: float) -> float:
-    lr = learning_rate(consumed_samples, max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup_samples,
-                       decay_samples=decay_samples, decay_style=args.lr_decay_style)
+def learning_rate_schedule(args) -> Callable[[int], float]:
+    """Megatron's schedule as a function of consumed samples: stateless, so a resumed run continues it."""
+    warmup_samples, decay_samples = schedule_samples(args)
+    return functools.partial(learning_rate, max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup_samples,
+                             decay_samples=decay_samples, decay_style=args.lr_decay_style)
+
+
+def set_learning_rate(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-    return lr
 
 
 class MetricsLog:
     """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
 
-    def __init__(self, args, vocab_size: int):
-        self.args, self.vocab_size = args, vocab_size
+    def __init__(self, args, vocab_size: int, train_iters: int):
+        self.args, self.vocab_size, self.train_iters = args, vocab_size, train_iters
         self.writer = None
         if args.tensorboard_dir and is_last_rank():
             from torch.utils.tensorboard import SummaryWriter
@@ -194,7 +199,7 @@ class MetricsLog:
         tflops = tflops_per_device(args.global_batch_size, args.seq_length, args.num_layers, args.hidden_size,
                                    self.vocab_size, seconds, args.world_size, args.checkpoint_activations)
         print_last_rank(iteration_line(
-            state.iteration, args.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
+            state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
             args.global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
             state.nan_iterations, samples_per_second, tflops))
         if self.writer is not None:
@@ -247,10 +252,21 @@ def engine_config(args, pipelined: bool, clipping_ourselves: bool) -> dict:
     return config
 
 
-def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
-    """Train a GPT as the flags say. `model_provider(args, padded_vocab_size, parallel, rng_tracker)` returns
-    this rank's part of the model, parallelised: a DeepSpeed PipelineModule (trained on the pipeline engine)
-    or a plain nn.Module (trained on DeepSpeed's plain engine)."""
+@dataclass
+class Trainer:
+    """Everything the loop needs, built from the flags."""
+    args: object
+    engine: object
+    parallel: ParallelState
+    rng_tracker: object
+    tokenizer: object
+    clipping: Optional[Fp32GradientClipping]
+
+
+def build_trainer(model_provider: Callable, argv) -> Trainer:
+    """Flags, process groups, seeds, tokenizer, model and the DeepSpeed engine. `model_provider(args,
+    padded_vocab_size, parallel, rng_tracker)` returns this rank's part of the model, parallelised: a DeepSpeed
+    PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine)."""
     args = parse_args(argv)
     initialize_distributed(args.distributed_backend or device.communication_backend())
     validate_args(args, dist.get_world_size(), device.device_name())
@@ -260,11 +276,10 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
 
     tokenizer = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
                                 tokenizer_model=args.tokenizer_model, vocab_size=args.vocab_size)
-    padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
-                                                args.tensor_model_parallel_size)
-    args.padded_vocab_size = padded_vocab_size
+    args.padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                                                     args.tensor_model_parallel_size)
 
-    model = model_provider(args, padded_vocab_size, parallel, rng_tracker)
+    model = model_provider(args, args.padded_vocab_size, parallel, rng_tracker)
     pipelined = isinstance(model, PipelineModule)
     optimizer = build_optimizer(model, args)
     clipping = None
@@ -274,27 +289,38 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(args, pipelined, clipping is not None),
                                            dist_init_required=False)
+    return Trainer(args, engine, parallel, rng_tracker, tokenizer, clipping)
+
+
+def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
+    """Training batches from `state`'s consumed samples on; validation batches (cycled) where they continue
+    after as many evaluations as the resumed run had made."""
+    args, parallel, eod = trainer.args, trainer.parallel, trainer.tokenizer.eod
+    dp_rank, dp_size = parallel.dp_rank, parallel.get_data_parallel_world_size()
+    train_set, valid_set, _ = build_datasets(args, args.padded_vocab_size)
+    train = Batches(build_data_loader(train_set, state.consumed_train_samples, args, dp_rank, dp_size), args, eod)
+    if valid_set is None or not args.eval_iters:
+        return train, None
+    consumed_valid = (state.iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
+    valid_loader = build_data_loader(valid_set, consumed_valid % len(valid_set), args, dp_rank, dp_size)
+    return train, Batches(valid_loader, args, eod, restart=True)
+
+
+def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
+    """Train a GPT as the flags say (see build_trainer for `model_provider`)."""
+    trainer = build_trainer(model_provider, argv)
+    args, engine, parallel, clipping = trainer.args, trainer.engine, trainer.parallel, trainer.clipping
     state = TrainState()
     with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
-        state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, rng_tracker)
-
-    dp_rank, dp_size = parallel.dp_rank, parallel.get_data_parallel_world_size()
-    train_set, valid_set, _ = build_datasets(args, padded_vocab_size)
-    train = Batches(build_data_loader(train_set, state.consumed_train_samples, args, dp_rank, dp_size), args,
-                    tokenizer.eod)
-    consumed_valid = (state.iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
-    valid_loader = build_data_loader(valid_set, consumed_valid % len(valid_set) if valid_set else 0, args,
-                                     dp_rank, dp_size)
-    valid = Batches(valid_loader, args, tokenizer.eod, restart=True) if valid_loader and args.eval_iters else None
-
-    warmup_samples, decay_samples = schedule_samples(args)
+        state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, trainer.rng_tracker)
+    train, valid = build_batches(trainer, state)
+    schedule = learning_rate_schedule(args)
     train_iters = args.train_iters or train_valid_test_num_samples(args)[0] // args.global_batch_size
-    args.train_iters = train_iters
-    metrics = MetricsLog(args, padded_vocab_size)
+    metrics = MetricsLog(args, args.padded_vocab_size, train_iters)
     validation_loss, losses, grad_norms = None, [], []
     skipped_before = engine.skipped_steps
     while state.iteration < train_iters:
-        set_learning_rate(engine.optimizer, args, state.consumed_train_samples, warmup_samples, decay_samples)
+        set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
         loss = train_step(engine, train, args, parallel)
         grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
         losses.append(loss)
@@ -304,10 +330,7 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
         state.skipped_iterations += engine.skipped_steps - skipped_before
         skipped_before = engine.skipped_steps
         state.nan_iterations += int(not math.isfinite(loss))
-        lr = learning_rate(state.consumed_train_samples, max_lr=args.lr, min_lr=args.min_lr,
-                           warmup_samples=warmup_samples, decay_samples=decay_samples,
-                           decay_style=args.lr_decay_style)
-        metrics.iteration(state, loss, grad_norm, lr, engine)
+        metrics.iteration(state, loss, grad_norm, schedule(state.consumed_train_samples), engine)
 
         paused = time.perf_counter()
         if valid is not None and state.iteration % args.eval_interval == 0:
@@ -315,15 +338,14 @@ def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
             metrics.validation(state.iteration, validation_loss)
         exiting = bool(args.exit_interval) and state.iteration % args.exit_interval == 0
         if args.save and (state.iteration % args.save_interval == 0 or exiting):
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, rng_tracker)
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, trainer.rng_tracker)
         metrics.exclude_from_timing(time.perf_counter() - paused)
         if exiting:
             print_last_rank(f"exiting program at iteration {state.iteration}")
             break
-
     else:
         if args.save and state.iteration % args.save_interval:
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, rng_tracker)
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, trainer.rng_tracker)
         if valid is not None and state.iteration % args.eval_interval:
             validation_loss = evaluate(engine, valid, args, parallel)
             metrics.validation(state.iteration, validation_loss)

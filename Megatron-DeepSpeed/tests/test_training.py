@@ -100,3 +100,14 @@ def test_bad_flags_stop_at_start_with_a_clear_message(data_prefix):
     result = pretrain(data_prefix, "--train-iters", "5", "--fp16", expect_failure=True)
     assert result.returncode == 2
     assert "--fp16 is not supported on device 'cpu'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_training_length_in_samples_follows_the_same_schedule(straight_run, data_prefix):
+    # 160 samples = 20 iterations of 8; warmup 16 samples = 2 iterations: the straight run's schedule.
+    _, stdout = straight_run
+    in_samples = pretrain(data_prefix, "--train-samples", "160", "--lr-warmup-iters", "0", "--lr-warmup-samples",
+                          "16", "--exit-interval", "5", "--eval-iters", "0")
+    records = parse_log(in_samples.stdout.splitlines()).iterations
+    straight = parse_log(stdout.splitlines()).iterations[:5]
+    assert [(r.iteration, r.train_iters, r.learning_rate, r.lm_loss) for r in records] == \
+           [(r.iteration, r.train_iters, r.learning_rate, r.lm_loss) for r in straight]
