@@ -7,9 +7,9 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_script(name, *args, timeout=900):
+def run_script(name, *args, timeout=900, env=None):
     return subprocess.run(["bash", os.path.join(REPO, "test", name), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+                          timeout=timeout, cwd=REPO, env=env)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -19,9 +19,11 @@ def run_script(name, *args, timeout=900):
     (["--nproc=3"], "needs a multiple of TP 2 x PP 2 = 4 processes, but 3 are launched"),
     (["--train_iters=abc"], "--train_iters='abc' is not a whole number"),
     (["--modelsize=tiny"], "unrecognized arguments: --modelsize=tiny"),
+    (["--device=cuda"], "--device=cuda: DeepSpeed selected 'cuda' but sees no cuda device here"),
 ])
 def test_bad_input_stops_with_a_clear_message(args, message, tmp_path):
-    result = run_script("train_full_8p.sh", *args, f"--output_dir={tmp_path}")
+    no_gpus = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the same answers on a machine with GPUs
+    result = run_script("train_full_8p.sh", *args, f"--output_dir={tmp_path}", env=no_gpus)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr

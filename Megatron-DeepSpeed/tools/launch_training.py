@@ -85,7 +85,13 @@ def detect_device(requested: str) -> tuple[str, int]:
     if requested != "auto" and name != requested:
         raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{name}' here; check the "
                          f"drivers (and for npu: source test/env_npu.sh), or use --device=auto")
-    return name, (0 if name == "cpu" else device.device_count())
+    if name == "cpu":
+        return name, 0
+    count = device.device_count()
+    if count == 0:
+        raise InputError(f"--device={requested}: DeepSpeed selected '{name}' but sees no {name} device here; check "
+                         f"the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use --device=cpu")
+    return name, count
 
 
 def demo_data() -> tuple[str, str, str]:
