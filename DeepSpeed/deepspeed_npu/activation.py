@@ -1,9 +1,10 @@
 """activate(): the one call that puts DeepSpeed and the trainer on the NPUs when this host has them.
 
-It only uses the extension points both sides offer (DeepSpeed's DS_ACCELERATOR variable, the trainer's
-kernel registry), so nothing is patched and a host without NPUs is left exactly as it was.
+It only uses the extension points both sides offer (DeepSpeed's DS_ACCELERATOR variable; the trainer takes
+the kernels it returns), so nothing is patched and a host without NPUs is left exactly as it was.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 from deepspeed_npu import accelerator_choice
 from deepspeed_npu.environment import (NOT_INSTALLED, NpuSetupError, find_devices, import_torch_npu,
@@ -14,14 +15,13 @@ from deepspeed_npu.environment import (NOT_INSTALLED, NpuSetupError, find_device
 class Activation:
     active: bool  # True: DeepSpeed and the trainer run on the NPUs with the NPU kernels
     summary: str  # one line that says what was done, or why NPU support stays off
+    # The NPU's fused kernels (attention / adam attributes, None where torch_npu lacks one) for the trainer's
+    # megatron.kernels.select_kernels; None when NPU support is off.
+    kernels: Optional[object] = None
 
 
-def activate(register_kernels=None) -> Activation:
+def activate() -> Activation:
     """Switch to the NPUs if this host has working ones; call before anything imports DeepSpeed.
-
-    `register_kernels(device_name, attention=..., adam=...)` is the trainer's kernel hook (default:
-    megatron.model.kernels.register_kernels); the NPU kernels go under the device name "npu", so CPU and
-    CUDA runs keep their own kernels.
     Raises NpuSetupError when the host is meant to use NPUs but its set-up is incomplete.
     """
     requested = accelerator_choice.requested_accelerator()
@@ -46,9 +46,5 @@ def activate(register_kernels=None) -> Activation:
     # Imported only now: it needs torch, and `import torch` is what fails on a host with a broken torch_npu.
     from deepspeed_npu.fused_kernels import npu_kernels
     kernels = npu_kernels(torch_npu, devices.chip_name)
-    if register_kernels is None:
-        from megatron.model import kernels as trainer_kernels
-        register_kernels = trainer_kernels.register_kernels
-    register_kernels("npu", attention=kernels.attention, adam=kernels.adam)
     return Activation(True, f"NPU support active: {devices.count} x {devices.chip_name}, DeepSpeed accelerator "
-                            f"npu (hccl backend), kernels: {kernels.description()}")
+                            f"npu (hccl backend), kernels: {kernels.description()}", kernels)

@@ -18,8 +18,7 @@ from deepspeed_npu import NpuSetupError, activate, explain_import_failure
 from deepspeed_npu.__main__ import main as diagnose
 from deepspeed_npu.fused_kernels import FusionAttention
 from megatron.errors import InputError
-from megatron.model import kernels as trainer_kernels
-from megatron.model.kernels import PORTABLE_KERNELS, KernelRegistry, sdpa_attention
+from megatron.kernels import PORTABLE_KERNELS, select_kernels, sdpa_attention
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATOR_SELECTOR = "deepspeed.accelerator.real_accelerator"  # DeepSpeed's module that caches its choice
@@ -97,46 +96,43 @@ def broken_torch_npu(monkeypatch, tmp_path):
 
 def test_without_torch_npu_nothing_changes(install):
     install(None)
-    registry = KernelRegistry()
-    result = activate(register_kernels=registry.register)
-    assert not result.active
+    result = activate()
+    assert not result.active and result.kernels is None
     assert result.summary == "NPU support inactive: torch_npu is not installed"
     assert "DS_ACCELERATOR" not in os.environ
-    assert registry.kernels_for("npu") is PORTABLE_KERNELS
+    assert select_kernels("npu", result.kernels) == PORTABLE_KERNELS
 
 
 def test_asking_for_npu_without_torch_npu_says_what_to_install(install, monkeypatch):
     install(None)
     monkeypatch.setenv("DS_ACCELERATOR", "npu")
     with pytest.raises(NpuSetupError, match=r"DS_ACCELERATOR=npu .* torch_npu is not installed: install"):
-        activate(register_kernels=KernelRegistry().register)
+        activate()
 
 
 def test_another_requested_accelerator_is_respected_without_touching_torch_npu(broken_torch_npu, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    result = activate(register_kernels=KernelRegistry().register)  # importing the broken torch_npu would raise
+    result = activate()  # importing the broken torch_npu would raise
     assert not result.active
     assert "DS_ACCELERATOR=cpu" in result.summary
     assert os.environ["DS_ACCELERATOR"] == "cpu"
 
 
 def test_libhccl_import_error_names_cann_and_the_fix(broken_torch_npu):
-    registry = KernelRegistry()
     with pytest.raises(NpuSetupError) as raised:
-        activate(register_kernels=registry.register)
+        activate()
     message = str(raised.value)
     assert "libhccl.so" in message and "CANN" in message
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in message
     assert isinstance(raised.value, InputError)  # the entry script's run_cli prints it as one line
     assert "DS_ACCELERATOR" not in os.environ
-    assert registry.kernels_for("npu") is PORTABLE_KERNELS
 
 
 def test_no_visible_device_is_explained(install, monkeypatch):
     install(stand_in_torch_npu(device_count=0))
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "9")
     with pytest.raises(NpuSetupError) as raised:
-        activate(register_kernels=KernelRegistry().register)
+        activate()
     message = str(raised.value)
     assert "sees no NPU" in message and "npu-smi info" in message
     assert "ASCEND_RT_VISIBLE_DEVICES='9'" in message
@@ -151,54 +147,40 @@ def test_failing_device_query_is_reported_with_its_cause(install):
         raise RuntimeError("drvGetDevNum failed")
     module.npu.is_available = driver_failure
     with pytest.raises(NpuSetupError, match="sees no NPU.*drvGetDevNum failed"):
-        activate(register_kernels=KernelRegistry().register)
+        activate()
 
 
-def test_working_npu_selects_deepspeed_npu_and_registers_fused_kernels(install):
+def test_working_npu_selects_deepspeed_npu_and_offers_fused_kernels(install):
     module = install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
-    registry = KernelRegistry()
-    cpu_kernels = registry.kernels_for("cpu")
-    result = activate(register_kernels=registry.register)
+    result = activate()
     assert result.active
     assert result.summary == ("NPU support active: 8 x Ascend910B3, DeepSpeed accelerator npu (hccl backend), "
                               "kernels: torch_npu fused attention, NpuFusedAdamW")
     assert os.environ["DS_ACCELERATOR"] == "npu"
-    npu = registry.kernels_for("npu")
+    npu = select_kernels("npu", result.kernels)  # what the trainer builds the model and optimizer with
     assert isinstance(npu.attention, FusionAttention)
     assert npu.adam is StandInFusedAdamW
     assert npu.layer_norm is torch.nn.LayerNorm
-    assert registry.kernels_for("cpu") is cpu_kernels  # CPU runs keep their kernels
     query = torch.randn(1, 2, 4, 16)
     npu.attention(query, query, query, None, 0.0)
-    assert len(module.npu_fusion_attention.calls) == 1  # the registered kernel calls torch_npu's
-
-
-def test_default_hook_is_the_trainers_kernel_registry(install):
-    install(stand_in_torch_npu())
-    attention, adam = trainer_kernels.attention_fn("npu"), trainer_kernels.adam_optimizer_cls("npu")
-    try:
-        assert activate().active
-        assert isinstance(trainer_kernels.attention_fn("npu"), FusionAttention)
-        assert trainer_kernels.adam_optimizer_cls("npu") is StandInFusedAdamW
-    finally:  # the trainer's registry outlives this test: leave "npu" as it was
-        trainer_kernels.register_kernels("npu", attention=attention, adam=adam)
+    assert len(module.npu_fusion_attention.calls) == 1  # the offered kernel calls torch_npu's
 
 
 @pytest.mark.parametrize("chip_name", ["Ascend910A", "Ascend910ProB", "Ascend910PremiumA"])
 def test_first_generation_chips_keep_portable_attention(install, chip_name):
     install(stand_in_torch_npu(chip_name=chip_name))
-    registry = KernelRegistry()
-    summary = activate(register_kernels=registry.register).summary
-    assert registry.kernels_for("npu").attention is sdpa_attention
-    assert registry.kernels_for("npu").adam is StandInFusedAdamW
-    assert summary.endswith("kernels: PyTorch SDPA attention, NpuFusedAdamW")
+    result = activate()
+    npu = select_kernels("npu", result.kernels)
+    assert npu.attention is sdpa_attention
+    assert npu.adam is StandInFusedAdamW
+    assert result.summary.endswith("kernels: PyTorch SDPA attention, NpuFusedAdamW")
 
 
 def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
     install(stand_in_torch_npu(with_fusion_attention=False))
-    registry = KernelRegistry()
-    assert activate(register_kernels=registry.register).active
-    assert registry.kernels_for("npu").attention is sdpa_attention
+    result = activate()
+    assert result.active
+    assert select_kernels("npu", result.kernels).attention is sdpa_attention
 
 
 def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, monkeypatch):
@@ -210,7 +192,7 @@ def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, m
     install(stand_in_torch_npu())
     with pytest.raises(NpuSetupError, match=rf"DeepSpeed already chose its '{chosen}' accelerator .* before "
                                             r"the first `import deepspeed`"):
-        activate(register_kernels=KernelRegistry().register)
+        activate()
     assert "DS_ACCELERATOR" not in os.environ
 
 

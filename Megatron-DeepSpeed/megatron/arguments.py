@@ -11,15 +11,11 @@ import math
 import os
 from types import MappingProxyType
 
-import torch
-
-from megatron.errors import InputError
+from megatron.errors import InputError, require_divisible
+from megatron.learning_rates import DECAY_STYLES
 from megatron.presets import get_preset, preset_names
+from megatron.tokenizer import SENTENCEPIECE_TYPES, TOKENIZER_TYPES
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                   "NullTokenizer")
-SENTENCEPIECE_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer")
-LR_DECAY_STYLES = ("constant", "linear", "cosine")
 DISTRIBUTED_BACKENDS = ("nccl", "hccl", "gloo", "ccl")
 BACKEND_BY_DEVICE = MappingProxyType(
     {"cuda": "nccl", "npu": "hccl", "hpu": "hccl", "xpu": "ccl", "cpu": "gloo"})
@@ -129,7 +125,7 @@ def _add_learning_rate_args(parser):
     group.add_argument("--lr", type=float, help="Peak learning rate.")
     group.add_argument("--min-lr", type=float,
                        help="Learning rate floor of the decay. " + _after_preset("min_lr"))
-    group.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES,
+    group.add_argument("--lr-decay-style", choices=DECAY_STYLES,
                        help=_after_preset("lr_decay_style"))
     group.add_argument("--lr-decay-iters", type=int,
                        help="Iterations to decay over. Default --train-iters.")
@@ -279,11 +275,9 @@ def _set_parallel_sizes(args, world_size):
             f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} needs at least "
             f"{tp * pp} processes (one per device), but world size is {world_size}; launch {tp * pp} "
             f"or a multiple (e.g. torchrun --nproc_per_node {tp * pp}), or lower those sizes")
-    if world_size % (tp * pp):
-        raise InputError(
-            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
-            f"--pipeline-model-parallel-size {pp} = {tp * pp}; launch a multiple of {tp * pp} "
-            f"processes or lower those sizes")
+    require_divisible("world size", world_size,
+                      f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} =", tp * pp,
+                      f"launch a multiple of {tp * pp} processes or lower those sizes")
     args.world_size = world_size
     args.data_parallel_size = world_size // (tp * pp)
 
@@ -299,16 +293,12 @@ def _set_model_shape(args):
             f"--seq-length {args.seq_length} is above --max-position-embeddings "
             f"{args.max_position_embeddings}; raise --max-position-embeddings to at least "
             f"{args.seq_length} or shorten --seq-length")
-    if args.hidden_size % args.num_attention_heads:
-        raise InputError(
-            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-            f"{args.num_attention_heads}; pick a hidden size that is a multiple of the head count")
+    require_divisible("--hidden-size", args.hidden_size, "--num-attention-heads", args.num_attention_heads,
+                      "pick a hidden size that is a multiple of the head count")
     for dest in ("num_attention_heads", "ffn_hidden_size"):
-        if getattr(args, dest) % tp:
-            raise InputError(
-                f"{_flag(dest)} {getattr(args, dest)} is not divisible by "
-                f"--tensor-model-parallel-size {tp}; tensor parallelism splits it evenly, so "
-                f"choose a multiple of {tp} or a smaller tensor parallel size")
+        require_divisible(_flag(dest), getattr(args, dest), "--tensor-model-parallel-size", tp,
+                          f"tensor parallelism splits it evenly, so choose a multiple of {tp} or a smaller "
+                          f"tensor parallel size")
 
 
 def _set_batch_sizes(args):
@@ -337,8 +327,6 @@ def _set_precision(args, device_name):
         raise InputError(f"--initial-loss-scale {args.initial_loss_scale} is not a power of two "
                          f"(DeepSpeed takes its log2); use e.g. "
                          f"{2.0 ** round(math.log2(args.initial_loss_scale))}")
-    args.params_dtype = (torch.float16 if args.fp16 else
-                         torch.bfloat16 if args.bf16 else torch.float32)
 
 
 def _given(args, *dests):
@@ -438,7 +426,7 @@ def _check_tokenizer(args):
     if args.tokenizer_type == "GPT2BPETokenizer":
         _check_file(args, "vocab_file", "GPT-2's vocab.json")
         _check_file(args, "merge_file", "GPT-2's merges.txt")
-    elif args.tokenizer_type in SENTENCEPIECE_TOKENIZERS:
+    elif args.tokenizer_type in SENTENCEPIECE_TYPES:
         _check_file(args, "tokenizer_model", "a SentencePiece .model file")
     elif args.vocab_size is None:
         raise InputError("--tokenizer-type NullTokenizer needs --vocab-size N")
@@ -494,7 +482,7 @@ def _check_checkpoint_and_config(args):
 
 def validate_args(args, world_size, device_name):
     """Check the flags against each other, the world size and the device; fill derived values
-    (world_size, data_parallel_size, num_micro_batches, params_dtype, ds_pipeline_enabled, ...).
+    (world_size, data_parallel_size, num_micro_batches, ds_pipeline_enabled, ...).
     Returns args; raises InputError on the first problem."""
     _check_required(args)
     _check_ranges(args)

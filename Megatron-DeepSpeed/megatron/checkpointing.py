@@ -8,6 +8,7 @@ at a half-written checkpoint.
 """
 import os
 import random
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -36,41 +37,38 @@ def _set_rng_state(state: dict) -> None:
     device.accelerator().set_rng_state(state["device"])
 
 
-def _plain_args(args) -> dict:
-    """The flags as plain values, for reading a checkpoint without this code base."""
-    return {key: value for key, value in vars(args).items()
-            if isinstance(value, (str, int, float, bool, list, tuple, type(None)))}
-
-
-def save_checkpoint(engine, args, iteration: int, consumed_train_samples: int, rng_tracker) -> str:
-    """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir."""
+def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: int, consumed_train_samples: int,
+                    rng_tracker, padded_vocab_size: int) -> str:
+    """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir.
+    `flags` (the job's flags as plain values) are recorded with the padded vocabulary size, so the
+    checkpoint can be read without this code base."""
     import torch.distributed as dist
 
     tag = checkpoint_tag(iteration)
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
-                    "args": _plain_args(args), "rng_state": _rng_state(),
+                    "args": {**flags, "padded_vocab_size": padded_vocab_size}, "rng_state": _rng_state(),
                     "tensor_parallel_rng_state": rng_tracker.get_states()}
     try:
-        os.makedirs(args.save, exist_ok=True)
+        os.makedirs(save_dir, exist_ok=True)
     except OSError as err:
-        raise InputError(f"--save {args.save}: cannot create the checkpoint directory ({err.strerror})") from err
-    engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
+        raise InputError(f"--save {save_dir}: cannot create the checkpoint directory ({err.strerror})") from err
+    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        write_text_atomically(os.path.join(args.save, LATEST_TAG_FILE), tag)
-        write_text_atomically(os.path.join(args.save, LATEST_ITERATION_FILE), str(iteration))
+        write_text_atomically(os.path.join(save_dir, LATEST_TAG_FILE), tag)
+        write_text_atomically(os.path.join(save_dir, LATEST_ITERATION_FILE), str(iteration))
     dist.barrier()
-    return os.path.join(args.save, tag)
+    return os.path.join(save_dir, tag)
 
 
-def load_checkpoint(engine, args, rng_tracker) -> tuple[int, int]:
-    """Resume from --load if it holds a checkpoint: returns (iteration, consumed train samples), or (0, 0)
-    when there is nothing to load (a fresh run, as in Megatron)."""
-    if not args.load or not os.path.exists(os.path.join(args.load, LATEST_TAG_FILE)):
+def load_checkpoint(engine, load_dir: Optional[str], rng_tracker) -> tuple[int, int]:
+    """Resume from `load_dir` (--load) if it holds a checkpoint: returns (iteration, consumed train samples),
+    or (0, 0) when there is nothing to load (a fresh run, as in Megatron)."""
+    if not load_dir or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE)):
         return 0, 0
-    load_path, client_state = engine.load_checkpoint(args.load, load_optimizer_states=True,
+    load_path, client_state = engine.load_checkpoint(load_dir, load_optimizer_states=True,
                                                      load_lr_scheduler_states=False)
     if load_path is None or not client_state or "iteration" not in client_state:
-        raise InputError(f"--load {args.load}: the checkpoint named in its '{LATEST_TAG_FILE}' file could not be "
+        raise InputError(f"--load {load_dir}: the checkpoint named in its '{LATEST_TAG_FILE}' file could not be "
                          f"read as a checkpoint of this trainer; point --load at a --save directory")
     _set_rng_state(client_state["rng_state"])
     rng_tracker.set_states(client_state["tensor_parallel_rng_state"])

@@ -7,34 +7,36 @@ something other than what either says, so a contradiction is an error naming bot
 import json
 import math
 
+from megatron.config import JobConfig
 from megatron.errors import InputError
 
 # DeepSpeed's own step printing is off: the training loop logs in Megatron's format.
 STEPS_PER_PRINT_NEVER = 10 ** 12
 
 
-def build_deepspeed_config(args):
-    """DeepSpeed's config dict for validated `args` (see megatron.arguments.validate_args)."""
-    zero = {"stage": args.zero_stage}
+def build_deepspeed_config(job: JobConfig):
+    """DeepSpeed's config dict for a job."""
+    batch, precision = job.batch, job.precision
+    zero = {"stage": job.parallel.zero_stage}
     config = {
-        "train_batch_size": args.global_batch_size,
-        "train_micro_batch_size_per_gpu": args.micro_batch_size,
-        "gradient_accumulation_steps": args.num_micro_batches,
-        "gradient_clipping": args.clip_grad,
+        "train_batch_size": batch.global_batch_size,
+        "train_micro_batch_size_per_gpu": batch.micro_batch_size,
+        "gradient_accumulation_steps": batch.num_micro_batches,
+        "gradient_clipping": job.optimizer.clip_grad,
         "zero_optimization": zero,
         "fp16": {
-            "enabled": args.fp16,
-            "loss_scale": args.loss_scale or 0,
-            "initial_scale_power": round(math.log2(args.initial_loss_scale)),
-            "loss_scale_window": args.loss_scale_window,
-            "hysteresis": args.hysteresis,
-            "min_loss_scale": args.min_loss_scale,
+            "enabled": precision.fp16,
+            "loss_scale": precision.loss_scale or 0,
+            "initial_scale_power": round(math.log2(precision.initial_loss_scale)),
+            "loss_scale_window": precision.loss_scale_window,
+            "hysteresis": precision.hysteresis,
+            "min_loss_scale": precision.min_loss_scale,
         },
-        "bf16": {"enabled": args.bf16},
+        "bf16": {"enabled": precision.bf16},
         "steps_per_print": STEPS_PER_PRINT_NEVER,
         "wall_clock_breakdown": False,
     }
-    if args.cpu_optimizer:
+    if job.optimizer.cpu_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
         # The offloaded state is stepped by torch's AdamW on the CPU (megatron.optimizer), which DeepSpeed
         # refuses unless told: it wants its DeepSpeedCPUAdam, a C++ op our set-up does not prebuild and that
@@ -44,28 +46,29 @@ def build_deepspeed_config(args):
     return config
 
 
-def _flag_values(args):
+def _flag_values(job: JobConfig):
     """(config key path, what the flags say, how to name that in a message) for every key the
     user's JSON must agree with."""
-    offload = "cpu" if args.cpu_optimizer else "none"
+    batch, precision, cpu_optimizer = job.batch, job.precision, job.optimizer.cpu_optimizer
+    offload = "cpu" if cpu_optimizer else "none"
     cpu_optimizer_keys = ((("zero_force_ds_cpu_optimizer",), False,
                            "--cpu-optimizer steps torch's AdamW on the CPU, not DeepSpeedCPUAdam"),
-                          ) if args.cpu_optimizer else ()
+                          ) if cpu_optimizer else ()
     return cpu_optimizer_keys + (
-        (("train_batch_size",), args.global_batch_size,
-         f"--global-batch-size is {args.global_batch_size}"),
-        (("train_micro_batch_size_per_gpu",), args.micro_batch_size,
-         f"--micro-batch-size is {args.micro_batch_size}"),
-        (("gradient_accumulation_steps",), args.num_micro_batches,
-         f"--global-batch-size {args.global_batch_size} / (--micro-batch-size "
-         f"{args.micro_batch_size} x data parallel size {args.data_parallel_size}) is "
-         f"{args.num_micro_batches}"),
-        (("gradient_clipping",), args.clip_grad, f"--clip-grad is {args.clip_grad}"),
-        (("fp16", "enabled"), args.fp16, f"--fp16 is {'on' if args.fp16 else 'off'}"),
-        (("bf16", "enabled"), args.bf16, f"--bf16 is {'on' if args.bf16 else 'off'}"),
-        (("zero_optimization", "stage"), args.zero_stage, f"--zero-stage is {args.zero_stage}"),
+        (("train_batch_size",), batch.global_batch_size,
+         f"--global-batch-size is {batch.global_batch_size}"),
+        (("train_micro_batch_size_per_gpu",), batch.micro_batch_size,
+         f"--micro-batch-size is {batch.micro_batch_size}"),
+        (("gradient_accumulation_steps",), batch.num_micro_batches,
+         f"--global-batch-size {batch.global_batch_size} / (--micro-batch-size "
+         f"{batch.micro_batch_size} x data parallel size {job.parallel.data}) is "
+         f"{batch.num_micro_batches}"),
+        (("gradient_clipping",), job.optimizer.clip_grad, f"--clip-grad is {job.optimizer.clip_grad}"),
+        (("fp16", "enabled"), precision.fp16, f"--fp16 is {'on' if precision.fp16 else 'off'}"),
+        (("bf16", "enabled"), precision.bf16, f"--bf16 is {'on' if precision.bf16 else 'off'}"),
+        (("zero_optimization", "stage"), job.parallel.zero_stage, f"--zero-stage is {job.parallel.zero_stage}"),
         (("zero_optimization", "offload_optimizer", "device"), offload,
-         f"--cpu-optimizer is {'on' if args.cpu_optimizer else 'off'}"),
+         f"--cpu-optimizer is {'on' if cpu_optimizer else 'off'}"),
     )
 
 
@@ -92,15 +95,15 @@ def _fill_missing(user, generated, path, where):
     return merged
 
 
-def merge_with_user_config(user_json, args, path):
+def merge_with_user_config(user_json, job: JobConfig, path):
     """The user's DeepSpeed config with omitted keys filled from the flags; InputError if a key it
     sets contradicts a flag. `path` names the file in messages. "bfloat16" is DeepSpeed's alias
     of "bf16"."""
     user = dict(user_json)
     if "bfloat16" in user:
         user.setdefault("bf16", user.pop("bfloat16"))
-    merged = _fill_missing(user, build_deepspeed_config(args), (), path)
-    for key_path, flag_value, flag_says in _flag_values(args):
+    merged = _fill_missing(user, build_deepspeed_config(job), (), path)
+    for key_path, flag_value, flag_says in _flag_values(job):
         user_value = _lookup(user, key_path)
         if user_value is not None and user_value != flag_value:
             raise InputError(
@@ -126,10 +129,9 @@ def load_user_config(path):
     return config
 
 
-def resolve_deepspeed_config(args):
+def resolve_deepspeed_config(job: JobConfig):
     """The config to hand to deepspeed.initialize: the user's file merged with the flags, or one
     generated from the flags."""
-    if args.deepspeed_config is None:
-        return build_deepspeed_config(args)
-    return merge_with_user_config(load_user_config(args.deepspeed_config), args,
-                                  args.deepspeed_config)
+    if job.deepspeed_config is None:
+        return build_deepspeed_config(job)
+    return merge_with_user_config(load_user_config(job.deepspeed_config), job, job.deepspeed_config)

@@ -1,7 +1,8 @@
 """The AdamW optimizer with Megatron's parameter groups."""
 from torch import nn
 
-from megatron.model import kernels
+from megatron.config import OptimizerConfig
+from megatron.kernels import Kernels, select_kernels
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -15,10 +16,10 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": not_decayed, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, args):
+def build_optimizer(model: nn.Module, config: OptimizerConfig, device_kernels: Kernels):
     """AdamW over `model`, with the kernel of the device that will hold its state: the CPU's with
     --cpu-optimizer (ZeRO moves the state there, where an accelerator's fused kernel cannot step it), else
-    this process's device. Its learning rate is set before every step by the loop."""
-    adam = kernels.adam_optimizer_cls("cpu" if args.cpu_optimizer else None)
-    return adam(parameter_groups(model, args.weight_decay), lr=args.lr,
-                betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, weight_decay=args.weight_decay)
+    the run's device kernel. Its learning rate is set before every step by the loop."""
+    adam = select_kernels("cpu").adam if config.cpu_optimizer else device_kernels.adam
+    return adam(parameter_groups(model, config.weight_decay), lr=config.lr,
+                betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps, weight_decay=config.weight_decay)

@@ -1,6 +1,6 @@
 """Which processes work together: the tensor-, data- and pipeline-parallel groups of this process.
 
-Rank layout (DESIGN §4): tensor-parallel innermost, then data, then pipeline:
+Rank layout (docs/ARCHITECTURE.md, Rank layout): tensor-parallel innermost, then data, then pipeline:
     global rank = pp_rank * (DP * TP) + dp_rank * TP + tp_rank
 which is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp=TP, num_dp), so our groups and the ones the
 DeepSpeed pipeline engine builds agree. Tensor-parallel neighbours are adjacent ranks, hence on one node.

@@ -1,4 +1,4 @@
-"""Model-size presets: the single source of truth for the numbers in DESIGN §7.
+"""Model-size presets: the single source of truth for the numbers in docs/ARCHITECTURE.md, Presets.
 
 `--model-size NAME` and the shell entry points both read this table, so a size is changed in one
 place. A preset maps argparse attribute names (Megatron flags, dashes as underscores) to values.
@@ -23,7 +23,7 @@ RUN_KINDS = ("full", "performance")
 
 @dataclass(frozen=True)
 class _Size:
-    """One row of DESIGN §7, in the table's column order."""
+    """One row of docs/ARCHITECTURE.md, Presets, in the table's column order."""
     name: str
     tp: int
     pp: int

@@ -2,7 +2,7 @@
 results table (the seed project's columns) and loss-curve plots.
 
 A run directory (test/output/<run>/, made by test/train_full_8p.sh or test/train_performance_8p.sh)
-holds the training log `train.log` (DESIGN §8 lines) and `run.json`, one JSON object describing the
+holds the training log `train.log` (docs/ARCHITECTURE.md, Log lines lines) and `run.json`, one JSON object describing the
 run. Schema of run.json (version 1; other keys are ignored, so the writer may add more):
 
     model_size          str    preset name, e.g. "345M" (first part of the table's NAME)
@@ -13,7 +13,7 @@ run. Schema of run.json (version 1; other keys are ignored, so the writer may ad
     seq_length          int    --seq-length
     num_layers          int    --num-layers
     hidden_size         int    --hidden-size
-    padded_vocab_size   int    embedding rows after padding (DESIGN §5)
+    padded_vocab_size   int    embedding rows after padding (docs/ARCHITECTURE.md, Data formats)
     train_iters         int    --train-iters asked for
     global_batch_size   int    --global-batch-size
     start_time          float  Unix seconds when the launch began (time.time() or `date +%s`)
@@ -41,7 +41,7 @@ WARMUP_FRACTION = 0.1
 TABLE_HEADER = ("NAME (device)", "params", "PPL", "samples/s", "seq_len", "Steps")
 DEVICE_LABELS = {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}
 GPT2_VOCAB_SIZE = 50257  # the vocabulary upstream's published runs used
-# DESIGN §7: upstream Megatron-DeepSpeed on 8 devices, figures as published (text, so "37.8" stays
+# docs/ARCHITECTURE.md, Presets: upstream Megatron-DeepSpeed on 8 devices, figures as published (text, so "37.8" stays
 # "37.8"). PPL was published for 345M only, and the number of steps behind each figure was not.
 UPSTREAM_FIGURES = (
     # size               device  PPL       samples/s
@@ -307,7 +307,7 @@ def machine_notes(runs, with_upstream=False):
 
 
 def summary_lines(summary):
-    """The three closing lines of the entry scripts (DESIGN §8), in their exact wording."""
+    """The three closing lines of the entry scripts (docs/ARCHITECTURE.md, Log lines), in their exact wording."""
     return (f"Final Performance samples/sec : {summary.samples_per_second:.3f}\n"
             f"Final Train lm loss PPL(accuracy): {summary.reported_ppl:.3f}\n"
             f"E2E Training Duration sec : {round(summary.duration_seconds)}\n")

@@ -7,6 +7,7 @@ consumed samples (so a resumed run sees exactly the samples an uninterrupted one
 lines.
 """
 import functools
+import logging
 import math
 import os
 import socket
@@ -23,17 +24,22 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from megatron import device
 from megatron.arguments import parse_args, validate_args
 from megatron.checkpointing import load_checkpoint, save_checkpoint
-from megatron.data.data_loaders import build_data_loader, build_datasets, train_valid_test_num_samples
+from megatron.config import DataConfig, JobConfig, LoggingConfig, ScheduleConfig, job_config
+from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
 from megatron.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
-from megatron.learning_rates import learning_rate, schedule_samples
 from megatron.errors import InputError
+from megatron.kernels import Kernels, select_kernels
+from megatron.learning_rates import learning_rate
+from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,9 +66,9 @@ def is_last_rank() -> bool:
     return dist.get_rank() == dist.get_world_size() - 1
 
 
-def print_last_rank(message: str) -> None:
+def log_last_rank(message: str) -> None:
     if is_last_rank():
-        print(message, flush=True)
+        _log.info(message)
 
 
 def data_parallel_mean(value: torch.Tensor, parallel: ParallelState) -> float:
@@ -75,8 +81,8 @@ def data_parallel_mean(value: torch.Tensor, parallel: ParallelState) -> float:
 class Batches:
     """Endless micro-batches of a data loader, as model inputs on this process's device."""
 
-    def __init__(self, loader, args, eod: int, restart: bool = False):
-        self.loader, self.args, self.eod, self.restart = loader, args, eod, restart
+    def __init__(self, loader, data: DataConfig, eod: int, restart: bool = False):
+        self.loader, self.data, self.eod, self.restart = loader, data, eod, restart
         self.iterator = iter(loader)
 
     def __iter__(self):
@@ -90,8 +96,8 @@ class Batches:
                 raise
             self.iterator = iter(self.loader)
             text = next(self.iterator)
-        batch = make_batch(text, self.eod, reset_position_ids=self.args.reset_position_ids,
-                           reset_attention_mask=self.args.reset_attention_mask, eod_mask_loss=self.args.eod_mask_loss)
+        batch = make_batch(text, self.eod, reset_position_ids=self.data.reset_position_ids,
+                           reset_attention_mask=self.data.reset_attention_mask, eod_mask_loss=self.data.eod_mask_loss)
         target = device.current_device()
         return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
 
@@ -130,44 +136,44 @@ class Fp32GradientClipping:
                 gradient.mul_(scale.to(gradient.dtype))
 
 
-def train_step(engine, batches: Batches, args, parallel: ParallelState) -> float:
+def train_step(engine, batches: Batches, num_micro_batches: int, parallel: ParallelState) -> float:
     """One optimizer step over `num_micro_batches` micro-batches; returns the loss averaged over them and over
     the data-parallel ranks."""
     if isinstance(engine, PipelineEngine):  # train_batch does the averaging itself
         return engine.train_batch(map(pipeline_micro_batch, batches)).item()
     total = torch.zeros((), device=device.current_device())
-    for _ in range(args.num_micro_batches):
+    for _ in range(num_micro_batches):
         batch = next(batches)
         loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                       labels=batch["labels"], loss_mask=batch["loss_mask"])
         engine.backward(loss)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
-    return data_parallel_mean(total / args.num_micro_batches, parallel)
+    return data_parallel_mean(total / num_micro_batches, parallel)
 
 
-def evaluate(engine, batches: Batches, args, parallel: ParallelState) -> float:
+def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, parallel: ParallelState) -> float:
     """Mean validation loss over `eval_iters` global batches."""
     if isinstance(engine, PipelineEngine):  # eval_batch averages over micro-batches and data-parallel ranks
-        losses = [engine.eval_batch(map(pipeline_micro_batch, batches)).item() for _ in range(args.eval_iters)]
-        return sum(losses) / args.eval_iters
+        losses = [engine.eval_batch(map(pipeline_micro_batch, batches)).item() for _ in range(eval_iters)]
+        return sum(losses) / eval_iters
     engine.eval()
     total = torch.zeros((), device=device.current_device())
     with torch.no_grad():
-        for _ in range(args.eval_iters * args.num_micro_batches):
+        for _ in range(eval_iters * num_micro_batches):
             batch = next(batches)
             total += engine(batch["tokens"], position_ids=batch["position_ids"],
                             attention_mask=batch["attention_mask"], labels=batch["labels"],
                             loss_mask=batch["loss_mask"]).float()
     engine.train()
-    return data_parallel_mean(total / (args.eval_iters * args.num_micro_batches), parallel)
+    return data_parallel_mean(total / (eval_iters * num_micro_batches), parallel)
 
 
-def learning_rate_schedule(args) -> Callable[[int], float]:
+def learning_rate_schedule(schedule: ScheduleConfig) -> Callable[[int], float]:
     """Megatron's schedule as a function of consumed samples: stateless, so a resumed run continues it."""
-    warmup_samples, decay_samples = schedule_samples(args)
-    return functools.partial(learning_rate, max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup_samples,
-                             decay_samples=decay_samples, decay_style=args.lr_decay_style)
+    return functools.partial(learning_rate, max_lr=schedule.lr, min_lr=schedule.min_lr,
+                             warmup_samples=schedule.warmup_samples, decay_samples=schedule.decay_samples,
+                             decay_style=schedule.decay_style)
 
 
 def set_learning_rate(optimizer, lr: float) -> None:
@@ -178,29 +184,30 @@ def set_learning_rate(optimizer, lr: float) -> None:
 class MetricsLog:
     """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
 
-    def __init__(self, args, vocab_size: int, train_iters: int):
-        self.args, self.vocab_size, self.train_iters = args, vocab_size, train_iters
+    def __init__(self, config: JobConfig, model: GPTConfig, train_iters: int):
+        self.config, self.model, self.train_iters = config, model, train_iters
         self.writer = None
-        if args.tensorboard_dir and is_last_rank():
+        if config.logging.tensorboard_dir and is_last_rank():
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir=args.tensorboard_dir)
+            self.writer = SummaryWriter(log_dir=config.logging.tensorboard_dir)
         self.losses, self.interval_start = [], time.perf_counter()
 
     def iteration(self, state: TrainState, loss: float, grad_norm: float, lr: float, engine) -> None:
         self.losses.append(loss)
-        args = self.args
-        if state.iteration % args.log_interval:
+        if state.iteration % self.config.logging.log_interval:
             return
         device.synchronize()
         seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
         mean_loss = sum(self.losses) / len(self.losses)
         loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
-        samples_per_second = args.global_batch_size / seconds
-        tflops = tflops_per_device(args.global_batch_size, args.seq_length, args.num_layers, args.hidden_size,
-                                   self.vocab_size, seconds, args.world_size, args.checkpoint_activations)
-        print_last_rank(iteration_line(
+        global_batch_size, model = self.config.batch.global_batch_size, self.model
+        samples_per_second = global_batch_size / seconds
+        tflops = tflops_per_device(global_batch_size, self.config.data.seq_length, model.num_layers,
+                                   model.hidden_size, model.vocab_size, seconds, self.config.parallel.world_size,
+                                   model.checkpoint_activations)
+        log_last_rank(iteration_line(
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
-            args.global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
+            global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
             state.nan_iterations, samples_per_second, tflops))
         if self.writer is not None:
             for name, value in (("lm loss", mean_loss), ("learning-rate", lr), ("grad-norm", grad_norm),
@@ -210,7 +217,7 @@ class MetricsLog:
         self.losses, self.interval_start = [], time.perf_counter()
 
     def validation(self, iteration: int, loss: float) -> None:
-        print_last_rank(validation_lines(iteration, loss))
+        log_last_rank(validation_lines(iteration, loss))
         if self.writer is not None:
             self.writer.add_scalar("validation loss", loss, iteration)
             self.writer.add_scalar("validation ppl", perplexity(loss), iteration)
@@ -231,31 +238,32 @@ class TrainingResult:
     parallel: ParallelState
 
 
-def engine_config(args, pipelined: bool, clipping_ourselves: bool) -> dict:
+def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
     Fp32GradientClipping does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
     (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe)."""
-    config = resolve_deepspeed_config(args)
+    engine = resolve_deepspeed_config(config)
     if clipping_ourselves:
-        config["gradient_clipping"] = 0.0
+        engine["gradient_clipping"] = 0.0
     if pipelined:
-        pipeline = dict(config.get("pipeline") or {})
+        pipeline = dict(engine.get("pipeline") or {})
         for key in ("pipe_partitioned", "grad_partitioned"):
             if pipeline.get(key):
-                raise InputError(f"--deepspeed_config {args.deepspeed_config} sets pipeline.{key}=true, but stage "
-                                 "outputs may be sequence-parallel chunks or change shape between batches, which "
-                                 "that partitioning cannot handle; set it to false or remove it")
+                raise InputError(f"--deepspeed_config {config.deepspeed_config} sets pipeline.{key}=true, but "
+                                 "stage outputs may be sequence-parallel chunks or change shape between batches, "
+                                 "which that partitioning cannot handle; set it to false or remove it")
             pipeline[key] = False
-        config["pipeline"] = pipeline
-        if config["steps_per_print"] == STEPS_PER_PRINT_NEVER:
-            config["steps_per_print"] = args.log_interval
-    return config
+        engine["pipeline"] = pipeline
+        if engine["steps_per_print"] == STEPS_PER_PRINT_NEVER:
+            engine["steps_per_print"] = config.logging.log_interval
+    return engine
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trainer:
     """Everything the loop needs, built from the flags."""
-    args: object
+    config: JobConfig
+    model_config: GPTConfig  # the padded vocabulary and the kernels included
     engine: object
     parallel: ParallelState
     rng_tracker: object
@@ -263,90 +271,127 @@ class Trainer:
     clipping: Optional[Fp32GradientClipping]
 
 
-def build_trainer(model_provider: Callable, argv) -> Trainer:
-    """Flags, process groups, seeds, tokenizer, model and the DeepSpeed engine. `model_provider(args,
-    padded_vocab_size, parallel, rng_tracker)` returns this rank's part of the model, parallelised: a DeepSpeed
-    PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine)."""
+def model_config_of(config: JobConfig, padded_vocab_size: int, kernels: Kernels) -> GPTConfig:
+    """The model/gpt.py configuration of a job."""
+    model = config.model
+    return GPTConfig(
+        vocab_size=padded_vocab_size, max_position_embeddings=model.max_position_embeddings,
+        num_layers=model.num_layers, hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+        ffn_hidden_size=model.ffn_hidden_size, hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout, init_method_std=model.init_method_std,
+        openai_gelu=model.openai_gelu, checkpoint_activations=model.checkpoint_activations, init_seed=model.seed,
+        kernels=kernels)
+
+
+def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None) -> Trainer:
+    """Flags, process groups, seeds, tokenizer, model and the DeepSpeed engine. `model_provider(model_config,
+    parallel_config, parallel, rng_tracker)` returns this rank's part of the model, parallelised: a DeepSpeed
+    PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine).
+    `adaptor_kernels` are a device adaptor's kernels (deepspeed_npu's), preferred over PyTorch's."""
     args = parse_args(argv)
     initialize_distributed(args.distributed_backend or device.communication_backend())
-    validate_args(args, dist.get_world_size(), device.device_name())
-    parallel = ParallelState(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
-    device.manual_seed(args.seed)  # the default stream (dropout): identical on every rank
-    rng_tracker = tensor_parallel_rng_tracker(args.seed, parallel.tp_rank)
+    config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
+    parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline)
+    device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank
+    rng_tracker = tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
 
-    tokenizer = build_tokenizer(args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
-                                tokenizer_model=args.tokenizer_model, vocab_size=args.vocab_size)
-    args.padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
-                                                     args.tensor_model_parallel_size)
+    tokens = config.tokenizer
+    tokenizer = build_tokenizer(tokens.tokenizer_type, vocab_file=tokens.vocab_file, merge_file=tokens.merge_file,
+                                tokenizer_model=tokens.tokenizer_model, vocab_size=tokens.vocab_size)
+    padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, tokens.make_vocab_size_divisible_by,
+                                                config.parallel.tensor)
+    kernels = select_kernels(device.device_name(), adaptor_kernels)
+    model_config = model_config_of(config, padded_vocab_size, kernels)
 
-    model = model_provider(args, args.padded_vocab_size, parallel, rng_tracker)
+    model = model_provider(model_config, config.parallel, parallel, rng_tracker)
+    engine, clipping = build_engine(model, config, kernels, parallel)
+    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping)
+
+
+def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels,
+                 parallel: ParallelState) -> tuple[object, Optional[Fp32GradientClipping]]:
+    """The DeepSpeed engine that trains `model` (this rank's part, from a model provider) with the job's
+    optimizer, and our gradient clipping where DeepSpeed's is switched off."""
     pipelined = isinstance(model, PipelineModule)
-    optimizer = build_optimizer(model, args)
+    optimizer = build_optimizer(model, config.optimizer, kernels)
     clipping = None
-    if args.zero_stage == 0 and not (args.fp16 or args.bf16):
-        clipping = Fp32GradientClipping(model, parallel, args.clip_grad)
+    if config.parallel.zero_stage == 0 and not (config.precision.fp16 or config.precision.bf16):
+        clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad)
         optimizer.register_step_pre_hook(clipping)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
-                                           config=engine_config(args, pipelined, clipping is not None),
+                                           config=engine_config(config, pipelined, clipping is not None),
                                            dist_init_required=False)
-    return Trainer(args, engine, parallel, rng_tracker, tokenizer, clipping)
+    return engine, clipping
 
 
 def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
     """Training batches from `state`'s consumed samples on; validation batches (cycled) where they continue
     after as many evaluations as the resumed run had made."""
-    args, parallel, eod = trainer.args, trainer.parallel, trainer.tokenizer.eod
-    dp_rank, dp_size = parallel.dp_rank, parallel.get_data_parallel_world_size()
-    train_set, valid_set, _ = build_datasets(args, args.padded_vocab_size)
-    train = Batches(build_data_loader(train_set, state.consumed_train_samples, args, dp_rank, dp_size), args, eod)
-    if valid_set is None or not args.eval_iters:
+    config, parallel, eod = trainer.config, trainer.parallel, trainer.tokenizer.eod
+    data, logging_config, batch = config.data, config.logging, config.batch
+    loader_of = functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
+                                  num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
+                                  data_parallel_size=parallel.get_data_parallel_world_size())
+    train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
+    train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod)
+    if valid_set is None or not logging_config.eval_iters:
         return train, None
-    consumed_valid = (state.iteration // args.eval_interval) * args.eval_iters * args.global_batch_size
-    valid_loader = build_data_loader(valid_set, consumed_valid % len(valid_set), args, dp_rank, dp_size)
-    return train, Batches(valid_loader, args, eod, restart=True)
+    consumed_valid = ((state.iteration // logging_config.eval_interval) * logging_config.eval_iters
+                      * batch.global_batch_size)
+    return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), data, eod, restart=True)
 
 
-def pretrain(model_provider: Callable, argv=None) -> TrainingResult:
-    """Train a GPT as the flags say (see build_trainer for `model_provider`)."""
-    trainer = build_trainer(model_provider, argv)
-    args, engine, parallel, clipping = trainer.args, trainer.engine, trainer.parallel, trainer.clipping
+def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
+    """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
+    trainer = build_trainer(model_provider, argv, adaptor_kernels)
+    config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
+    batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = TrainState()
     with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
-        state.iteration, state.consumed_train_samples = load_checkpoint(engine, args, trainer.rng_tracker)
+        state.iteration, state.consumed_train_samples = load_checkpoint(engine, checkpoint.load, trainer.rng_tracker)
     train, valid = build_batches(trainer, state)
-    schedule = learning_rate_schedule(args)
-    train_iters = args.train_iters or train_valid_test_num_samples(args)[0] // args.global_batch_size
-    metrics = MetricsLog(args, args.padded_vocab_size, train_iters)
+    schedule = learning_rate_schedule(config.schedule)
+    train_iters = config.schedule.total_iterations(batch.global_batch_size)
+    metrics = MetricsLog(config, trainer.model_config, train_iters)
+
+    def save() -> None:
+        save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
+                        trainer.rng_tracker, trainer.model_config.vocab_size)
+
+    def validate() -> float:
+        loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)
+        metrics.validation(state.iteration, loss)
+        return loss
+
     validation_loss, losses, grad_norms = None, [], []
     skipped_before = engine.skipped_steps
     while state.iteration < train_iters:
         set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-        loss = train_step(engine, train, args, parallel)
+        loss = train_step(engine, train, batch.num_micro_batches, parallel)
         grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
         losses.append(loss)
         grad_norms.append(grad_norm)
         state.iteration += 1
-        state.consumed_train_samples += args.global_batch_size
+        state.consumed_train_samples += batch.global_batch_size
         state.skipped_iterations += engine.skipped_steps - skipped_before
         skipped_before = engine.skipped_steps
         state.nan_iterations += int(not math.isfinite(loss))
         metrics.iteration(state, loss, grad_norm, schedule(state.consumed_train_samples), engine)
 
         paused = time.perf_counter()
-        if valid is not None and state.iteration % args.eval_interval == 0:
-            validation_loss = evaluate(engine, valid, args, parallel)
-            metrics.validation(state.iteration, validation_loss)
-        exiting = bool(args.exit_interval) and state.iteration % args.exit_interval == 0
-        if args.save and (state.iteration % args.save_interval == 0 or exiting):
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, trainer.rng_tracker)
+        if valid is not None and state.iteration % logging_config.eval_interval == 0:
+            validation_loss = validate()
+        exit_interval = logging_config.exit_interval
+        exiting = bool(exit_interval) and state.iteration % exit_interval == 0
+        if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting):
+            save()
         metrics.exclude_from_timing(time.perf_counter() - paused)
         if exiting:
-            print_last_rank(f"exiting program at iteration {state.iteration}")
+            log_last_rank(f"exiting program at iteration {state.iteration}")
             break
     else:
-        if args.save and state.iteration % args.save_interval:
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples, trainer.rng_tracker)
-        if valid is not None and state.iteration % args.eval_interval:
-            validation_loss = evaluate(engine, valid, args, parallel)
-            metrics.validation(state.iteration, validation_loss)
+        if checkpoint.save and state.iteration % checkpoint.save_interval:
+            save()
+        if valid is not None and state.iteration % logging_config.eval_interval:
+            validation_loss = validate()
     return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)

@@ -1,4 +1,4 @@
-"""The training log lines of DESIGN §8 (Megatron-DeepSpeed's exact formats), their parser, and
+"""The training log lines of docs/ARCHITECTURE.md, Log lines (Megatron-DeepSpeed's exact formats), their parser, and
 the throughput figures they report.
 
 Users' scripts grep these lines, so the formats are fixed; the parser reads both our logs and
@@ -44,7 +44,7 @@ class ParsedLog:
     validations: list[ValidationRecord] = field(default_factory=list)
 
 
-# Label in the line -> (record field, parser); labels and widths are those of DESIGN §8.
+# Label in the line -> (record field, parser); labels and widths are those of docs/ARCHITECTURE.md, Log lines.
 _ITERATION_FIELDS = {
     "consumed samples": ("consumed_samples", int),
     "elapsed time per iteration (ms)": ("elapsed_ms", float),

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from megatron.arguments import parse_args, validate_args
+from megatron.config import job_config
 from megatron.errors import InputError
 
 # A small valid command line; tests add flags or drop some of these.
@@ -221,7 +222,6 @@ def test_derived_values():
     assert args.num_micro_batches == 2            # 12 / (2 x 3)
     assert args.ffn_hidden_size == 32             # 4 x 8
     assert args.max_position_embeddings == 16     # = seq length
-    assert args.params_dtype == torch.float32
     assert args.lr_decay_iters == 10              # = train iters
     assert (args.lr_warmup_iters, args.lr_warmup_samples) == (0, 0)
     assert args.ds_pipeline_enabled is True
@@ -242,7 +242,7 @@ def test_sample_based_decay_defaults_to_train_samples():
     ([], "cpu", torch.float32), (["--bf16"], "cpu", torch.bfloat16),
     (["--fp16"], "cuda", torch.float16), (["--fp16"], "npu", torch.float16)])
 def test_params_dtype(flags, device, dtype):
-    assert validated(*flags, device=device).params_dtype == dtype
+    assert job_config(validated(*flags, device=device)).precision.params_dtype == dtype
 
 
 @pytest.mark.parametrize("device, backend", [("cuda", "nccl"), ("npu", "hccl"), ("cpu", "gloo")])

@@ -1,8 +1,11 @@
 """`latest` only ever names a checkpoint whose files are all written."""
-import argparse
 import os
 
+import pytest
+
 from tests.distributed_helpers import run_on_ranks
+
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
 
 class EngineThatDiesMidSave:
@@ -25,11 +28,11 @@ def save_then_fail(save_dir):
     from megatron.checkpointing import save_checkpoint
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
 
-    args = argparse.Namespace(save=save_dir, seed=1)
+    flags = {"save": save_dir, "seed": 1}
     tracker = tensor_parallel_rng_tracker(1, 0)
-    save_checkpoint(EngineThatSaves(), args, 10, 80, tracker)
+    save_checkpoint(EngineThatSaves(), save_dir, flags, 10, 80, tracker, padded_vocab_size=128)
     try:
-        save_checkpoint(EngineThatDiesMidSave(), args, 20, 160, tracker)
+        save_checkpoint(EngineThatDiesMidSave(), save_dir, flags, 20, 160, tracker, padded_vocab_size=128)
     except OSError:
         pass
     return (open(os.path.join(save_dir, "latest")).read(),

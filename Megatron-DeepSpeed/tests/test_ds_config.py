@@ -2,6 +2,7 @@
 import pytest
 
 from megatron.arguments import parse_args, validate_args
+from megatron.config import job_config
 from megatron.ds_config import (STEPS_PER_PRINT_NEVER, build_deepspeed_config, load_user_config,
                                 merge_with_user_config, resolve_deepspeed_config)
 from megatron.errors import InputError
@@ -14,7 +15,8 @@ BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
 
 
 def validated(*extra, world_size=4, device="cuda"):
-    return validate_args(parse_args(BASE + list(extra)), world_size, device)
+    """The job configuration of BASE + extra flags."""
+    return job_config(validate_args(parse_args(BASE + list(extra)), world_size, device))
 
 
 def test_default_fp32_config():

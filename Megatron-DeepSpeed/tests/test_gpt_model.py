@@ -1,12 +1,15 @@
 """The GPT model against HF GPT-2 (the numerics oracle), its initialisation, masking, checkpointing, dropout,
-and the kernel registry it draws its kernels from."""
+and the kernels passed into it."""
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from megatron.errors import InputError
-from megatron.model import gpt, kernels
+from megatron import kernels
+from megatron.model import gpt
 from megatron.model.gpt import GPTConfig, GPTModel
 
 SMALL = dict(vocab_size=96, max_position_embeddings=16, num_layers=2, hidden_size=32, num_attention_heads=4,
@@ -245,30 +248,27 @@ def test_sequence_longer_than_position_table():
         small_model()(random_tokens(96, seq=17))
 
 
-# --- kernel registry ---------------------------------------------------------------------------------
+# --- kernel selection --------------------------------------------------------------------------------
 
-def test_registry_defaults_and_partial_registration():
-    registry = kernels.KernelRegistry()
-    assert registry.kernels_for("cpu").attention is kernels.sdpa_attention
-    assert registry.kernels_for("npu") == kernels.PORTABLE_KERNELS  # nothing registered yet
+def test_kernel_defaults_and_adaptor_overrides():
+    assert kernels.select_kernels("npu") == kernels.PORTABLE_KERNELS
     for device_name in ("cpu", "cuda"):
-        fused = registry.kernels_for(device_name).adam
+        fused = kernels.select_kernels(device_name).adam
         assert fused.func is torch.optim.AdamW and fused.keywords == {"fused": True}
-    registry.register("npu", layer_norm=torch.nn.RMSNorm)
-    assert registry.kernels_for("npu").layer_norm is torch.nn.RMSNorm
-    assert registry.kernels_for("npu").attention is kernels.sdpa_attention  # untouched slots keep defaults
+    adaptor = SimpleNamespace(attention=None, layer_norm=torch.nn.RMSNorm)  # None: keep the portable kernel
+    chosen = kernels.select_kernels("npu", adaptor)
+    assert chosen.layer_norm is torch.nn.RMSNorm
+    assert chosen.attention is kernels.sdpa_attention and chosen.adam is torch.optim.AdamW
 
 
-def test_registered_attention_kernel_is_used_by_the_model(monkeypatch):
-    monkeypatch.setattr(kernels, "REGISTRY", kernels.KernelRegistry())
+def test_attention_kernel_passed_in_is_used_by_the_model():
     calls = []
 
     def counting_attention(query, key, value, attention_mask, dropout_p):
         calls.append(query.shape)
         return kernels.sdpa_attention(query, key, value, attention_mask, dropout_p)
 
-    kernels.register_kernels("cpu", attention=counting_attention)
-    small_model()(random_tokens(96))
+    small_model(kernels=replace(kernels.PORTABLE_KERNELS, attention=counting_attention))(random_tokens(96))
     assert calls == [(2, 4, 12, 8)] * 2  # [batch, heads, seq, head_dim], once per layer
 
 

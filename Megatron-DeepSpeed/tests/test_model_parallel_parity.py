@@ -21,6 +21,8 @@ from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 from megatron.tokenizer import vocab_size_with_padding
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
 REAL_VOCAB = 45  # divisible by neither 2 nor 4: padding is exercised
 MODEL = dict(max_position_embeddings=16, num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
              hidden_dropout=0.0, attention_dropout=0.0)

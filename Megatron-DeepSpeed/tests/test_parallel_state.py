@@ -8,6 +8,8 @@ from distributed_helpers import run_on_ranks
 from megatron.errors import InputError
 from megatron.parallel_state import ParallelState, RankLayout
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
 
 def test_layout_tp2_pp2_dp2_by_hand():
     layout = RankLayout.for_world(8, tensor_parallel_size=2, pipeline_parallel_size=2)

@@ -7,6 +7,8 @@ import torch
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, assert_same_training, train
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
 @pytest.mark.parametrize("ranks, flags", [
     (2, ["--tensor-model-parallel-size", "2"]),
     (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),

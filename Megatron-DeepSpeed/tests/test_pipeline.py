@@ -6,6 +6,7 @@ change between micro-batches train without rebuilding anything, and impossible l
 import contextlib
 import io
 import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel, TransformerLayer, layer_piece, seeded_init
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS
+
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
 ITERATIONS = 5
 # Global batch 8 = micro batch 2 x DP x micro-batches per step. --clip-grad 0.5 clips every step, so clipping
@@ -42,11 +45,14 @@ def train(argv):
     import torch.distributed as dist
 
     from megatron.model.parallelize import gather_full_state_dict
+    from megatron.model.provider import model_provider
     from megatron.training import pretrain
-    from pretrain_gpt import model_provider
 
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    ours = logging.getLogger("megatron")  # our log lines, as run_cli would show them
+    ours.setLevel(logging.INFO)
+    ours.addHandler(logging.StreamHandler(stdout))
+    with contextlib.redirect_stdout(stdout):  # DeepSpeed's
         result = pretrain(model_provider, argv)
     weights = gather_full_state_dict(result.model, result.parallel)
     if dist.get_rank():
@@ -211,10 +217,11 @@ def test_uneven_layer_split_is_allowed():
 
 
 def test_engine_config_for_the_pipeline(tmp_path):
+    from megatron.config import job_config
     from megatron.ds_config import STEPS_PER_PRINT_NEVER
     from megatron.training import engine_config
 
-    args = validated("--log-interval", "7", world_size=1)
+    args = job_config(validated("--log-interval", "7", world_size=1))
     config = engine_config(args, pipelined=True, clipping_ourselves=True)
     assert config["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
     assert config["steps_per_print"] == 7 and config["gradient_clipping"] == 0.0
@@ -224,6 +231,6 @@ def test_engine_config_for_the_pipeline(tmp_path):
 
     user_json = tmp_path / "ds.json"
     user_json.write_text(json.dumps({"pipeline": {"pipe_partitioned": True}}))
-    args = validated("--deepspeed_config", str(user_json), world_size=1)
+    args = job_config(validated("--deepspeed_config", str(user_json), world_size=1))
     with pytest.raises(InputError, match=f"--deepspeed_config {user_json} sets pipeline.pipe_partitioned=true"):
         engine_config(args, pipelined=True, clipping_ourselves=False)

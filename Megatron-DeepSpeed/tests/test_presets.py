@@ -1,4 +1,4 @@
-"""Presets equal DESIGN §7, validate on their target world size, and print for shell scripts."""
+"""Presets equal docs/ARCHITECTURE.md, Presets, validate on their target world size, and print for shell scripts."""
 import json
 import os
 import subprocess
@@ -12,7 +12,7 @@ from megatron.errors import InputError
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Copied by hand from DESIGN §7:
+# Copied by hand from docs/ARCHITECTURE.md, Presets:
 #   TP, PP, layers, hidden, heads, seq, micro bs, global bs, lr, min lr
 DESIGN_TABLE = {
     "345M": (1, 2, 24, 1024, 16, 1024, 4, 16, 1.5e-4, 1.5e-5),

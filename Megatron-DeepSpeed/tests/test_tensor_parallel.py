@@ -12,6 +12,8 @@ from megatron.errors import InputError
 from megatron.parallel_state import ParallelState
 from megatron.tokenizer import vocab_size_with_padding
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
 
 def forward_backward(function, tensor, upstream_grad):
     """function(tensor) and the gradient reaching `tensor` when `upstream_grad` flows back into the output."""

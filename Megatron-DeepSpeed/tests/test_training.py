@@ -10,6 +10,8 @@ import pytest
 from megatron.training_log import parse_log
 from tests.training_helpers import TINY_FLAGS
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -1,4 +1,4 @@
-"""DESIGN §8 log formats, byte for byte, and the parser that reads them back from noisy logs."""
+"""docs/ARCHITECTURE.md, Log lines log formats, byte for byte, and the parser that reads them back from noisy logs."""
 import dataclasses
 
 import pytest

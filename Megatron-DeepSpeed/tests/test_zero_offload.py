@@ -1,6 +1,8 @@
 """--cpu-optimizer (ZeRO's offload_optimizer to the CPU): DeepSpeed really keeps the optimizer state on the CPU and
 steps it with torch's AdamW, and data-parallel training with offload equals single-process training (fp32,
 dropout 0: losses within 1e-5 relative, same weights)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -8,6 +10,8 @@ from megatron.arguments import parse_args
 from megatron.optimizer import build_optimizer
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, TINY_FLAGS, assert_same_training, train
+
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
 OFFLOAD = ["--cpu-optimizer", "--no-pipeline-parallel"]
 
@@ -20,22 +24,23 @@ def test_dp2_with_offloaded_optimizer_equals_single_process(stage, data_prefix, 
 
 def offloaded_engine_facts(stage: str) -> dict:
     """Build the engine as pretrain() does, take one step, and describe where its optimizer state lives."""
-    import deepspeed
-
     from megatron.arguments import validate_args
+    from megatron.config import job_config
     from megatron.data.gpt_batch import make_batch
-    from megatron.ds_config import build_deepspeed_config
+    from megatron.kernels import select_kernels
+    from megatron.model.provider import model_provider
     from megatron.parallel_state import ParallelState
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
-    from pretrain_gpt import model_provider
+    from megatron.training import build_engine, model_config_of
 
     argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
             "--mock-data", "--zero-stage", stage, *OFFLOAD]
-    args = validate_args(parse_args(argv), 1, "cpu")
+    config = job_config(validate_args(parse_args(argv), 1, "cpu"))
+    kernels = select_kernels("cpu")
     parallel = ParallelState()
-    model = model_provider(args, 256, parallel, tensor_parallel_rng_tracker(args.seed, 0))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args), mpu=parallel,
-                                           config=build_deepspeed_config(args), dist_init_required=False)
+    model = model_provider(model_config_of(config, 256, kernels), config.parallel, parallel,
+                           tensor_parallel_rng_tracker(config.model.seed, 0))
+    engine, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, 200, (2, 33)), 200)
     engine.backward(engine(batch["tokens"], position_ids=batch["position_ids"],
                            attention_mask=batch["attention_mask"], labels=batch["labels"],
@@ -72,21 +77,20 @@ def test_engine_offloads_to_torch_adamw_stepping_cpu_master_copies():
         assert facts["state_devices"] == {"cpu"} and facts["state_moved"], stage
 
 
-def test_cpu_optimizer_uses_the_cpu_adam_kernel_beside_an_accelerator(monkeypatch):
+def test_cpu_optimizer_uses_the_cpu_adam_kernel_beside_an_accelerator():
     """The offloaded state is on the CPU, where an accelerator's own Adam kernel (an NPU one, say) cannot step it."""
-    from megatron.model import kernels
+    from megatron.config import OptimizerConfig
+    from megatron.kernels import PORTABLE_KERNELS
 
     class AcceleratorAdam(torch.optim.AdamW):
         """Stands in for a device-specific fused kernel."""
 
-    registry = kernels.KernelRegistry()
-    registry.register("cuda", adam=AcceleratorAdam)
-    monkeypatch.setattr(kernels, "REGISTRY", registry)
-    monkeypatch.setattr("megatron.device.device_name", lambda: "cuda")
+    accelerator_kernels = replace(PORTABLE_KERNELS, adam=AcceleratorAdam)
     model = torch.nn.Linear(4, 4)
-    flags = [*TINY_FLAGS, "--micro-batch-size", "1", "--train-iters", "1", "--mock-data"]
-    on_accelerator = build_optimizer(model, parse_args(flags))
-    offloaded = build_optimizer(model, parse_args([*flags, "--cpu-optimizer"]))
+    config = OptimizerConfig(lr=1e-2, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
+                             clip_grad=1.0, cpu_optimizer=False)
+    on_accelerator = build_optimizer(model, config, accelerator_kernels)
+    offloaded = build_optimizer(model, replace(config, cpu_optimizer=True), accelerator_kernels)
     assert type(on_accelerator) is AcceleratorAdam
     assert type(offloaded) is torch.optim.AdamW and offloaded.defaults["fused"] is True  # the CPU's kernel
     assert offloaded.defaults["lr"] == 1e-2 and offloaded.defaults["eps"] == 1e-8

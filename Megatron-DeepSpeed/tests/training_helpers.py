@@ -41,7 +41,7 @@ def train(argv):
 
     from megatron.model.parallelize import gather_full_state_dict
     from megatron.training import pretrain
-    from pretrain_gpt import model_provider
+    from megatron.model.provider import model_provider
 
     result = pretrain(model_provider, argv)
     with deepspeed.zero.GatheredParameters(list(result.model.parameters())):

@@ -15,11 +15,10 @@ import sys
 import time
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(TOOLS))
 
-from megatron.data.demo_corpus import iter_stdlib_docstrings  # noqa: E402
-from megatron.data.indexed_dataset import MMapIndexedDataset  # noqa: E402
-from megatron.tokenizer.bpe_training import train_bpe_vocab  # noqa: E402
+from megatron.data.demo_corpus import iter_stdlib_docstrings
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.tokenizer.bpe_training import train_bpe_vocab
 
 MEGATRON_REFERENCE_MB_PER_S = 3.0
 

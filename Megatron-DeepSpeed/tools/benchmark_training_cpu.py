@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(TOOLS))
 
-from megatron.training_log import parse_log  # noqa: E402
+from megatron.training_log import parse_log
 
 WARMUP_ITERATIONS = 5
 

@@ -20,12 +20,9 @@ import argparse
 import gc
 import os
 import socket
-import sys
 
 import torch
 import torch.multiprocessing as mp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STAGES = (0, 1, 2, 3)
 # Where DeepSpeed 0.19's ZeRO optimizers keep gradients between backward and step: stages 1/2 hand the step
@@ -97,16 +94,15 @@ def training_step(engine, batch, before_optimizer_step=None) -> None:
 
 def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     """Bytes this rank holds under ZeRO `stage`, after one warm-up step (which creates Adam's state)."""
-    import deepspeed
-
     from megatron import device
     from megatron.arguments import parse_args, validate_args
+    from megatron.config import job_config
     from megatron.data.gpt_batch import make_batch
-    from megatron.ds_config import build_deepspeed_config
-    from megatron.optimizer import build_optimizer
+    from megatron.kernels import select_kernels
+    from megatron.model.provider import model_provider
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
-    from pretrain_gpt import model_provider
+    from megatron.training import build_engine, model_config_of
 
     argv = ["--num-layers", str(options.layers), "--hidden-size", str(options.hidden), "--num-attention-heads",
             str(options.heads), "--seq-length", str(options.seq), "--micro-batch-size", "1",
@@ -114,14 +110,15 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
             "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(options.vocab - 1),
             "--hidden-dropout", "0", "--attention-dropout", "0", "--zero-stage", str(stage),
             "--no-pipeline-parallel"]
-    args = validate_args(parse_args(argv), world_size, device.device_name())
-    tokenizer = build_tokenizer(args.tokenizer_type, vocab_size=args.vocab_size)
-    vocab = vocab_size_with_padding(tokenizer.vocab_size, args.make_vocab_size_divisible_by, 1)
-    device.manual_seed(args.seed)
-    model = model_provider(args, vocab, parallel, tensor_parallel_rng_tracker(args.seed, 0))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, args), mpu=parallel,
-                                           config=build_deepspeed_config(args), dist_init_required=False)
-    batch = make_batch(torch.randint(0, tokenizer.vocab_size, (1, args.seq_length + 1)), tokenizer.eod)
+    config = job_config(validate_args(parse_args(argv), world_size, device.device_name()))
+    tokenizer = build_tokenizer(config.tokenizer.tokenizer_type, vocab_size=config.tokenizer.vocab_size)
+    vocab = vocab_size_with_padding(tokenizer.vocab_size, config.tokenizer.make_vocab_size_divisible_by, 1)
+    device.manual_seed(config.model.seed)
+    kernels = select_kernels(device.device_name())
+    model = model_provider(model_config_of(config, vocab, kernels), config.parallel, parallel,
+                           tensor_parallel_rng_tracker(config.model.seed, 0))
+    engine, _ = build_engine(model, config, kernels, parallel)
+    batch = make_batch(torch.randint(0, tokenizer.vocab_size, (1, config.data.seq_length + 1)), tokenizer.eod)
     training_step(engine, batch)
 
     ledger, counts = StorageLedger(), {}

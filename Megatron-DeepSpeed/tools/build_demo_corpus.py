@@ -3,10 +3,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.data.demo_corpus import write_demo_corpus  # noqa: E402
-from megatron.errors import InputError, run_cli  # noqa: E402
+from megatron.data.demo_corpus import write_demo_corpus
+from megatron.errors import InputError, run_cli
 
 
 def main(argv=None):

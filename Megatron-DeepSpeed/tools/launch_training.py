@@ -1,6 +1,6 @@
 """What test/train_full_8p.sh and test/train_performance_8p.sh do: pick the device, the preset and the data,
 launch one pretrain_gpt.py process per device with torchrun, keep the log under test/output/<run>/, and end
-with the three summary lines of DESIGN §8.
+with the three summary lines of docs/ARCHITECTURE.md, Log lines.
 
   launch_training.py --run full|performance [--model_size=tiny] [--data_path=DIR_OR_PREFIX] [--train_iters=N]
       [--device=auto|cuda|npu|cpu] [--nproc=N] [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
@@ -19,12 +19,10 @@ import time
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
-ADAPTOR_ROOT = os.path.join(REPO_ROOT, "DeepSpeed")  # the deepspeed_npu package
-sys.path[:0] = [MEGATRON_ROOT, ADAPTOR_ROOT]
 
-from megatron.atomic_files import write_text_atomically  # noqa: E402
-from megatron.errors import InputError, run_cli  # noqa: E402
-from megatron.presets import get_preset, preset_names  # noqa: E402
+from megatron.atomic_files import write_text_atomically
+from megatron.errors import InputError, run_cli
+from megatron.presets import get_preset, preset_names
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
 VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
@@ -201,7 +199,6 @@ def main(argv=None):
                f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
                *flags, *passthrough]
     environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [ADAPTOR_ROOT, environment.get("PYTHONPATH")]))
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),

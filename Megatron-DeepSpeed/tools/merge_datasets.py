@@ -7,14 +7,12 @@ anything else is taken as a dataset prefix (path without .bin/.idx).
 """
 import argparse
 import os
-import sys
 
 # Run from any working directory: the package lives one level above tools/.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.data.indexed_dataset import (  # noqa: E402
+from megatron.data.indexed_dataset import (
     MMapIndexedDataset, dataset_prefixes_in, merge_datasets)
-from megatron.errors import InputError, run_cli  # noqa: E402
+from megatron.errors import InputError, run_cli
 
 
 def parse_args(argv):

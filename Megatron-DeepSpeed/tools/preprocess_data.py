@@ -8,13 +8,11 @@ writes data/my-gpt2_text_document.bin and .idx.
 """
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
-from megatron.errors import InputError, run_cli  # noqa: E402
-from megatron.tokenizer import build_tokenizer  # noqa: E402
+from megatron.data.preprocess import PreprocessOptions, preprocess
+from megatron.errors import InputError, run_cli
+from megatron.tokenizer import build_tokenizer
 
 
 def parse_args(argv):

@@ -7,15 +7,12 @@ has the seed project's columns, NAME (device) | params | PPL | samples/s | seq_l
 --upstream, upstream's published rows for the same model sizes are put beside ours.
 """
 import argparse
-import os
-import sys
 
 # Run from any working directory: the package lives one level above tools/.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.atomic_files import write_text_atomically  # noqa: E402
-from megatron.errors import run_cli  # noqa: E402
-from megatron.results import (  # noqa: E402
+from megatron.atomic_files import write_text_atomically
+from megatron.errors import run_cli
+from megatron.results import (
     machine_notes, markdown_table, plot_loss_curves, read_run, table_rows)
 
 

@@ -4,6 +4,4 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 python=$(bash "$root/Megatron-DeepSpeed/tools/setup_env.sh" --tests)
 cd "$root"
-# DeepSpeed/tests checks the Ascend adaptor, imported from DeepSpeed/ (pytest.ini puts only the trainer on the path).
-PYTHONPATH="$root/DeepSpeed${PYTHONPATH:+:$PYTHONPATH}" \
-  exec "$python" -m pytest -c Megatron-DeepSpeed/pytest.ini Megatron-DeepSpeed/tests DeepSpeed/tests "$@"
+exec "$python" -m pytest -c Megatron-DeepSpeed/pytest.ini Megatron-DeepSpeed/tests DeepSpeed/tests "$@"

@@ -12,7 +12,7 @@ requirements=("$root/requirements.txt")
 [ "${1:-}" = "--tests" ] && requirements+=("$root/Megatron-DeepSpeed/tests/requirements.txt")
 
 # One stamp per set of requirement files and their contents: an unchanged set is not installed again.
-stamp="$venv/.setup-$(cat "${requirements[@]}" | sha256sum | cut -c1-16)"
+stamp="$venv/.setup-$(cat "${requirements[@]}" "$root/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ]; then
   echo "$venv/bin/python"
   exit 0
@@ -57,6 +57,8 @@ grep -hvE '^\s*(#|$|torch==)' "${requirements[@]}" >"$deps"
 # is needed at run time. Build isolation off so DeepSpeed's build sees the torch chosen above.
 DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$(has_accelerator && echo 0 || echo 1) \
   pip_install --no-build-isolation -r "$deps"
+# The project itself (megatron, deepspeed_npu), editable: its dependencies are the ones just installed.
+pip_install --no-build-isolation --no-deps -e "$root"
 
 touch "$stamp"
 say "ready"

@@ -7,13 +7,11 @@ Prints exactly `Final Performance samples/sec : X`, `Final Train lm loss PPL(acc
 """
 import argparse
 import os
-import sys
 
 # Run from any working directory: the package lives one level above tools/.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.errors import run_cli  # noqa: E402
-from megatron.results import LOSS_CURVE_FILE, plot_loss_curves, read_run, summary_lines  # noqa: E402
+from megatron.errors import run_cli
+from megatron.results import LOSS_CURVE_FILE, plot_loss_curves, read_run, summary_lines
 
 
 def main(argv=None):

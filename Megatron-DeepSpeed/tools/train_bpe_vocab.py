@@ -14,10 +14,9 @@ import time
 
 import orjson
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.errors import InputError, run_cli  # noqa: E402
-from megatron.tokenizer.bpe_training import train_bpe_vocab  # noqa: E402
+from megatron.errors import InputError, run_cli
+from megatron.tokenizer.bpe_training import train_bpe_vocab
 
 PROGRESS_INTERVAL_S = 5.0
 

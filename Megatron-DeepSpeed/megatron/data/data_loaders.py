@@ -1,5 +1,7 @@
-"""Train / validation / test data loaders from the flags: Megatron-format files, or synthetic tokens."""
+"""Train / validation / test data loaders from the job configuration: Megatron-format files, or synthetic tokens."""
 from torch.utils.data import DataLoader
+
+from megatron.config import JobConfig
 
 from megatron.data.gpt_batch import collate
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
@@ -7,32 +9,33 @@ from megatron.data.mock_dataset import MockGPTDataset
 from megatron.data.samplers import MegatronPretrainingSampler
 
 
-def train_valid_test_num_samples(args) -> list[int]:
+def train_valid_test_num_samples(config: JobConfig) -> list[int]:
     """Samples each split must provide over the whole run (Megatron's arithmetic)."""
-    train_iters = args.train_iters if args.train_iters else args.train_samples // args.global_batch_size
-    train_samples = args.train_samples or args.train_iters * args.global_batch_size
-    evaluations = train_iters // args.eval_interval + 1
-    return [train_samples, evaluations * args.eval_iters * args.global_batch_size,
-            args.eval_iters * args.global_batch_size]
+    global_batch_size, eval_iters = config.batch.global_batch_size, config.logging.eval_iters
+    train_iters = config.schedule.total_iterations(global_batch_size)
+    evaluations = train_iters // config.logging.eval_interval + 1
+    return [config.schedule.total_samples(global_batch_size), evaluations * eval_iters * global_batch_size,
+            eval_iters * global_batch_size]
 
 
-def build_datasets(args, vocab_size: int):
+def build_datasets(config: JobConfig, vocab_size: int):
     """(train, valid, test); a split is None when it is empty or unused."""
-    num_samples = train_valid_test_num_samples(args)
-    if args.mock_data:
-        return tuple(MockGPTDataset(count, args.seq_length, vocab_size, args.seed + split) if count else None
+    num_samples, data = train_valid_test_num_samples(config), config.data
+    if data.mock_data:
+        return tuple(MockGPTDataset(count, data.seq_length, vocab_size, data.seed + split) if count else None
                      for split, count in enumerate(num_samples))
-    return build_train_valid_test_datasets(args.data_path, args.split, num_samples, args.seq_length, args.seed,
-                                           data_cache_path=args.data_cache_path)
+    return build_train_valid_test_datasets(list(data.data_path), data.split, num_samples, data.seq_length,
+                                           data.seed, data_cache_path=data.data_cache_path)
 
 
-def build_data_loader(dataset, consumed_samples: int, args, data_parallel_rank: int, data_parallel_size: int):
+def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, num_workers: int,
+                      data_parallel_rank: int, data_parallel_size: int):
     """Micro-batches for this data-parallel rank, starting after `consumed_samples` (resume-safe)."""
     if dataset is None:
         return None
     sampler = MegatronPretrainingSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
-                                         micro_batch_size=args.micro_batch_size,
+                                         micro_batch_size=micro_batch_size,
                                          data_parallel_rank=data_parallel_rank,
                                          data_parallel_size=data_parallel_size)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers, collate_fn=collate,
-                      persistent_workers=args.num_workers > 0)
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+                      persistent_workers=num_workers > 0)

@@ -4,6 +4,7 @@ datasets built from --data-path, --split, the sample counts, --seq-length and --
 The sample order is Megatron's (index_building.py), so a run switched over from Megatron sees
 the same tokens in the same order; the index arrays come from the shared cache (index_cache.py).
 """
+import logging
 import math
 import os
 import time
@@ -17,6 +18,8 @@ from megatron.data.index_cache import IndexCache, cache_directory, index_descrip
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
 from megatron.data.splits import SPLIT_NAMES, parse_split, split_boundaries
 from megatron.errors import InputError
+
+_log = logging.getLogger(__name__)
 
 
 class GPTDataset:
@@ -63,8 +66,8 @@ def build_gpt_dataset(split_name: str, data_prefix: str, indexed_dataset, docume
         index = build_sample_index(indexed_dataset.sizes, documents, num_samples, seq_length,
                                    seed)
         epochs = len(index.doc_idx) // len(documents)
-        print(f" > built {split_name} index of {data_prefix}: {len(index.shuffle_idx)} samples, "
-              f"{epochs} epochs, {time.perf_counter() - started:.2f} s", flush=True)
+        _log.info(f" > built {split_name} index of {data_prefix}: {len(index.shuffle_idx)} samples, "
+                  f"{epochs} epochs, {time.perf_counter() - started:.2f} s")
         return index
 
     cache = IndexCache(cache_directory(data_prefix, data_cache_path),

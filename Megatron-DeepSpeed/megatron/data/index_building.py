@@ -1,6 +1,6 @@
 """Megatron's GPT sample order: which tokens make up sample i of a split.
 
-Three arrays describe the order (DESIGN §5):
+Three arrays describe the order (docs/ARCHITECTURE.md, Data formats):
   doc_idx      the split's documents, repeated once per epoch and shuffled;
   sample_idx   [n + 1, 2]: where sample j starts, as (position in doc_idx, token offset). Sample j
                runs to the start of sample j + 1 inclusive, so neighbours share a boundary token;

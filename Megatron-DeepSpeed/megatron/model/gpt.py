@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from megatron.errors import InputError
-from megatron.model import kernels
+from megatron.errors import InputError, require_divisible
+from megatron.kernels import PORTABLE_KERNELS, Kernels
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int  # already padded (see DESIGN §5)
+    vocab_size: int  # already padded (see docs/ARCHITECTURE.md, Data formats)
     max_position_embeddings: int
     num_layers: int
     hidden_size: int
@@ -42,6 +42,7 @@ class GPTConfig:
     layernorm_epsilon: float = 1e-5
     checkpoint_activations: bool = False
     init_seed: int = 1234  # with the piece index, decides every initial weight (see seeded_init)
+    kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/kernels.py)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -53,9 +54,8 @@ class GPTConfig:
                             ("--ffn-hidden-size", self.ffn_hidden_size)):
             if value <= 0:
                 raise InputError(f"{flag} is {value}; it must be a positive integer")
-        if self.hidden_size % self.num_attention_heads:
-            raise InputError(f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                             f"{self.num_attention_heads}; choose a head count that divides the hidden size")
+        require_divisible("--hidden-size", self.hidden_size, "--num-attention-heads", self.num_attention_heads,
+                          "pick a hidden size that is a multiple of the head count")
         for flag, value in (("--hidden-dropout", self.hidden_dropout),
                             ("--attention-dropout", self.attention_dropout)):
             if not 0.0 <= value < 1.0:
@@ -92,7 +92,7 @@ def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
 
 
 def layer_norm(config: GPTConfig) -> nn.Module:
-    return kernels.layer_norm_cls()(config.hidden_size, eps=config.layernorm_epsilon)
+    return config.kernels.layer_norm(config.hidden_size, eps=config.layernorm_epsilon)
 
 
 class Embedding(nn.Module):
@@ -125,7 +125,7 @@ class SelfAttention(nn.Module):
         self.query_key_value = init_linear(nn.Linear(config.hidden_size, 3 * config.hidden_size),
                                            config.init_method_std)
         self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std)
-        self.attend = kernels.attention_fn()
+        self.attend = config.kernels.attention
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         qkv = self.query_key_value(hidden)

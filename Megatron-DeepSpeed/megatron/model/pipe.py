@@ -16,6 +16,7 @@ Every piece is built as GPTModel builds it (same seeded_init index) and then han
 tensor parallelism shards it right away with apply_tensor_parallel: a pipeline of any layout starts from the
 single-process weights, and DeepSpeed's bookkeeping of tied parameters sees the final, sharded ones.
 """
+import logging
 import re
 from typing import Dict, Tuple
 
@@ -28,6 +29,8 @@ from torch import nn
 from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
                                 layer_norm, layer_piece, seeded_init)
 from megatron.model.parallelize import apply_tensor_parallel
+
+_log = logging.getLogger(__name__)
 
 TIED_EMBEDDING = "embedding"
 TIED_WEIGHT = "word_embeddings.weight"  # of the tied EmbeddingPipe: the input embedding and the LM head's weight
@@ -138,7 +141,7 @@ class GPTPipe(PipelineModule):
                 checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
         self.num_transformer_layers = config.num_layers
         if dist.get_rank() == 0:
-            print(f"pipeline: transformer layers per stage {self.layers_per_stage()}", flush=True)
+            _log.info(f"pipeline: transformer layers per stage {self.layers_per_stage()}")
 
     def layers_per_stage(self) -> list:
         """How many transformer layers each stage holds (uneven when --num-layers is not a multiple of the

@@ -1,0 +1,185 @@
+"""The typed configuration of a training job, built once from the validated flags and frozen.
+
+`megatron.arguments` keeps Megatron's command line (names, defaults, presets, validation and its error
+messages); `job_config` turns the validated Namespace into these dataclasses. From then on nothing changes
+them, and each part of the system takes only the section it needs: the data loaders a DataConfig, the
+optimizer an OptimizerConfig, and so on. `JobConfig.flags` keeps the flags as plain values: that is what a
+checkpoint records, so checkpoints stay readable without this code base.
+"""
+import argparse
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Tuple
+
+import torch
+
+from megatron.learning_rates import schedule_samples
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture flags; with the padded vocabulary they make a model/gpt.py GPTConfig."""
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    max_position_embeddings: int
+    hidden_dropout: float
+    attention_dropout: float
+    init_method_std: float
+    openai_gelu: bool
+    checkpoint_activations: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor: int
+    pipeline: int
+    data: int
+    world_size: int
+    sequence_parallel: bool
+    pipeline_engine: bool  # DeepSpeed's pipeline engine (the default, as upstream) or its plain engine
+    zero_stage: int
+    distributed_backend: str
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    micro_batch_size: int
+    global_batch_size: int
+    num_micro_batches: int  # gradient-accumulation steps per optimizer step
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Training length and Megatron's learning-rate schedule, counted in samples."""
+    train_iters: Optional[int]
+    train_samples: Optional[int]
+    lr: float
+    min_lr: float
+    decay_style: str
+    warmup_samples: float
+    decay_samples: int
+
+    def total_iterations(self, global_batch_size: int) -> int:
+        return self.train_iters or self.train_samples // global_batch_size
+
+    def total_samples(self, global_batch_size: int) -> int:
+        return self.train_samples or self.train_iters * global_batch_size
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    clip_grad: float
+    cpu_optimizer: bool  # ZeRO keeps the optimizer state (and steps it) on the CPU
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    fp16: bool
+    bf16: bool
+    loss_scale: Optional[float]  # None: dynamic loss scaling
+    initial_loss_scale: float
+    min_loss_scale: float
+    loss_scale_window: int
+    hysteresis: int
+
+    @property
+    def params_dtype(self) -> torch.dtype:
+        return torch.float16 if self.fp16 else torch.bfloat16 if self.bf16 else torch.float32
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    tokenizer_type: str
+    vocab_file: Optional[str]
+    merge_file: Optional[str]
+    tokenizer_model: Optional[str]
+    vocab_size: Optional[int]
+    make_vocab_size_divisible_by: int
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    data_path: Tuple[str, ...]
+    split: str
+    mock_data: bool
+    data_cache_path: Optional[str]
+    num_workers: int
+    seq_length: int
+    seed: int
+    reset_position_ids: bool
+    reset_attention_mask: bool
+    eod_mask_loss: bool
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: Optional[str]
+    load: Optional[str]
+    save_interval: Optional[int]
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_interval: int
+    eval_interval: int
+    eval_iters: int
+    tensorboard_dir: Optional[str]
+    exit_interval: Optional[int]
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: ModelConfig
+    parallel: ParallelConfig
+    batch: BatchConfig
+    schedule: ScheduleConfig
+    optimizer: OptimizerConfig
+    precision: PrecisionConfig
+    tokenizer: TokenizerConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    logging: LoggingConfig
+    deepspeed_config: Optional[str]  # the user's DeepSpeed JSON, if any
+    flags: Mapping[str, Any]  # every flag as a plain value, as checkpoints record them
+
+
+def plain_flags(args: argparse.Namespace) -> Mapping[str, Any]:
+    """The flags as plain values (no torch dtypes or objects), read-only."""
+    return MappingProxyType({key: value for key, value in vars(args).items()
+                             if isinstance(value, (str, int, float, bool, list, tuple, type(None)))})
+
+
+def _section(cls, args: argparse.Namespace, **renamed):
+    """cls built from the same-named attributes of args; `renamed` gives the fields whose flag differs."""
+    names = [name for name in cls.__dataclass_fields__ if name not in renamed]
+    return cls(**{name: getattr(args, name) for name in names}, **renamed)
+
+
+def job_config(args: argparse.Namespace) -> JobConfig:
+    """The frozen configuration of flags already checked by megatron.arguments.validate_args."""
+    warmup_samples, decay_samples = schedule_samples(args)
+    return JobConfig(
+        model=_section(ModelConfig, args),
+        parallel=_section(ParallelConfig, args, tensor=args.tensor_model_parallel_size,
+                          pipeline=args.pipeline_model_parallel_size, data=args.data_parallel_size,
+                          pipeline_engine=args.ds_pipeline_enabled),
+        batch=_section(BatchConfig, args),
+        schedule=_section(ScheduleConfig, args, decay_style=args.lr_decay_style, warmup_samples=warmup_samples,
+                          decay_samples=decay_samples),
+        optimizer=_section(OptimizerConfig, args),
+        precision=_section(PrecisionConfig, args),
+        tokenizer=_section(TokenizerConfig, args),
+        data=_section(DataConfig, args, data_path=tuple(args.data_path or ())),
+        checkpoint=_section(CheckpointConfig, args),
+        logging=_section(LoggingConfig, args),
+        deepspeed_config=args.deepspeed_config,
+        flags=plain_flags(args),
+    )

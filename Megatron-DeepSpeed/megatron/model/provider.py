@@ -1,0 +1,16 @@
+"""This rank's part of the GPT, parallelised as the job says: what pretrain_gpt.py hands the training loop."""
+from megatron.config import ParallelConfig
+from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.parallelize import apply_tensor_parallel
+from megatron.model.pipe import GPTPipe
+
+
+def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, parallel_state, rng_tracker):
+    """Its pipeline stage on DeepSpeed's pipeline engine (the default, as upstream), or with
+    --no-pipeline-parallel the whole plain model; tensor-parallel pieces sharded either way."""
+    if parallel_config.pipeline_engine:
+        return GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
+    model = GPTModel(model_config)
+    if parallel_config.tensor > 1:
+        apply_tensor_parallel(model, parallel_state, parallel_config.sequence_parallel, rng_tracker=rng_tracker)
+    return model
