@@ -9,6 +9,7 @@ import math
 
 from megatron.config import JobConfig
 from megatron.errors import InputError
+from megatron.json_files import read_json_object
 
 # DeepSpeed's own step printing is off: the training loop logs in Megatron's format.
 STEPS_PER_PRINT_NEVER = 10 ** 12
@@ -114,19 +115,8 @@ def merge_with_user_config(user_json, job: JobConfig, path):
 
 def load_user_config(path):
     """Read a DeepSpeed JSON file; bad JSON is an InputError with file, line and column."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except OSError as err:
-        raise InputError(f"--deepspeed_config {path}: cannot read it ({err.strerror})") from err
-    except json.JSONDecodeError as err:
-        raise InputError(f"--deepspeed_config {path}:{err.lineno}:{err.colno}: not valid JSON "
-                         f"({err.msg}); fix the file or drop the flag to generate the config"
-                         ) from err
-    if not isinstance(config, dict):
-        raise InputError(f"--deepspeed_config {path}: the top level must be a JSON object "
-                         f"{{...}}, not {type(config).__name__}")
-    return config
+    return read_json_object(path, f"--deepspeed_config {path}",
+                            "fix the file or drop the flag to generate the config from the flags")
 
 
 def resolve_deepspeed_config(job: JobConfig):

@@ -26,6 +26,7 @@ from dataclasses import astuple, dataclass
 
 from megatron.atomic_files import write_atomically
 from megatron.errors import InputError
+from megatron.json_files import read_json_object
 from megatron.presets import get_preset
 from megatron.tokenizer import vocab_size_with_padding
 from megatron.training_log import ParsedLog, parse_log, perplexity
@@ -197,18 +198,11 @@ def _checked(content, key, kind, path):
 
 def read_run_info(path):
     """RunInfo from a run.json; InputError says which key is missing or wrong."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise InputError(f"{path} not found: the entry scripts write it when training ends, so the run "
-                         f"did not finish (see {TRAIN_LOG_FILE} beside it), or this is not a run "
-                         f"directory") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path} line {err.lineno}: not valid JSON ({err.msg}); rerun the entry script "
-                         f"or fix the file") from None
-    if not isinstance(content, dict):
-        raise InputError(f"{path}: expected one JSON object with the keys of megatron/results.py's schema")
+                         f"did not finish (see {TRAIN_LOG_FILE} beside it), or this is not a run directory")
+    content = read_json_object(path, path, "rerun the entry script or fix the file (one JSON object with the "
+                                           "keys of megatron/results.py's schema)")
     fields = {key: _checked(content, key, kind, path) for key, kind in _RUN_INFO_KINDS.items()}
     if "machine" in content:
         fields["machine"] = _checked(content, "machine", str, path)

@@ -197,7 +197,7 @@ def test_results_table_cli_prints_and_writes_table_and_plot(tmp_path, capsys):
     ("Traceback (most recent call last):\nRuntimeError: out of memory\n", TINY_INFO,
      r"train\.log: no iteration lines.*failed before its first --log-interval"),
     (TINY_LOG, None, r"run\.json not found.*did not finish"),
-    (TINY_LOG, '{"model_size": "tiny",\n "device": }', r"run\.json line 2: not valid JSON"),
+    (TINY_LOG, '{"model_size": "tiny",\n "device": }', r"run\.json:2:\d+: not valid JSON"),
     (TINY_LOG, dict(TINY_INFO, seq_length="128"), r"run\.json: key 'seq_length' is '128', expected a positive"),
     (TINY_LOG, dict(TINY_INFO, num_layers=True), r"key 'num_layers' is True"),
     (TINY_LOG, {k: v for k, v in TINY_INFO.items() if k != "padded_vocab_size"},

@@ -13,6 +13,7 @@ import numpy as np
 import tiktoken
 
 from megatron.errors import InputError
+from megatron.json_files import read_json_object
 from megatron.tokenizer import pack_token_arrays, read_user_file, replace_lone_surrogates
 
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -74,18 +75,8 @@ class GPT2BPETokenizer:
 def load_vocab(vocab_file):
     """token -> id from a GPT-2 vocab.json, checked to number its tokens 0..N-1 and to hold all 256
     byte-level tokens (without them some text could not be encoded at all)."""
-    raw = read_user_file(vocab_file, "--vocab-file")
-    try:
-        vocab = json.loads(raw)
-    except UnicodeDecodeError as err:
-        raise InputError(f"--vocab-file {vocab_file}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                         f"pass a GPT-2 vocab.json") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{vocab_file}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno}); "
-                         f"--vocab-file must be a GPT-2 vocab.json (a JSON object token -> id)") from None
-    if not isinstance(vocab, dict):
-        raise InputError(f"--vocab-file {vocab_file}: holds a JSON {type(vocab).__name__}, not an object "
-                         f"token -> id; pass a GPT-2 vocab.json")
+    vocab = read_json_object(vocab_file, f"--vocab-file {vocab_file}",
+                             "--vocab-file must be a GPT-2 vocab.json (a JSON object token -> id)")
     owner_of_id = {}
     for token, token_id in vocab.items():
         if type(token_id) is not int or not 0 <= token_id < len(vocab):
