@@ -1,4 +1,5 @@
 """GPT dataset items, their index from the cache, and the train/valid/test datasets from files."""
+import logging
 import os
 
 import numpy as np
@@ -90,11 +91,12 @@ def write_corpus(prefix, sizes=ITEM_SIZES):
     return str(prefix)
 
 
-def test_splits_from_files_match_the_index_algorithm(tmp_path, capsys):
+def test_splits_from_files_match_the_index_algorithm(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="megatron")
     prefix = write_corpus(tmp_path / "corpus_text_document")
     # 12 items, "10,1,1": train = items 0..9, valid = item 10, test = item 11.
     train, valid, test = build_train_valid_test_datasets([prefix], "10,1,1", [30, 4, 2], 5, 99)
-    built = capsys.readouterr().out.splitlines()
+    built = caplog.messages
     assert len(built) == 3   # one line per split built
     assert f"built train index of {prefix}: {len(train)} samples, " in built[0]
     sizes = np.array(ITEM_SIZES, dtype=np.int32)
@@ -110,8 +112,9 @@ def test_splits_from_files_match_the_index_algorithm(tmp_path, capsys):
             assert items <= set(range(start, end)), (start, end, items)
     assert len(os.listdir(tmp_path / "index-cache")) == 3 * 4
 
+    caplog.clear()
     again = build_train_valid_test_datasets([prefix], "10,1,1", [30, 4, 2], 5, 99)
-    assert "built" not in capsys.readouterr().out
+    assert not any("built" in message for message in caplog.messages)
     np.testing.assert_array_equal(again[0][7]["text"], train[7]["text"])
 
 
