@@ -11,6 +11,8 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
                  followed by its alignment padding (param_alignment_paddings).
   ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
                  parameter split on its own (reader.zero3_flat_params).
+  universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
+                 tensors, and zero/optimizer_state.pt with the hyperparameters.
 Under the pipeline engine parameter names are the stage's ('tied_modules.embedding.x', '<piece>.y'); the tied
 embedding lives on the first and the last stage, and the first stage's copy is the one kept.
 """
@@ -20,8 +22,9 @@ from typing import Dict, List, Mapping
 
 import torch
 
-from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, layer_file, load_file, model_parallel_rank,
-                                        model_states_file, piece_prefix, zero3_flat_params, zero_optimizer_state)
+from megatron.checkpoint.reader import (UNIVERSAL_DIR, Checkpoint, Progress, _quiet, layer_file, load_file,
+                                        model_parallel_rank, model_states_file, piece_prefix, zero3_flat_params,
+                                        zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.gpt import layer_piece
@@ -36,6 +39,7 @@ class OptimizerState:
     fp32: Mapping[str, torch.Tensor]  # master weights
     exp_avg: Mapping[str, torch.Tensor]
     exp_avg_sq: Mapping[str, torch.Tensor]
+    param_groups: tuple  # AdamW's hyperparameters per group (decayed, not decayed), without 'params'
 
     def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
         return getattr(self, kind)
@@ -50,6 +54,16 @@ def model_name(stage_name: str, num_layers: int) -> str:
     if not piece.isdigit():
         return stage_name
     return piece_prefix(int(piece), num_layers) + rest
+
+
+def stage_name(name: str, num_layers: int) -> str:
+    """The pipeline engine's name of GPTModel parameter `name` (the inverse of model_name)."""
+    if name.startswith("embedding."):
+        return TIED_PREFIX + name[len("embedding."):]
+    if name.startswith("layers."):
+        _, number, rest = name.split(".", 2)
+        return f"{layer_piece(int(number))}.{rest}"
+    return f"{layer_piece(num_layers)}.{name}"
 
 
 def _keep_first(target: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
@@ -81,9 +95,9 @@ def _zero12_rank_state(checkpoint: Checkpoint, mp_rank: int, progress: Progress)
     return result
 
 
-def _zero12_step(checkpoint: Checkpoint) -> int:
-    state = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["base_optimizer_state"]["state"]
-    return int(state[0]["step"])
+def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["base_optimizer_state"]
+    return int(adam["state"][0]["step"]), adam["param_groups"]
 
 
 # ----------------------------------------------------------------------------- ZeRO 3
@@ -102,9 +116,9 @@ def _zero3_rank_state(checkpoint: Checkpoint, tp_rank: int, progress: Progress) 
     return {kind: zero3_flat_params(param_shapes, per_rank) for kind, per_rank in flats.items()}
 
 
-def _zero3_step(checkpoint: Checkpoint) -> int:
-    state = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["optimizer_state_dict"]["state"]
-    return int(state[0]["step"])
+def _zero3_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["optimizer_state_dict"]
+    return int(adam["state"][0]["step"]), adam["param_groups"]
 
 
 # ----------------------------------------------------------------------------- ZeRO 0
@@ -162,9 +176,33 @@ def _zero0_rank_state(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dic
     return result
 
 
-def _zero0_step(checkpoint: Checkpoint) -> int:
-    adam = load_file(os.path.join(checkpoint.directory, model_states_file(0, 0)))["optimizer"]["state"]
-    return int(next(iter(adam.values()))["step"]) if adam else 0
+def _zero0_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = load_file(os.path.join(checkpoint.directory, model_states_file(0, 0)))["optimizer"]
+    return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
+
+
+# ----------------------------------------------------------------------------- universal
+
+def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
+    num_layers = int(checkpoint.args["num_layers"])
+    universal = os.path.join(checkpoint.directory, UNIVERSAL_DIR)
+    kinds = {kind: {} for kind in ("fp32", *MOMENTS)}
+    step = 0
+    for index, name in enumerate(checkpoint.model):
+        folder = os.path.join(universal, stage_name(name, num_layers) if checkpoint.layout.pipeline_engine else name)
+        progress(f"reading per-parameter state {index + 1}/{len(checkpoint.model)}: {name}")
+        if not os.path.isfile(os.path.join(folder, "exp_avg.pt")):
+            raise InputError(f"{checkpoint.directory} holds no optimizer state (it was converted with "
+                             "--weights-only); convert it with --weights-only again, or from the original checkpoint")
+        for kind in kinds:
+            kinds[kind][name] = load_file(os.path.join(folder, f"{kind}.pt"))["param"]
+        step = int(load_file(os.path.join(folder, "step.pt")))
+    groups = load_file(os.path.join(universal, "optimizer_state.pt"))["param_groups"]
+    return OptimizerState(step=step, param_groups=_without_params(groups), **kinds)
+
+
+def _without_params(groups) -> tuple:
+    return tuple({key: value for key, value in group.items() if key != "params"} for group in groups)
 
 
 # ----------------------------------------------------------------------------- assembled
@@ -173,6 +211,8 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
     """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined."""
     layout, args = checkpoint.layout, checkpoint.args
     num_layers = int(args["num_layers"])
+    if layout.universal:
+        return _universal_state(checkpoint, progress)
     if layout.zero_stage == 0 and (args.get("bf16") or args.get("fp16")):
         raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
                          "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
@@ -200,6 +240,6 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
                 full[kind][name] = join_shards(name, [joined[kind][name] for joined in per_tp])
             else:  # never stepped: Adam starts it at zero
                 full[kind][name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
-    step = (_zero3_step if layout.zero_stage == 3 else _zero0_step if layout.zero_stage == 0 else _zero12_step)(
-        checkpoint)
-    return OptimizerState(step=step, fp32=full["fp32"], exp_avg=full["exp_avg"], exp_avg_sq=full["exp_avg_sq"])
+    step, groups = (_zero3_step_and_groups if layout.zero_stage == 3 else
+                    _zero0_step_and_groups if layout.zero_stage == 0 else _zero12_step_and_groups)(checkpoint)
+    return OptimizerState(step=step, param_groups=_without_params(groups), **full)

@@ -28,6 +28,8 @@ from megatron.errors import InputError
 from megatron.model.gpt import EMBEDDING_PIECE, GPTConfig, layer_piece
 
 LATEST_TAG_FILE = "latest"
+UNIVERSAL_DIR = "zero"  # per-parameter state of a checkpoint written by writer.py (DeepSpeed's universal layout)
+UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of such a checkpoint: it loads at any DP and ZeRO stage
 TAG_PATTERN = re.compile(r"global_step(\d+)")
 
 Progress = Callable[[str], None]
@@ -39,15 +41,22 @@ def _quiet(_message: str) -> None:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the model was spread over processes when the checkpoint was written."""
+    """How the model was spread over processes when the checkpoint was written. A checkpoint written by
+    writer.py (universal) fixes only the tensor- and pipeline-parallel sizes and the engine."""
     tensor: int
     pipeline: int
-    data: int
-    zero_stage: int
+    data: Optional[int]  # None: any (universal)
+    zero_stage: Optional[int]  # None: any (universal)
     pipeline_engine: bool  # DeepSpeed's pipeline engine (one file per piece) or its plain engine
+
+    @property
+    def universal(self) -> bool:
+        return self.data is None
 
     def describe(self) -> str:
         engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
+        if self.universal:
+            return f"TP {self.tensor} x PP {self.pipeline}, any DP and ZeRO stage, {engine}"
         return (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, ZeRO stage {self.zero_stage}, "
                 f"{engine}")
 
@@ -150,9 +159,12 @@ def read_client_state(tag_dir: str) -> dict:
     return state
 
 
-def layout_of(args: Mapping[str, object]) -> Layout:
+def layout_of(state: Mapping[str, object]) -> Layout:
+    """The layout a checkpoint's client state (of read_client_state) records."""
+    args, universal = state["args"], bool(state.get(UNIVERSAL_MARK))
     return Layout(tensor=int(args["tensor_model_parallel_size"]), pipeline=int(args["pipeline_model_parallel_size"]),
-                  data=int(args["data_parallel_size"]), zero_stage=int(args["zero_stage"]),
+                  data=None if universal else int(args["data_parallel_size"]),
+                  zero_stage=None if universal else int(args["zero_stage"]),
                   pipeline_engine=bool(args.get("ds_pipeline_enabled", not args.get("no_pipeline_parallel"))))
 
 
@@ -222,8 +234,8 @@ def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_ran
     return full
 
 
-def _zero3_weights(tag_dir: str, args: Mapping[str, object], first_state: dict, progress: Progress) -> dict:
-    layout = layout_of(args)
+def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress) -> dict:
+    layout, args = layout_of(first_state), first_state["args"]
     shards = []
     for tp in range(layout.tensor):
         param_shapes = (first_state if tp == 0 else
@@ -250,12 +262,12 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     tag_dir = checkpoint_directory(load_dir, iteration)
     state = read_client_state(tag_dir)
     args = state["args"]
-    layout = layout_of(args)
+    layout = layout_of(state)
     num_layers = int(args["num_layers"])
     if layout.pipeline_engine:
         model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress)
     elif layout.zero_stage == 3:
-        model = _zero3_weights(tag_dir, args, state, progress)
+        model = _zero3_weights(tag_dir, state, progress)
     else:
         model = _plain_engine_weights(tag_dir, layout, state, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0]
