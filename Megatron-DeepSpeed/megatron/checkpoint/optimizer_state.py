@@ -197,8 +197,14 @@ def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerSta
         for kind in kinds:
             kinds[kind][name] = load_file(os.path.join(folder, f"{kind}.pt"))["param"]
         step = int(load_file(os.path.join(folder, "step.pt")))
-    groups = load_file(os.path.join(universal, "optimizer_state.pt"))["param_groups"]
-    return OptimizerState(step=step, param_groups=_without_params(groups), **kinds)
+    return OptimizerState(step=step, param_groups=default_param_groups(checkpoint.args), **kinds)
+
+
+def default_param_groups(args: Mapping[str, object]) -> tuple:
+    """AdamW's two parameter groups (decayed, not decayed) with the hyperparameters of the recorded flags."""
+    common = {"lr": args.get("lr", 0.0), "betas": (args.get("adam_beta1", 0.9), args.get("adam_beta2", 0.999)),
+              "eps": args.get("adam_eps", 1e-8)}
+    return {**common, "weight_decay": args.get("weight_decay", 0.01)}, {**common, "weight_decay": 0.0}
 
 
 def _without_params(groups) -> tuple:

@@ -217,16 +217,10 @@ def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer:
             _save(os.path.join(folder, "step.pt"), torch.tensor(float(optimizer.step)))
         for kind, tensor in kinds.items():
             _save(os.path.join(folder, f"{kind}.pt"), {"param": tensor.contiguous(), "cat_dim": cat_dim})
-    groups = optimizer.param_groups if optimizer is not None else default_param_groups(state.args)
+    # No hyperparameters: DeepSpeed's ZeRO-3 loader would give every group the first group's (weight decay on
+    # biases and LayerNorms); without them each group keeps the resumed run's own (its flags).
+    groups = [{}, {}]  # decayed, not decayed (megatron/optimizer.parameter_groups)
     step = torch.tensor(float(optimizer.step if optimizer is not None else 0))
     _save(os.path.join(universal, "optimizer_state.pt"),
           {"ds_version": importlib.metadata.version("deepspeed"), "clip_grad": float(state.args.get("clip_grad", 0.0)),
-           "param_groups": [dict(group, params=[]) for group in groups],
-           "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": [dict(g, params=[]) for g in groups]}})
-
-
-def default_param_groups(args: Mapping[str, object]) -> List[dict]:
-    """AdamW's two parameter groups (decayed, not decayed) with the recorded flags' hyperparameters."""
-    common = {"lr": args.get("lr", 0.0), "betas": (args.get("adam_beta1", 0.9), args.get("adam_beta2", 0.999)),
-              "eps": args.get("adam_eps", 1e-8)}
-    return [{**common, "weight_decay": args.get("weight_decay", 0.01)}, {**common, "weight_decay": 0.0}]
+           "param_groups": groups, "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": groups}})
