@@ -489,6 +489,9 @@ def _check_checkpoint_and_config(args):
     if args.save is not None and args.save_interval is None:
         raise InputError(f"--save {args.save} needs --save-interval N (iterations between "
                          f"checkpoints)")
+    if args.no_save_optim and args.zero_stage == 3:
+        raise InputError("--no-save-optim with --zero-stage 3: ZeRO-3 keeps the weights in its optimizer "
+                         "partitions, so they cannot be left out; drop --no-save-optim or use --zero-stage 0-2")
     if args.deepspeed_config is not None and not os.path.isfile(args.deepspeed_config):
         raise InputError(f"--deepspeed_config {args.deepspeed_config} does not exist; give a "
                          f"DeepSpeed JSON file, or drop the flag to generate one from the flags")

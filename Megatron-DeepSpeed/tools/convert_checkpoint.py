@@ -64,7 +64,8 @@ def main(argv=None):
     else:
         print(f"reshaping {args.load} to {target.describe()} in {args.save}", flush=True)
         source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress)
-        optimizer = "weights only" if args.weights_only else "weights and optimizer state"
+        optimizer = ("weights and optimizer state" if source.has_optimizer_state and not args.weights_only else
+                     "weights only")
         print(f"wrote {args.save}: iteration {source.iteration} ({optimizer}), from {source.layout.describe()}; "
               f"padded vocabulary {source.padded_vocab_size} kept; resume with --load {args.save}")
 

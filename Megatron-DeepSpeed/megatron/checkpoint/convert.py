@@ -40,14 +40,14 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,
             weights_only: bool = False, force: bool = False, progress: Progress = _quiet) -> Checkpoint:
-    """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only the
-    Adam state). Returns the source checkpoint."""
+    """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
+    source has none, the Adam state). Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress)
     config = model_config(source.args, source.padded_vocab_size)
     check_target(config, target)
-    optimizer = None if weights_only else read_optimizer_state(source, progress)
+    optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
         directory, source.model, config, state, target, optimizer, progress), force=force)

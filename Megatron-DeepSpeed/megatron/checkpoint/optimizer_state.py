@@ -191,9 +191,6 @@ def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerSta
     for index, name in enumerate(checkpoint.model):
         folder = os.path.join(universal, stage_name(name, num_layers) if checkpoint.layout.pipeline_engine else name)
         progress(f"reading per-parameter state {index + 1}/{len(checkpoint.model)}: {name}")
-        if not os.path.isfile(os.path.join(folder, "exp_avg.pt")):
-            raise InputError(f"{checkpoint.directory} holds no optimizer state (it was converted with "
-                             "--weights-only); convert it with --weights-only again, or from the original checkpoint")
         for kind in kinds:
             kinds[kind][name] = load_file(os.path.join(folder, f"{kind}.pt"))["param"]
         step = int(load_file(os.path.join(folder, "step.pt")))
@@ -216,6 +213,9 @@ def _without_params(groups) -> tuple:
 def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) -> OptimizerState:
     """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined."""
     layout, args = checkpoint.layout, checkpoint.args
+    if not checkpoint.has_optimizer_state:
+        raise InputError(f"{checkpoint.directory} holds no optimizer state (saved with --no-save-optim or converted "
+                         "with --weights-only); read its weights only")
     num_layers = int(args["num_layers"])
     if layout.universal:
         return _universal_state(checkpoint, progress)

@@ -30,6 +30,7 @@ from megatron.model.gpt import EMBEDDING_PIECE, GPTConfig, layer_piece
 LATEST_TAG_FILE = "latest"
 UNIVERSAL_DIR = "zero"  # per-parameter state of a checkpoint written by writer.py (DeepSpeed's universal layout)
 UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of such a checkpoint: it loads at any DP and ZeRO stage
+OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim
 TAG_PATTERN = re.compile(r"global_step(\d+)")
 
 Progress = Callable[[str], None]
@@ -70,6 +71,7 @@ class Checkpoint:
     layout: Layout
     padded_vocab_size: int
     model: Mapping[str, torch.Tensor]  # full tensors under GPTModel's names, in the training dtype
+    has_optimizer_state: bool  # False: saved with --no-save-optim, or converted with --weights-only
 
 
 # ----------------------------------------------------------------------------- files
@@ -157,6 +159,16 @@ def read_client_state(tag_dir: str) -> dict:
         raise InputError(f"{_first_model_states_file(tag_dir)} carries no trainer state (iteration, args): it was "
                          "not written by pretrain_gpt.py")
     return state
+
+
+def holds_optimizer_state(tag_dir: str, state: Mapping[str, object]) -> bool:
+    """Whether the checkpoint in tag_dir (client state `state`) carries the optimizer's state."""
+    if not state.get(OPTIMIZER_SAVED, True):
+        return False
+    if not state.get(UNIVERSAL_MARK):
+        return True
+    universal = os.path.join(tag_dir, UNIVERSAL_DIR)
+    return any(os.path.isfile(os.path.join(universal, entry, "exp_avg.pt")) for entry in os.listdir(universal))
 
 
 def layout_of(state: Mapping[str, object]) -> Layout:
@@ -273,4 +285,5 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0]
     return Checkpoint(directory=tag_dir, iteration=int(state["iteration"]),
                       consumed_train_samples=int(state["consumed_train_samples"]), args=MappingProxyType(dict(args)),
-                      layout=layout, padded_vocab_size=padded_vocab_size, model=MappingProxyType(model))
+                      layout=layout, padded_vocab_size=padded_vocab_size, model=MappingProxyType(model),
+                      has_optimizer_state=holds_optimizer_state(tag_dir, state))

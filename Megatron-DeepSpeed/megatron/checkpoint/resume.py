@@ -14,10 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from megatron.checkpoint.reader import (LATEST_TAG_FILE, UNIVERSAL_DIR, Layout, checkpoint_directory, layout_of,
-                                        read_client_state)
+from megatron.checkpoint.reader import (LATEST_TAG_FILE, Layout, checkpoint_directory, holds_optimizer_state,
+                                        layout_of, read_client_state)
 from megatron.errors import InputError
 
+# The flags that define the model: a checkpoint's weights fit only a run with the same.
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
+               "openai_gelu")
 # The flags that define the learning-rate schedule; Megatron checks them against the checkpoint's.
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters",
                   "lr_warmup_samples", "lr_warmup_fraction")
@@ -75,8 +78,16 @@ def check_layout(load_dir: str, checkpoint: Layout, run: Layout, weights_only: b
                                                        "load the weights only)")
 
 
-def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool
-                ) -> Optional[ResumePlan]:
+def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: Mapping[str, object]) -> None:
+    differing = [flag for flag in MODEL_FLAGS if flag in recorded and recorded[flag] != run_flags.get(flag)]
+    if differing:
+        described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: {recorded[flag]})"
+                              for flag in differing)
+        raise InputError(f"--load {load_dir} holds a different model: {described}; give the checkpoint's values")
+
+
+def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool,
+                model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run)."""
     if not load_dir or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE)):
         return None
@@ -85,8 +96,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     tag_dir = checkpoint_directory(load_dir)
     state = read_client_state(tag_dir)
     layout = layout_of(state)
-    has_optimizer = not layout.universal or _universal_has_moments(tag_dir)
-    load_optimizer = has_optimizer and not (options.finetune or options.no_load_optim)
+    check_model_flags(load_dir, state["args"], model_flags)
+    load_optimizer = holds_optimizer_state(tag_dir, state) and not (options.finetune or options.no_load_optim)
     check_layout(load_dir, layout, run, weights_only=not load_optimizer)
     universal = layout.universal and run.zero_stage >= 1 and (load_optimizer or run.zero_stage == 3)
     if universal and run.zero_stage == 3 and run.tensor > 1:
@@ -101,12 +112,6 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
                       and "rng_state" in state, restore_progress=not options.finetune,
                       padded_vocab_size=args.get("padded_vocab_size"),
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
-
-
-def _universal_has_moments(tag_dir: str) -> bool:
-    universal = os.path.join(tag_dir, UNIVERSAL_DIR)
-    return any(os.path.isfile(os.path.join(universal, entry, "exp_avg.pt")) for entry in os.listdir(universal)
-               if os.path.isdir(os.path.join(universal, entry)))
 
 
 def resolve_schedule(run_schedule: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:
