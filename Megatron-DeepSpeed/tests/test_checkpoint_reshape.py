@@ -13,6 +13,7 @@ from megatron.checkpoint.writer import TargetLayout
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, ITERATIONS, train
 
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 SAVED_AT = 3
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 PLAIN = ["--no-pipeline-parallel"]

@@ -114,20 +114,19 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
 
 
-def resolve_schedule(run_schedule: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:
-    """The learning-rate flags the resumed run uses: Megatron's rule. Without either option they must equal the
-    checkpoint's; a fine-tuning run starts its own schedule."""
-    own = {flag: run_schedule.get(flag) for flag in SCHEDULE_FLAGS}
+def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:
+    """The learning-rate flags the resumed run must change to continue as Megatron does (empty: none): without
+    either option they must already equal the checkpoint's; a fine-tuning run starts its own schedule."""
     if options.finetune or options.override_lr_scheduler:
-        return own
+        return {}
+    differing = [flag for flag in SCHEDULE_FLAGS if plan.schedule.get(flag) is not None
+                 and run_flags.get(flag) != plan.schedule[flag]]
     if options.use_checkpoint_lr_scheduler:
-        return dict(plan.schedule)
-    differing = [flag for flag in SCHEDULE_FLAGS if flag in plan.schedule and plan.schedule[flag] is not None
-                 and run_schedule.get(flag) != plan.schedule[flag]]
+        return {flag: plan.schedule[flag] for flag in differing}
     if differing:
-        described = ", ".join(f"--{flag.replace('_', '-')} {run_schedule.get(flag)} (checkpoint: "
+        described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: "
                               f"{plan.schedule[flag]})" for flag in differing)
         raise InputError(f"the learning-rate schedule differs from the checkpoint's: {described}; pass "
                          "--override-lr-scheduler to use this command line's, or --use-checkpoint-lr-scheduler to "
                          "continue the checkpoint's")
-    return own
+    return {}
