@@ -95,13 +95,14 @@ def layer_file(piece: int, tp_rank: int) -> str:
 
 
 def load_file(path: str) -> dict:
-    """torch.load of one checkpoint file on the CPU, with an InputError naming the file when it is missing,
-    truncated or not a torch file."""
+    """torch.load of one checkpoint file on the CPU, memory-mapped (tensors are read when used, so assembling a
+    model holds about one copy of it), with an InputError naming the file when it is missing, truncated or not
+    a torch file."""
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file
         raise InputError(f"{path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
                          "the file is truncated or damaged: copy it again or use another checkpoint") from err
