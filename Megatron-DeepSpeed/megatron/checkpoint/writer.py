@@ -20,7 +20,7 @@ optimizer fresh. The caller writes into a fresh directory and renames it into pl
 import importlib.metadata
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 import torch
 
