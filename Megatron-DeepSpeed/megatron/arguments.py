@@ -178,7 +178,21 @@ def _add_data_args(parser):
 def _add_checkpoint_and_logging_args(parser):
     group = parser.add_argument_group("checkpoints, evaluation and logging")
     group.add_argument("--save", help="Directory to save checkpoints to.")
-    group.add_argument("--load", help="Directory to resume from.")
+    group.add_argument("--load", help="Directory to resume from (a checkpoint at this run's layout, or one "
+                                      "reshaped by tools/convert_checkpoint.py).")
+    group.add_argument("--finetune", action="store_true",
+                       help="Load only the weights from --load: iteration, optimizer, LR schedule and random "
+                            "state start fresh.")
+    group.add_argument("--no-load-optim", action="store_true",
+                       help="Do not load the optimizer state from --load (it starts fresh).")
+    group.add_argument("--no-load-rng", action="store_true",
+                       help="Do not load the random generators' states from --load.")
+    group.add_argument("--no-save-optim", action="store_true",
+                       help="Save checkpoints without the optimizer state (a resume then starts it fresh).")
+    group.add_argument("--override-lr-scheduler", action="store_true",
+                       help="Use this command line's learning-rate schedule flags even if --load's differ.")
+    group.add_argument("--use-checkpoint-lr-scheduler", action="store_true",
+                       help="Continue --load's learning-rate schedule, ignoring this command line's.")
     group.add_argument("--save-interval", type=int, help="Iterations between checkpoints.")
     group.add_argument("--eval-interval", type=int, default=1000,
                        help="Iterations between validation runs.")
@@ -475,6 +489,9 @@ def _check_checkpoint_and_config(args):
     if args.save is not None and args.save_interval is None:
         raise InputError(f"--save {args.save} needs --save-interval N (iterations between "
                          f"checkpoints)")
+    if args.no_save_optim and args.zero_stage == 3:
+        raise InputError("--no-save-optim with --zero-stage 3: ZeRO-3 keeps the weights in its optimizer "
+                         "partitions, so they cannot be left out; drop --no-save-optim or use --zero-stage 0-2")
     if args.deepspeed_config is not None and not os.path.isfile(args.deepspeed_config):
         raise InputError(f"--deepspeed_config {args.deepspeed_config} does not exist; give a "
                          f"DeepSpeed JSON file, or drop the flag to generate one from the flags")

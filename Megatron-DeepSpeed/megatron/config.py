@@ -124,6 +124,12 @@ class CheckpointConfig:
     save: Optional[str]
     load: Optional[str]
     save_interval: Optional[int]
+    finetune: bool  # the loading flags, with Megatron's meanings (megatron/checkpoint/resume.py)
+    no_load_optim: bool
+    no_load_rng: bool
+    no_save_optim: bool
+    override_lr_scheduler: bool
+    use_checkpoint_lr_scheduler: bool
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Megatron users expect around it: the learning-rate schedule counted in samples, 
 consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and Megatron's log
 lines.
 """
+import argparse
 import functools
 import logging
 import math
@@ -23,7 +24,8 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import device
 from megatron.arguments import parse_args, validate_args
-from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpoint.resume import ResumePlan, resolve_schedule
+from megatron.checkpointing import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
 from megatron.config import DataConfig, JobConfig, LoggingConfig, ScheduleConfig, job_config
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
@@ -36,7 +38,7 @@ from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
-from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
+from megatron.tokenizer import build_tokenizer
 from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
 
 _log = logging.getLogger(__name__)
@@ -238,13 +240,16 @@ class TrainingResult:
     parallel: ParallelState
 
 
-def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool) -> dict:
+def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
     Fp32GradientClipping does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
-    (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe)."""
+    (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe); the
+    universal-checkpoint loader where --load holds a reshaped checkpoint (checkpoint/resume.py)."""
     engine = resolve_deepspeed_config(config)
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0
+    if universal_load:
+        engine["checkpoint"] = {**engine.get("checkpoint", {}), "load_universal": True}
     if pipelined:
         pipeline = dict(engine.get("pipeline") or {})
         for key in ("pipe_partitioned", "grad_partitioned"):
@@ -269,6 +274,7 @@ class Trainer:
     rng_tracker: object
     tokenizer: object
     clipping: Optional[Fp32GradientClipping]
+    resume: Optional[ResumePlan] = None  # what --load restores; None: a fresh run
 
 
 def model_config_of(config: JobConfig, padded_vocab_size: int, kernels: Kernels) -> GPTConfig:
@@ -291,6 +297,11 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     args = parse_args(argv)
     initialize_distributed(args.distributed_backend or device.communication_backend())
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
+    resume = plan_load(config)
+    if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
+        adopted = resolve_schedule(config.flags, resume, load_options(config))
+        if adopted:
+            config = job_config(argparse.Namespace(**{**vars(args), **adopted}))
     parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline)
     device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank
     rng_tracker = tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
@@ -298,18 +309,18 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     tokens = config.tokenizer
     tokenizer = build_tokenizer(tokens.tokenizer_type, vocab_file=tokens.vocab_file, merge_file=tokens.merge_file,
                                 tokenizer_model=tokens.tokenizer_model, vocab_size=tokens.vocab_size)
-    padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, tokens.make_vocab_size_divisible_by,
-                                                config.parallel.tensor)
+    padded_vocab = padded_vocab_size(tokenizer.vocab_size, tokens.make_vocab_size_divisible_by,
+                                     config.parallel.tensor, resume, config.checkpoint.load)
     kernels = select_kernels(device.device_name(), adaptor_kernels)
-    model_config = model_config_of(config, padded_vocab_size, kernels)
+    model_config = model_config_of(config, padded_vocab, kernels)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
-    engine, clipping = build_engine(model, config, kernels, parallel)
-    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping)
+    engine, clipping = build_engine(model, config, kernels, parallel, universal_load=bool(resume and resume.universal))
+    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, resume)
 
 
-def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels,
-                 parallel: ParallelState) -> tuple[object, Optional[Fp32GradientClipping]]:
+def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, parallel: ParallelState,
+                 universal_load: bool = False) -> tuple[object, Optional[Fp32GradientClipping]]:
     """The DeepSpeed engine that trains `model` (this rank's part, from a model provider) with the job's
     optimizer, and our gradient clipping where DeepSpeed's is switched off."""
     pipelined = isinstance(model, PipelineModule)
@@ -319,7 +330,8 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels,
         clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad)
         optimizer.register_step_pre_hook(clipping)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
-                                           config=engine_config(config, pipelined, clipping is not None),
+                                           config=engine_config(config, pipelined, clipping is not None,
+                                                                universal_load),
                                            dist_init_required=False)
     return engine, clipping
 
@@ -348,7 +360,8 @@ def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[obje
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = TrainState()
     with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
-        state.iteration, state.consumed_train_samples = load_checkpoint(engine, checkpoint.load, trainer.rng_tracker)
+        state.iteration, state.consumed_train_samples = load_checkpoint(engine, checkpoint.load, trainer.rng_tracker,
+                                                                        trainer.resume)
     train, valid = build_batches(trainer, state)
     schedule = learning_rate_schedule(config.schedule)
     train_iters = config.schedule.total_iterations(batch.global_batch_size)
@@ -356,7 +369,8 @@ def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[obje
 
     def save() -> None:
         save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
-                        trainer.rng_tracker, trainer.model_config.vocab_size)
+                        trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
+                        save_optimizer=not checkpoint.no_save_optim)
 
     def validate() -> float:
         loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)

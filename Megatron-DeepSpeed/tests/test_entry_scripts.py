@@ -40,7 +40,17 @@ def test_cpu_run_end_to_end_with_the_tiny_preset(script, tmp_path):
     assert summary[0].startswith("Final Performance samples/sec : ") and float(summary[0].split(":")[1]) > 0
     assert summary[1].startswith("Final Train lm loss PPL(accuracy): ") and float(summary[1].split(":")[1]) > 1
     assert summary[2].startswith("E2E Training Duration sec : ")
-    (run_dir,) = tmp_path.iterdir()
+    run_dir = tmp_path  # --output_dir is the run directory
     assert {"train.log", "run.json", "loss_curve.png", "tensorboard"} <= set(os.listdir(run_dir))
     assert ("checkpoints" in os.listdir(run_dir)) == (script == "train_full_8p.sh")
     assert "pipeline: transformer layers per stage [2, 2]" in result.stdout
+
+
+def test_a_full_run_started_again_in_its_run_directory_resumes(tmp_path, capsys):
+    from tools.launch_training import resume_flags
+    checkpoints = tmp_path / "checkpoints"
+    assert resume_flags(str(checkpoints)) == []  # first launch: nothing to resume
+    (checkpoints / "global_step6").mkdir(parents=True)
+    (checkpoints / "latest").write_text("global_step6")
+    assert resume_flags(str(checkpoints)) == ["--load", str(checkpoints)]
+    assert f"Resuming from {checkpoints / 'global_step6'}" in capsys.readouterr().out

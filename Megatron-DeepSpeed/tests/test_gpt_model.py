@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron.checkpoint.hf import to_hf_state_dict
 from megatron.errors import InputError
 from megatron import kernels
 from megatron.model import gpt
@@ -27,34 +28,6 @@ def random_tokens(vocab_size, batch=2, seq=12, seed=1):
 
 # --- HF GPT-2 parity ---------------------------------------------------------------------------------
 
-def per_head_qkv_to_hf(tensor, num_heads):
-    """Our fused QKV rows are ordered [heads, (q, k, v), head_dim]; HF's are [(q, k, v), heads, head_dim]."""
-    rest = tensor.shape[1:]
-    by_head = tensor.reshape(num_heads, 3, -1, *rest)
-    return by_head.transpose(0, 1).reshape(tensor.shape)
-
-
-def to_hf_state_dict(model, hf_vocab_size):
-    """Our parameters under HF GPT2LMHeadModel's names (HF's Conv1D stores weights as [in, out])."""
-    ours, heads = model.state_dict(), model.config.num_attention_heads
-    hf = {"transformer.wte.weight": ours["embedding.word_embeddings.weight"][:hf_vocab_size],
-          "transformer.wpe.weight": ours["embedding.position_embeddings.weight"],
-          "transformer.ln_f.weight": ours["final_layernorm.weight"],
-          "transformer.ln_f.bias": ours["final_layernorm.bias"]}
-    for i in range(model.config.num_layers):
-        src, dst = f"layers.{i}.", f"transformer.h.{i}."
-        for part in ("weight", "bias"):
-            hf[dst + "ln_1." + part] = ours[src + "input_layernorm." + part]
-            hf[dst + "ln_2." + part] = ours[src + "post_attention_layernorm." + part]
-        hf[dst + "attn.c_attn.weight"] = per_head_qkv_to_hf(ours[src + "attention.query_key_value.weight"], heads).T
-        hf[dst + "attn.c_attn.bias"] = per_head_qkv_to_hf(ours[src + "attention.query_key_value.bias"], heads)
-        for hf_name, our_name in (("attn.c_proj", "attention.dense"), ("mlp.c_fc", "mlp.dense_h_to_4h"),
-                                  ("mlp.c_proj", "mlp.dense_4h_to_h")):
-            hf[dst + hf_name + ".weight"] = ours[src + our_name + ".weight"].T
-            hf[dst + hf_name + ".bias"] = ours[src + our_name + ".bias"]
-    return hf
-
-
 def hf_twin(model, hf_vocab_size, activation, attn_implementation):
     from transformers import GPT2Config, GPT2LMHeadModel
     config = model.config
@@ -64,7 +37,7 @@ def hf_twin(model, hf_vocab_size, activation, attn_implementation):
                            layer_norm_epsilon=config.layernorm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
                            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     hf_model = GPT2LMHeadModel._from_config(hf_config, attn_implementation=attn_implementation)
-    weights = to_hf_state_dict(model, hf_vocab_size)
+    weights = to_hf_state_dict(model.state_dict(), config, hf_vocab_size)
     with torch.no_grad():
         for name, parameter in hf_model.named_parameters():
             parameter.copy_(weights.pop(name))

@@ -4,7 +4,11 @@ with the three summary lines of docs/ARCHITECTURE.md, Log lines.
 
   launch_training.py --run full|performance [--model_size=tiny] [--data_path=DIR_OR_PREFIX] [--train_iters=N]
       [--device=auto|cuda|npu|cpu] [--nproc=N] [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
-      [--vocab_file=F --merge_file=F | --tokenizer_model=F] [Megatron flags passed through, e.g. --zero-stage 1]
+      [--vocab_file=F --merge_file=F | --tokenizer_model=F] [--output_dir=DIR]
+      [Megatron flags passed through, e.g. --zero-stage 1]
+
+--output_dir=DIR fixes the run directory (default: a new test/output/<run name>/ per run). A full run saves its
+checkpoints in DIR/checkpoints; the same command again resumes from the newest complete one there.
 """
 import argparse
 import glob
@@ -60,7 +64,8 @@ def parse_args(argv):
     parser.add_argument("--vocab_file")
     parser.add_argument("--merge_file")
     parser.add_argument("--tokenizer_model")
-    parser.add_argument("--output_dir", default=os.path.join(REPO_ROOT, "test", "output"))
+    parser.add_argument("--output_dir", help="the run directory (default: a new one under test/output/); a full "
+                                             "run started again with the same one resumes from its checkpoints")
     args, passthrough = parser.parse_known_args(argv)
     unknown = [arg for arg in passthrough if arg.startswith("--") and "_" in arg.split("=")[0]
                and arg.split("=")[0] != "--deepspeed_config"]
@@ -187,13 +192,14 @@ def main(argv=None):
     data_prefix, tokenizer_flags = resolve_data(args)
 
     run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = os.path.join(args.output_dir, run_name)
+    run_dir = os.path.abspath(args.output_dir or os.path.join(REPO_ROOT, "test", "output", run_name))
     os.makedirs(run_dir, exist_ok=True)
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
              "--tensorboard-dir", os.path.join(run_dir, "tensorboard")]
     if args.run == "full":
-        flags += ["--save", os.path.join(run_dir, "checkpoints")]
+        checkpoints = os.path.join(run_dir, "checkpoints")
+        flags += ["--save", checkpoints, *resume_flags(checkpoints)]
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--nnodes={args.nnodes}", f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
                f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
@@ -206,12 +212,34 @@ def main(argv=None):
                 **model_shape(flags + passthrough), "command": shlex.join(command), "start_time": time.time()}
     print(f"Run {run_name}: {world_size} {device_name} processes; log: {os.path.join(run_dir, 'train.log')}",
           flush=True)
-    returncode = _run_and_tee(command, environment, os.path.join(run_dir, "train.log"))
+    returncode = _run_and_tee(command, environment, fresh_log_path(run_dir))
     run_info["end_time"] = time.time()
     write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
     if returncode != 0:
         raise InputError(f"training failed (exit {returncode}); see {os.path.join(run_dir, 'train.log')}")
     subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
+
+
+def resume_flags(checkpoints: str) -> list[str]:
+    """--load of the newest complete checkpoint in `checkpoints` (the one its `latest` names), said aloud; none
+    when there is none yet."""
+    latest = os.path.join(checkpoints, "latest")
+    if not os.path.isfile(latest):
+        return []
+    with open(latest, encoding="utf-8") as handle:
+        tag = handle.read().strip()
+    print(f"Resuming from {os.path.join(checkpoints, tag)} (the newest complete checkpoint in {checkpoints})",
+          flush=True)
+    return ["--load", checkpoints]
+
+
+def fresh_log_path(run_dir: str) -> str:
+    """train.log of this launch; an earlier launch's log in the same run directory is kept beside it."""
+    path = os.path.join(run_dir, "train.log")
+    if os.path.exists(path):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
+        os.replace(path, os.path.join(run_dir, f"train.{stamp}.log"))
+    return path
 
 
 def _run_and_tee(command, environment, log_path) -> int:

@@ -1,0 +1,138 @@
+"""The conversions tools/convert_checkpoint.py offers, each writing its whole output directory atomically:
+reshape a checkpoint into another tensor/pipeline layout, export it as a Hugging Face GPT-2 directory, or
+import one as a checkpoint ready for `--load DIR --finetune`."""
+import json
+import os
+import shutil
+from typing import Mapping, Optional
+
+from megatron.atomic_files import write_directory_atomically
+from megatron.checkpoint import hf
+from megatron.checkpoint.optimizer_state import read_optimizer_state
+from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, load_file, model_config, model_parallel_rank,
+                                        model_states_file, read_checkpoint, read_client_state)
+from megatron.checkpoint.writer import TargetLayout, TrainingState, check_target, write_checkpoint
+from megatron.errors import InputError
+from megatron.model.gpt import GPTConfig
+from megatron.tokenizer import vocab_size_with_padding
+
+# Flags the trainer has no choice for: an imported model must match them.
+LAYERNORM_EPSILON = 1e-5
+GPT2_TOKENIZER_FILES = (("vocab_file", "vocab.json"), ("merge_file", "merges.txt"))
+
+
+def training_state(checkpoint: Checkpoint) -> TrainingState:
+    """Iteration, consumed samples, flags and RNG states of `checkpoint` (its tensor-parallel random streams
+    per rank, from the first pipeline stage's files)."""
+    first = read_client_state(checkpoint.directory)
+    tracker_states = []
+    if "tensor_parallel_rng_state" in first:
+        layout = checkpoint.layout
+        zero_stage = 3 if layout.zero_stage == 3 else 0
+        for tp in range(layout.tensor):
+            state = first if tp == 0 else load_file(os.path.join(
+                checkpoint.directory, model_states_file(model_parallel_rank(0, tp, layout.tensor), zero_stage)))
+            tracker_states.append(state["tensor_parallel_rng_state"])
+    return TrainingState(iteration=checkpoint.iteration, consumed_train_samples=checkpoint.consumed_train_samples,
+                         args=checkpoint.args, rng_state=first.get("rng_state"),
+                         tensor_parallel_rng_states=tuple(tracker_states))
+
+
+def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,
+            weights_only: bool = False, force: bool = False, progress: Progress = _quiet) -> Checkpoint:
+    """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
+    source has none, the Adam state). Returns the source checkpoint."""
+    if os.path.exists(save_dir) and not force:  # before reading anything large
+        raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
+    source = read_checkpoint(load_dir, iteration, progress)
+    config = model_config(source.args, source.padded_vocab_size)
+    check_target(config, target)
+    optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
+    state = training_state(source)
+    write_directory_atomically(save_dir, lambda directory: write_checkpoint(
+        directory, source.model, config, state, target, optimizer, progress), force=force)
+    return source
+
+
+def unpadded_vocab_size(args: Mapping[str, object]) -> int:
+    """The tokenizer's vocabulary size the checkpoint was trained with (rows past it are padding)."""
+    if args.get("tokenizer_vocab_size"):
+        return int(args["tokenizer_vocab_size"])
+    from megatron.tokenizer import build_tokenizer
+    try:
+        return build_tokenizer(args["tokenizer_type"], vocab_file=args.get("vocab_file"),
+                               merge_file=args.get("merge_file"), tokenizer_model=args.get("tokenizer_model"),
+                               vocab_size=args.get("vocab_size")).vocab_size
+    except InputError as err:
+        raise InputError(f"the checkpoint does not record its vocabulary size and its tokenizer cannot be built "
+                         f"to tell it ({err}); restore the tokenizer files it names") from err
+
+
+def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force: bool = False,
+              progress: Progress = _quiet) -> Checkpoint:
+    """Write the checkpoint as a transformers GPT2LMHeadModel directory, padded vocabulary rows dropped; the
+    GPT-2 tokenizer files go along when the checkpoint's --vocab-file / --merge-file still exist."""
+    if os.path.exists(hf_dir) and not force:
+        raise InputError(f"--to-hf {hf_dir} already exists; choose another directory, or pass --force to replace it")
+    source = read_checkpoint(load_dir, iteration, progress)
+    args = source.args
+    config = model_config(args, source.padded_vocab_size)
+    vocab_size = unpadded_vocab_size(args)
+    weights = hf.to_hf_state_dict(source.model, config, vocab_size)
+    dtype = next(iter(source.model.values())).dtype
+    config_json = hf.hf_config(config, vocab_size, dtype)
+    tokenizer_files = [(args.get(flag), name) for flag, name in GPT2_TOKENIZER_FILES]
+    copy_tokenizer = args.get("tokenizer_type") == "GPT2BPETokenizer" and all(
+        path and os.path.isfile(path) for path, _ in tokenizer_files)
+
+    def fill(directory: str) -> None:
+        progress(f"writing {hf.WEIGHTS_FILE} ({len(weights)} tensors)")
+        hf.write_hf_directory(directory, weights, config_json)
+        if copy_tokenizer:
+            for path, name in tokenizer_files:
+                shutil.copyfile(path, os.path.join(directory, name))
+            with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
+                json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": config.max_position_embeddings,
+                           "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                           "unk_token": "<|endoftext|>"}, handle, indent=2)
+
+    write_directory_atomically(hf_dir, fill, force=force)
+    return source
+
+
+def imported_args(hf_config: Mapping[str, object], config: GPTConfig, vocab_size: int,
+                  make_vocab_size_divisible_by: int) -> dict:
+    """The flags an imported checkpoint records: the model's shape and the vocabulary; training flags are the
+    fine-tuning run's own."""
+    return {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads, "ffn_hidden_size": config.ffn_hidden_size,
+            "max_position_embeddings": config.max_position_embeddings, "seq_length": config.max_position_embeddings,
+            "hidden_dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
+            "init_method_std": config.init_method_std, "openai_gelu": config.openai_gelu,
+            "checkpoint_activations": False, "seed": 1234, "fp16": False, "bf16": False,
+            "make_vocab_size_divisible_by": make_vocab_size_divisible_by, "tokenizer_vocab_size": vocab_size,
+            "padded_vocab_size": config.vocab_size, "zero_stage": 0, "data_parallel_size": 1,
+            "imported_from": "transformers GPT2LMHeadModel (" + str(hf_config.get("_name_or_path", "")) + ")"}
+
+
+def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
+              force: bool = False, progress: Progress = _quiet) -> GPTConfig:
+    """Write a local GPT2LMHeadModel directory as a checkpoint (iteration 0, weights only) at `target`, the
+    vocabulary padded for it; resume it with `--load save_dir --finetune`."""
+    if os.path.exists(save_dir) and not force:
+        raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
+    hf_config = hf.read_hf_config(hf_dir)
+    if abs(float(hf_config.get("layer_norm_epsilon", LAYERNORM_EPSILON)) - LAYERNORM_EPSILON) > 1e-12:
+        raise InputError(f"{hf_dir}/{hf.CONFIG_FILE} sets layer_norm_epsilon {hf_config['layer_norm_epsilon']}; the "
+                         f"trainer's LayerNorms use {LAYERNORM_EPSILON}, so only such models can be imported")
+    vocab_size = int(hf_config["vocab_size"])
+    padded = vocab_size_with_padding(vocab_size, make_vocab_size_divisible_by, target.tensor)
+    config = hf.config_from_hf(hf_config, padded)
+    check_target(config, target)
+    progress(f"reading {hf_dir}")
+    model = hf.from_hf_state_dict(hf.read_hf_weights(hf_dir), config)
+    args = imported_args(hf_config, config, vocab_size, make_vocab_size_divisible_by)
+    state = TrainingState(iteration=0, consumed_train_samples=0, args=args)
+    write_directory_atomically(save_dir, lambda directory: write_checkpoint(
+        directory, model, config, state, target, None, progress), force=force)
+    return config

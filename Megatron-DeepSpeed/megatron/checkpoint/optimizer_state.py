@@ -1,0 +1,251 @@
+"""The Adam state of a checkpoint, assembled per full parameter: fp32 master weights, first and second
+moments and the step count, keyed by GPTModel's names, from whichever layout DeepSpeed wrote.
+
+  ZeRO 0 (fp32)  torch's optimizer state_dict in each model-parallel rank's mp_rank file: state by parameter
+                 index, counted over the parameter groups (decayed matrices, then vectors, see
+                 megatron/optimizer.py) in the order of that rank's module parameters; the master weights
+                 are the weights.
+  ZeRO 1 / 2     per data-parallel rank, the rank's slice of each group's flat fp32 buffer
+                 (single_partition_of_fp32_groups, group padding stripped) and of the Adam state (padded);
+                 the group's parameters, in flat order, are `param_shapes` in the mp_rank file, each
+                 followed by its alignment padding (param_alignment_paddings).
+  ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
+                 parameter split on its own (reader.zero3_flat_params).
+  universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
+                 tensors, and zero/optimizer_state.pt with the hyperparameters.
+Under the pipeline engine parameter names are the stage's ('tied_modules.embedding.x', '<piece>.y'); the tied
+embedding lives on the first and the last stage, and the first stage's copy is the one kept.
+"""
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Mapping
+
+import torch
+
+from megatron.checkpoint.reader import (UNIVERSAL_DIR, Checkpoint, Progress, _quiet, layer_file, load_file,
+                                        model_parallel_rank, model_states_file, piece_prefix, zero3_flat_params,
+                                        zero_optimizer_state)
+from megatron.checkpoint.shards import join_shards
+from megatron.errors import InputError
+from megatron.model.gpt import layer_piece
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+TIED_PREFIX = "tied_modules.embedding."
+
+
+@dataclass(frozen=True)
+class OptimizerState:
+    step: int
+    fp32: Mapping[str, torch.Tensor]  # master weights
+    exp_avg: Mapping[str, torch.Tensor]
+    exp_avg_sq: Mapping[str, torch.Tensor]
+    param_groups: tuple  # AdamW's hyperparameters per group (decayed, not decayed), without 'params'
+
+    def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
+        return getattr(self, kind)
+
+
+def model_name(stage_name: str, num_layers: int) -> str:
+    """GPTModel's name of a pipeline stage's parameter ('tied_modules.embedding.x' -> 'embedding.x',
+    '2.mlp.y' -> 'layers.1.mlp.y'); plain-engine names are GPTModel's already."""
+    if stage_name.startswith(TIED_PREFIX):
+        return "embedding." + stage_name[len(TIED_PREFIX):]
+    piece, _, rest = stage_name.partition(".")
+    if not piece.isdigit():
+        return stage_name
+    return piece_prefix(int(piece), num_layers) + rest
+
+
+def stage_name(name: str, num_layers: int) -> str:
+    """The pipeline engine's name of GPTModel parameter `name` (the inverse of model_name)."""
+    if name.startswith("embedding."):
+        return TIED_PREFIX + name[len("embedding."):]
+    if name.startswith("layers."):
+        _, number, rest = name.split(".", 2)
+        return f"{layer_piece(int(number))}.{rest}"
+    return f"{layer_piece(num_layers)}.{name}"
+
+
+def _keep_first(target: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
+    target.setdefault(name, tensor)
+
+
+# ----------------------------------------------------------------------------- ZeRO 1 / 2
+
+def _zero12_rank_state(checkpoint: Checkpoint, mp_rank: int, progress: Progress) -> Dict[str, Dict[str, torch.Tensor]]:
+    """{kind: {stage parameter name: tensor}} of one model-parallel rank, joined over data-parallel ranks."""
+    tag_dir, layout = checkpoint.directory, checkpoint.layout
+    param_shapes = load_file(os.path.join(tag_dir, model_states_file(mp_rank, layout.zero_stage)))["param_shapes"]
+    partitions = []
+    for dp in range(layout.data):
+        progress(f"reading optimizer partition {dp + 1}/{layout.data} of model-parallel rank {mp_rank}")
+        partitions.append(zero_optimizer_state(tag_dir, checkpoint.args, mp_rank, dp))
+    result = {kind: {} for kind in ("fp32", *MOMENTS)}
+    for group, shapes in enumerate(param_shapes):
+        flat = {"fp32": torch.cat([p["single_partition_of_fp32_groups"][group] for p in partitions])}
+        for kind in MOMENTS:
+            flat[kind] = torch.cat([p["base_optimizer_state"]["state"][group][kind] for p in partitions])
+        paddings = partitions[0].get("param_alignment_paddings", [[0] * len(shapes)] * len(param_shapes))[group]
+        offset = 0
+        for (name, shape), padding in zip(shapes.items(), paddings):
+            numel = torch.Size(shape).numel()
+            for kind, tensor in flat.items():
+                result[kind][name] = tensor.narrow(0, offset, numel).view(shape).clone()
+            offset += numel + padding
+    return result
+
+
+def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["base_optimizer_state"]
+    return int(adam["state"][0]["step"]), adam["param_groups"]
+
+
+# ----------------------------------------------------------------------------- ZeRO 3
+
+def _zero3_rank_state(checkpoint: Checkpoint, tp_rank: int, progress: Progress) -> Dict[str, Dict[str, torch.Tensor]]:
+    tag_dir, layout = checkpoint.directory, checkpoint.layout
+    param_shapes = load_file(os.path.join(tag_dir, model_states_file(tp_rank, 3)))["param_shapes"]
+    flats = {kind: [] for kind in ("fp32", *MOMENTS)}
+    for dp in range(layout.data):
+        progress(f"reading ZeRO-3 optimizer partition {dp + 1}/{layout.data} of tensor-parallel rank {tp_rank}")
+        partition = zero_optimizer_state(tag_dir, checkpoint.args, tp_rank, dp)
+        flats["fp32"].append(torch.cat([group.flatten() for group in partition["fp32_flat_groups"]]))
+        adam = partition["optimizer_state_dict"]["state"]
+        for kind in MOMENTS:
+            flats[kind].append(torch.cat([adam[group][kind].flatten() for group in sorted(adam)]))
+    return {kind: zero3_flat_params(param_shapes, per_rank) for kind, per_rank in flats.items()}
+
+
+def _zero3_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["optimizer_state_dict"]
+    return int(adam["state"][0]["step"]), adam["param_groups"]
+
+
+# ----------------------------------------------------------------------------- ZeRO 0
+
+def decay_groups(names_and_shapes: List[tuple]) -> List[str]:
+    """Parameter names in torch's optimizer index order: the weight-decayed matrices, then the vectors
+    (megatron/optimizer.parameter_groups)."""
+    return ([name for name, shape in names_and_shapes if len(shape) > 1] +
+            [name for name, shape in names_and_shapes if len(shape) <= 1])
+
+
+def pipeline_stage_pieces(num_layers: int, stages: int) -> List[range]:
+    """The pieces (DeepSpeed layer numbers) each pipeline stage holds, as GPTPipe partitions them: balanced over
+    transformer layers (model/pipe.py's partition_method)."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    pieces = layer_piece(num_layers) + 2  # embedding, layers, final LayerNorm, tied LM head
+    weights = [1 if layer_piece(0) <= piece < layer_piece(num_layers) else 0 for piece in range(pieces)]
+    parts = partition_balanced(weights=weights, num_parts=stages)
+    return [range(parts[stage], parts[stage + 1]) for stage in range(stages)]
+
+
+def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int) -> List[tuple]:
+    """(stage name, shape) of one pipeline stage's parameters in module order: the tied embedding first (on the
+    first and last stage), then each piece's."""
+    num_layers = int(checkpoint.args["num_layers"])
+    stage_pieces = pipeline_stage_pieces(num_layers, checkpoint.layout.pipeline)
+    tied_piece = stage_pieces[-1][-1]
+    embedding = load_file(os.path.join(checkpoint.directory, layer_file(0, tp_rank)))
+    parameters = []
+    if 0 in stage_pieces[stage] or tied_piece in stage_pieces[stage]:
+        parameters += [(TIED_PREFIX + key, tensor.shape) for key, tensor in embedding.items()]
+    for piece in stage_pieces[stage]:
+        if piece in (0, tied_piece):
+            continue
+        layer = load_file(os.path.join(checkpoint.directory, layer_file(piece, tp_rank)))
+        parameters += [(f"{piece}.{key}", tensor.shape) for key, tensor in layer.items()]
+    return parameters
+
+
+def _zero0_rank_state(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
+    layout = checkpoint.layout
+    mp_rank = model_parallel_rank(pp_rank, tp_rank, layout.tensor)
+    state = load_file(os.path.join(checkpoint.directory, model_states_file(mp_rank, 0)))
+    if layout.pipeline_engine:
+        parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
+    else:
+        parameters = [(name, tensor.shape) for name, tensor in state["module"].items()]
+    adam = state["optimizer"]["state"]
+    result = {kind: {} for kind in MOMENTS}
+    for index, name in enumerate(decay_groups(parameters)):
+        if index in adam:  # a parameter that never had a gradient (the last stage's position embedding) has none
+            for kind in MOMENTS:
+                result[kind][name] = adam[index][kind]
+    return result
+
+
+def _zero0_step_and_groups(checkpoint: Checkpoint) -> tuple:
+    adam = load_file(os.path.join(checkpoint.directory, model_states_file(0, 0)))["optimizer"]
+    return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
+
+
+# ----------------------------------------------------------------------------- universal
+
+def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
+    num_layers = int(checkpoint.args["num_layers"])
+    universal = os.path.join(checkpoint.directory, UNIVERSAL_DIR)
+    kinds = {kind: {} for kind in ("fp32", *MOMENTS)}
+    step = 0
+    for index, name in enumerate(checkpoint.model):
+        folder = os.path.join(universal, stage_name(name, num_layers) if checkpoint.layout.pipeline_engine else name)
+        progress(f"reading per-parameter state {index + 1}/{len(checkpoint.model)}: {name}")
+        for kind in kinds:
+            kinds[kind][name] = load_file(os.path.join(folder, f"{kind}.pt"))["param"]
+        step = int(load_file(os.path.join(folder, "step.pt")))
+    return OptimizerState(step=step, param_groups=default_param_groups(checkpoint.args), **kinds)
+
+
+def default_param_groups(args: Mapping[str, object]) -> tuple:
+    """AdamW's two parameter groups (decayed, not decayed) with the hyperparameters of the recorded flags."""
+    common = {"lr": args.get("lr", 0.0), "betas": (args.get("adam_beta1", 0.9), args.get("adam_beta2", 0.999)),
+              "eps": args.get("adam_eps", 1e-8)}
+    return {**common, "weight_decay": args.get("weight_decay", 0.01)}, {**common, "weight_decay": 0.0}
+
+
+def _without_params(groups) -> tuple:
+    return tuple({key: value for key, value in group.items() if key != "params"} for group in groups)
+
+
+# ----------------------------------------------------------------------------- assembled
+
+def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) -> OptimizerState:
+    """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined."""
+    layout, args = checkpoint.layout, checkpoint.args
+    if not checkpoint.has_optimizer_state:
+        raise InputError(f"{checkpoint.directory} holds no optimizer state (saved with --no-save-optim or converted "
+                         "with --weights-only); read its weights only")
+    num_layers = int(args["num_layers"])
+    if layout.universal:
+        return _universal_state(checkpoint, progress)
+    if layout.zero_stage == 0 and (args.get("bf16") or args.get("fp16")):
+        raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
+                         "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
+                         "--weights-only")
+    per_tp = []  # per tensor-parallel rank: {kind: {GPTModel name: tensor}}
+    for tp in range(layout.tensor):
+        joined = {kind: {} for kind in ("fp32", *MOMENTS)}
+        for pp in range(layout.pipeline):
+            if layout.zero_stage == 3:
+                rank_state = _zero3_rank_state(checkpoint, tp, progress)
+            elif layout.zero_stage == 0:
+                rank_state = _zero0_rank_state(checkpoint, pp, tp)
+            else:
+                rank_state = _zero12_rank_state(checkpoint, model_parallel_rank(pp, tp, layout.tensor), progress)
+            for kind, tensors in rank_state.items():
+                for name, tensor in tensors.items():
+                    _keep_first(joined[kind], model_name(name, num_layers), tensor)
+        per_tp.append(joined)
+    full = {kind: {} for kind in ("fp32", *MOMENTS)}
+    for kind in full:
+        for name in checkpoint.model:
+            if kind == "fp32" and layout.zero_stage == 0:  # fp32 training: the master weights are the weights
+                full[kind][name] = checkpoint.model[name].float()
+            elif name in per_tp[0][kind]:
+                full[kind][name] = join_shards(name, [joined[kind][name] for joined in per_tp])
+            else:  # never stepped: Adam starts it at zero
+                full[kind][name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
+    step, groups = (_zero3_step_and_groups if layout.zero_stage == 3 else
+                    _zero0_step_and_groups if layout.zero_stage == 0 else _zero12_step_and_groups)(checkpoint)
+    return OptimizerState(step=step, param_groups=_without_params(groups), **full)

@@ -1,0 +1,132 @@
+"""What a run started with --load takes from the checkpoint, decided from the flags it records before any
+engine exists (the DeepSpeed config depends on it), with a clear error where the layouts do not fit.
+
+A checkpoint the trainer wrote (native) resumes only at its own layout: DeepSpeed cannot re-partition ZeRO
+optimizer state for another data-parallel size, and tensor-parallel shards or pipeline stages of another
+layout would not fit the model. Loading its weights only (--finetune, --no-load-optim) frees the
+data-parallel size and, between ZeRO stages 0-2, the stage (their weights files do not depend on either).
+A checkpoint written by tools/convert_checkpoint.py (universal) resumes at any data-parallel size and ZeRO
+stage: ZeRO 1-3 load its per-parameter state through DeepSpeed's universal-checkpoint loader, ZeRO 0 its
+torch optimizer state. Tensor- and pipeline-parallel sizes and the engine must match in every case; the
+message names the conversion that makes them match.
+"""
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from megatron.checkpoint.reader import (LATEST_TAG_FILE, Layout, checkpoint_directory, holds_optimizer_state,
+                                        layout_of, read_client_state)
+from megatron.errors import InputError
+
+# The flags that define the model: a checkpoint's weights fit only a run with the same.
+MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
+               "openai_gelu")
+# The flags that define the learning-rate schedule; Megatron checks them against the checkpoint's.
+SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters",
+                  "lr_warmup_samples", "lr_warmup_fraction")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The loading flags (Megatron's names and meanings)."""
+    finetune: bool = False  # weights only; iteration, optimizer, schedule and RNG start fresh
+    no_load_optim: bool = False
+    no_load_rng: bool = False
+    override_lr_scheduler: bool = False  # the command line's schedule, whatever the checkpoint's
+    use_checkpoint_lr_scheduler: bool = False  # the checkpoint's schedule, whatever the command line's
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    tag: str  # the global_step directory to load
+    universal: bool  # load through DeepSpeed's universal-checkpoint loader (checkpoint.load_universal)
+    load_optimizer: bool  # False: weights only, the optimizer starts fresh
+    load_rng: bool
+    restore_progress: bool  # iteration and consumed samples (False with --finetune)
+    padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
+    schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
+
+
+def convert_command(load_dir: str, tensor: int, pipeline: int, pipeline_engine: bool) -> str:
+    engine = "" if pipeline_engine else " --target-no-pipeline-parallel"
+    return (f"python Megatron-DeepSpeed/tools/convert_checkpoint.py --load {load_dir} --save {load_dir}-tp{tensor}-pp"
+            f"{pipeline} --target-tensor-parallel-size {tensor} --target-pipeline-parallel-size {pipeline}{engine}")
+
+
+def _layout_error(load_dir: str, checkpoint: Layout, run: Layout, why: str) -> InputError:
+    return InputError(
+        f"--load {load_dir}: the checkpoint was written at {checkpoint.describe()}, but this run is "
+        f"{run.describe()}; {why}. Reshape it once with\n  "
+        f"{convert_command(load_dir, run.tensor, run.pipeline, run.pipeline_engine)}\n"
+        f"then --load the new directory (it resumes at any data-parallel size and ZeRO stage)")
+
+
+def check_layout(load_dir: str, checkpoint: Layout, run: Layout, weights_only: bool) -> None:
+    if (checkpoint.tensor, checkpoint.pipeline, checkpoint.pipeline_engine) != \
+            (run.tensor, run.pipeline, run.pipeline_engine):
+        raise _layout_error(load_dir, checkpoint, run, "tensor-parallel shards, pipeline stages and the engine "
+                                                       "must match")
+    if checkpoint.universal:
+        return
+    if weights_only:
+        if max(checkpoint.zero_stage, run.zero_stage) == 3 and checkpoint.zero_stage != run.zero_stage:
+            raise _layout_error(load_dir, checkpoint, run, "ZeRO stage 3 keeps its weights in its own partitions")
+        return
+    if (checkpoint.data, checkpoint.zero_stage) != (run.data, run.zero_stage):
+        raise _layout_error(load_dir, checkpoint, run, "DeepSpeed re-partitions no optimizer state for another "
+                                                       "data-parallel size or ZeRO stage (or pass --no-load-optim to "
+                                                       "load the weights only)")
+
+
+def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: Mapping[str, object]) -> None:
+    differing = [flag for flag in MODEL_FLAGS if flag in recorded and recorded[flag] != run_flags.get(flag)]
+    if differing:
+        described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: {recorded[flag]})"
+                              for flag in differing)
+        raise InputError(f"--load {load_dir} holds a different model: {described}; give the checkpoint's values")
+
+
+def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool,
+                model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
+    """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run)."""
+    if not load_dir or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE)):
+        return None
+    if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
+        raise InputError("--override-lr-scheduler and --use-checkpoint-lr-scheduler contradict each other; give one")
+    tag_dir = checkpoint_directory(load_dir)
+    state = read_client_state(tag_dir)
+    layout = layout_of(state)
+    check_model_flags(load_dir, state["args"], model_flags)
+    load_optimizer = holds_optimizer_state(tag_dir, state) and not (options.finetune or options.no_load_optim)
+    check_layout(load_dir, layout, run, weights_only=not load_optimizer)
+    universal = layout.universal and run.zero_stage >= 1 and (load_optimizer or run.zero_stage == 3)
+    if universal and run.zero_stage == 3 and run.tensor > 1:
+        raise InputError(f"--load {load_dir}: DeepSpeed's universal-checkpoint loader cannot cut tensor-parallel "
+                         "shards under ZeRO stage 3; resume it with --zero-stage 1 or 2")
+    if layout.universal and load_optimizer and run.zero_stage == 0 and mixed_precision:
+        raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
+                         "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")
+    args = state["args"]
+    return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,
+                      load_rng=not (options.finetune or options.no_load_rng)
+                      and "rng_state" in state, restore_progress=not options.finetune,
+                      padded_vocab_size=args.get("padded_vocab_size"),
+                      schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
+
+
+def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:
+    """The learning-rate flags the resumed run must change to continue as Megatron does (empty: none): without
+    either option they must already equal the checkpoint's; a fine-tuning run starts its own schedule."""
+    if options.finetune or options.override_lr_scheduler:
+        return {}
+    differing = [flag for flag in SCHEDULE_FLAGS if plan.schedule.get(flag) is not None
+                 and run_flags.get(flag) != plan.schedule[flag]]
+    if options.use_checkpoint_lr_scheduler:
+        return {flag: plan.schedule[flag] for flag in differing}
+    if differing:
+        described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: "
+                              f"{plan.schedule[flag]})" for flag in differing)
+        raise InputError(f"the learning-rate schedule differs from the checkpoint's: {described}; pass "
+                         "--override-lr-scheduler to use this command line's, or --use-checkpoint-lr-scheduler to "
+                         "continue the checkpoint's")
+    return {}

@@ -1,0 +1,226 @@
+"""Write full weights (and Adam state) as a checkpoint that pretrain_gpt.py --load resumes at a chosen
+tensor- and pipeline-parallel layout, at ANY data-parallel size and ZeRO stage.
+
+The data-parallel size and the ZeRO stage are left open by writing what DeepSpeed 0.19.8 can load at any of
+them:
+  global_step{N}/mp_rank_{mp:02d}_model_states.pt   per model-parallel rank: the client state (iteration,
+        consumed samples, flags, RNG) and DeepSpeed's bookkeeping; under the plain engine the rank's weights
+        (`module`); for ZeRO stage 0, torch's AdamW state_dict of the rank's parameters (`optimizer`), which
+        does not depend on the data-parallel size.
+  global_step{N}/layer_{piece:02d}-model_{tp:02d}-model_states.pt   under the pipeline engine, each piece's
+        weights (the files DeepSpeed's PipelineModule reads).
+  global_step{N}/zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt + zero/optimizer_state.pt   DeepSpeed's
+        "universal checkpoint": one file per full parameter and state, named as the engine names the
+        parameter, with the dimension its tensor-parallel shards are cut along. ZeRO 1, 2 and 3 load it at any
+        data-parallel size (checkpoint.load_universal), cutting the rank's partition themselves.
+  latest, latest_universal, latest_checkpointed_iteration.txt
+With --weights-only the Adam state is left out (zero/ then holds fp32.pt only) and resuming starts the
+optimizer fresh. The caller writes into a fresh directory and renames it into place (tools/convert_checkpoint.py).
+"""
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional
+
+import torch
+
+from megatron.checkpoint.optimizer_state import (OptimizerState, decay_groups, model_name, pipeline_stage_pieces,
+                                                 stage_name)
+from megatron.checkpoint.reader import (LATEST_TAG_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK, Progress, _quiet, layer_file,
+                                        model_parallel_rank, model_states_file, piece_prefix)
+from megatron.checkpoint.shards import shard_of, split_dim
+from megatron.errors import InputError
+from megatron.model.gpt import GPTConfig, layer_piece
+
+LATEST_UNIVERSAL_FILE = "latest_universal"
+LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
+
+
+@dataclass(frozen=True)
+class TargetLayout:
+    tensor: int
+    pipeline: int
+    pipeline_engine: bool = True  # False: DeepSpeed's plain engine (--no-pipeline-parallel), needs pipeline 1
+
+    def describe(self) -> str:
+        engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
+        return f"TP {self.tensor} x PP {self.pipeline}, any DP and ZeRO stage, {engine}"
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What a resumed run continues from besides the weights."""
+    iteration: int
+    consumed_train_samples: int
+    args: Mapping[str, object]  # the flags to record (target layout filled in by write_checkpoint)
+    rng_state: Optional[dict] = None  # python / numpy / torch / device generators of the run
+    tensor_parallel_rng_states: tuple = ()  # per tensor-parallel rank of the source, its tracker states
+
+
+def check_target(config: GPTConfig, target: TargetLayout) -> None:
+    """Raise InputError, before anything is written, when the model cannot be cut into `target`."""
+    tp, pp = target.tensor, target.pipeline
+    if tp < 1 or pp < 1:
+        raise InputError(f"target tensor- and pipeline-parallel sizes must be at least 1, not {tp} and {pp}")
+    for what, value in (("attention heads (--num-attention-heads)", config.num_attention_heads),
+                        ("FFN hidden size (--ffn-hidden-size)", config.ffn_hidden_size),
+                        ("padded vocabulary size", config.vocab_size)):
+        if value % tp:
+            raise InputError(f"--target-tensor-parallel-size {tp} does not divide the {what} {value}; choose a "
+                             "tensor-parallel size that divides it")
+    if pp > config.num_layers:
+        raise InputError(f"--target-pipeline-parallel-size {pp} is more than the {config.num_layers} transformer "
+                         "layers; every pipeline stage needs at least one")
+    if pp > 1 and not target.pipeline_engine:
+        raise InputError(f"the plain engine (--no-pipeline-parallel) cannot hold {pp} pipeline stages; use "
+                         "--target-pipeline-parallel-size 1 or the pipeline engine")
+
+
+# ----------------------------------------------------------------------------- names
+
+def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayout, pp_rank: int) -> List[str]:
+    """The engine's names of one pipeline stage's parameters, in its module order (GPTModel's order under the
+    plain engine; under the pipeline engine the tied embedding first, on the first and last stage)."""
+    if not target.pipeline_engine:
+        return list(names)
+    stage_pieces = pipeline_stage_pieces(num_layers, target.pipeline)[pp_rank]
+    tied_piece = layer_piece(num_layers) + 1
+    holds_embedding = 0 in stage_pieces or tied_piece in stage_pieces
+    stage = [stage_name(name, num_layers) for name in names if name.startswith("embedding.")] if holds_embedding else []
+    for name in names:
+        if not name.startswith("embedding."):
+            converted = stage_name(name, num_layers)
+            if int(converted.split(".", 1)[0]) in stage_pieces:
+                stage.append(converted)
+    return stage
+
+
+# ----------------------------------------------------------------------------- files
+
+def _save(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(obj, path)
+
+
+def _zero0_optimizer(stage_names: List[str], shapes: Mapping[str, torch.Size], optimizer: OptimizerState,
+                     num_layers: int, tp_rank: int, tp_size: int) -> dict:
+    """torch's AdamW state_dict for a rank whose parameters are `stage_names` (module order)."""
+    ordered = decay_groups([(name, shapes[name]) for name in stage_names])
+    step = torch.tensor(float(optimizer.step))
+    state = {}
+    for index, name in enumerate(ordered):
+        full_name = model_name(name, num_layers)
+        state[index] = {"step": step.clone(),
+                        **{kind: shard_of(full_name, optimizer.tensors(kind)[full_name], tp_rank, tp_size).clone()
+                           for kind in ("exp_avg", "exp_avg_sq")}}
+    decayed = sum(1 for name in stage_names if len(shapes[name]) > 1)
+    groups = []
+    for group, indices in zip(optimizer.param_groups, (range(decayed), range(decayed, len(ordered)))):
+        groups.append({**group, "params": list(indices)})
+    return {"state": state, "param_groups": groups}
+
+
+def _deepspeed_bookkeeping(state: TrainingState, target: TargetLayout) -> dict:
+    """The keys DeepSpeed's load_checkpoint reads from a model-states file besides the module."""
+    return {"buffer_names": [], "param_shapes": None, "frozen_param_shapes": None, "shared_params": None,
+            "frozen_param_fragments": None, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
+            "skipped_steps": 0, "global_steps": state.iteration, "global_samples": state.consumed_train_samples,
+            "dp_world_size": 1, "mp_world_size": target.tensor * target.pipeline,
+            "checkpoint_parallel_dimensions": {"pp_degree": target.pipeline, "tp_degree": target.tensor},
+            "ds_version": importlib.metadata.version("deepspeed")}
+
+
+def recorded_args(args: Mapping[str, object], target: TargetLayout, padded_vocab_size: int) -> dict:
+    """The flags to record: the source's, with the target's parallel layout."""
+    recorded = dict(args)
+    recorded.update(tensor_model_parallel_size=target.tensor, pipeline_model_parallel_size=target.pipeline,
+                    no_pipeline_parallel=not target.pipeline_engine, ds_pipeline_enabled=target.pipeline_engine,
+                    padded_vocab_size=padded_vocab_size)
+    return recorded
+
+
+def _tensor_parallel_rng(state: TrainingState, tp_rank: int) -> Optional[dict]:
+    """The source's tracker states of this rank, or fresh ones seeded as the trainer seeds a new rank."""
+    if tp_rank < len(state.tensor_parallel_rng_states):
+        return state.tensor_parallel_rng_states[tp_rank]
+    if state.rng_state is None:
+        return None
+    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+    return tensor_parallel_rng_tracker(int(state.args["seed"]), tp_rank).get_states()
+
+
+def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GPTConfig, state: TrainingState,
+                     target: TargetLayout, optimizer: Optional[OptimizerState] = None,
+                     progress: Progress = _quiet) -> str:
+    """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`.
+    Returns the global_step directory."""
+    check_target(config, target)
+    num_layers, tp_size = config.num_layers, target.tensor
+    tag = f"global_step{state.iteration}"
+    tag_dir = os.path.join(out_dir, tag)
+    names = list(model)
+    shapes = {name: tensor.shape for name, tensor in model.items()}
+    args = recorded_args(state.args, target, config.vocab_size)
+
+    if target.pipeline_engine:
+        pieces = layer_piece(num_layers) + 1
+        for piece in range(pieces):
+            prefix = piece_prefix(piece, num_layers)
+            piece_names = [name for name in names if name.startswith(prefix) and
+                           (prefix or not name.startswith(("embedding.", "layers.")))]
+            for tp in range(tp_size):
+                progress(f"writing piece {piece + 1}/{pieces}, tensor-parallel shard {tp + 1}/{tp_size}")
+                _save(os.path.join(tag_dir, layer_file(piece, tp)),
+                      {name[len(prefix):]: shard_of(name, model[name], tp, tp_size).clone() for name in piece_names})
+
+    for pp in range(target.pipeline):
+        stage_names = engine_parameter_names(names, num_layers, target, pp)
+        stage_shapes = {name: shard_of(model_name(name, num_layers), model[model_name(name, num_layers)], 0,
+                                       tp_size).shape for name in stage_names}
+        for tp in range(tp_size):
+            mp_rank = model_parallel_rank(pp, tp, tp_size)
+            progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
+            module = None if target.pipeline_engine else {
+                name: shard_of(name, model[name], tp, tp_size).clone() for name in names}
+            zero0 = None if optimizer is None else _zero0_optimizer(stage_names, stage_shapes, optimizer, num_layers,
+                                                                    tp, tp_size)
+            client = {"iteration": state.iteration, "consumed_train_samples": state.consumed_train_samples,
+                      "args": args, UNIVERSAL_MARK: True}
+            if state.rng_state is not None:
+                client.update(rng_state=state.rng_state, tensor_parallel_rng_state=_tensor_parallel_rng(state, tp))
+            contents = {"module": module, "optimizer": zero0, **_deepspeed_bookkeeping(state, target), **client}
+            _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
+            if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
+                _save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
+                                                                            "optimizer": None})
+
+    _write_universal(tag_dir, model, optimizer, state, num_layers, target, progress)
+    for name, text in ((LATEST_TAG_FILE, tag), (LATEST_UNIVERSAL_FILE, tag),
+                       (LATEST_ITERATION_FILE, str(state.iteration))):
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return tag_dir
+
+
+def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer: Optional[OptimizerState],
+                     state: TrainingState, num_layers: int, target: TargetLayout, progress: Progress) -> None:
+    universal = os.path.join(tag_dir, UNIVERSAL_DIR)
+    names = list(model)
+    for index, name in enumerate(names):
+        engine_name = stage_name(name, num_layers) if target.pipeline_engine else name
+        progress(f"writing per-parameter state {index + 1}/{len(names)}: {name}")
+        folder = os.path.join(universal, engine_name)
+        cat_dim = split_dim(name) or 0
+        kinds: Dict[str, torch.Tensor] = {"fp32": model[name].float() if optimizer is None else optimizer.fp32[name]}
+        if optimizer is not None:
+            kinds.update(exp_avg=optimizer.exp_avg[name], exp_avg_sq=optimizer.exp_avg_sq[name])
+            _save(os.path.join(folder, "step.pt"), torch.tensor(float(optimizer.step)))
+        for kind, tensor in kinds.items():
+            _save(os.path.join(folder, f"{kind}.pt"), {"param": tensor.contiguous(), "cat_dim": cat_dim})
+    # No hyperparameters: DeepSpeed's ZeRO-3 loader would give every group the first group's (weight decay on
+    # biases and LayerNorms); without them each group keeps the resumed run's own (its flags).
+    groups = [{}, {}]  # decayed, not decayed (megatron/optimizer.parameter_groups)
+    step = torch.tensor(float(optimizer.step if optimizer is not None else 0))
+    _save(os.path.join(universal, "optimizer_state.pt"),
+          {"ds_version": importlib.metadata.version("deepspeed"), "clip_grad": float(state.args.get("clip_grad", 0.0)),
+           "param_groups": groups, "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": groups}})

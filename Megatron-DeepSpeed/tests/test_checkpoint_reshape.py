@@ -1,0 +1,75 @@
+"""Reshaped checkpoints resume training exactly (fp32, dropout 0, real gloo processes): a TP2 x PP2 x DP2 ZeRO-1
+checkpoint continues on one process, and its TP1 copy continues again at TP2 x PP2; ZeRO-2 and ZeRO-3 checkpoints
+written at DP2 continue at DP1 (each on the other stage). The resumed losses are the uninterrupted run's, within
+the parity tests' tolerance; reshaping itself changes no weight (the examiner)."""
+import os
+
+import pytest
+
+from megatron.checkpoint.convert import reshape
+from megatron.checkpoint.examine import differences, examine
+from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.writer import TargetLayout
+from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import COMMON, ITERATIONS, train
+
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+SAVED_AT = 3
+TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+PLAIN = ["--no-pipeline-parallel"]
+
+
+def run(ranks, data_prefix, *flags):
+    return run_on_ranks(train, ranks, [*COMMON, "--data-path", data_prefix, *flags], timeout=600)[0]
+
+
+def saved(directory):
+    return ["--save", str(directory), "--save-interval", str(SAVED_AT)]
+
+
+def assert_continues(resumed_losses, straight_losses):
+    assert len(straight_losses) == ITERATIONS
+    assert resumed_losses == pytest.approx(straight_losses[SAVED_AT:], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def eight_ranks(data_prefix, tmp_path_factory):
+    """An uninterrupted TP2 x PP2 x DP2 ZeRO-1 run (8 processes), with the checkpoint it wrote at iteration 3."""
+    save = tmp_path_factory.mktemp("tp2pp2dp2")
+    losses, _ = run(8, data_prefix, *TP2_PP2, *saved(save))
+    return losses, str(save)
+
+
+@pytest.fixture(scope="module")
+def single_process_copy(eight_ranks, tmp_path_factory):
+    _, save = eight_ranks
+    copy = str(tmp_path_factory.mktemp("reshaped") / "tp1pp1")
+    reshape(save, copy, TargetLayout(1, 1), iteration=SAVED_AT)
+    return copy
+
+
+def test_tp2_pp2_dp2_checkpoint_continues_on_one_process(eight_ranks, single_process_copy, data_prefix):
+    straight, save = eight_ranks
+    assert max(differences(examine(os.path.join(save, f"global_step{SAVED_AT}")),
+                           examine(single_process_copy)).values()) == 0.0
+    assert max(differences(examine(save), examine(single_process_copy)).values()) > 0  # iteration 5 moved on
+    # ZeRO 0 reads the copy's torch optimizer state; any ZeRO stage would do (see the DP tests below).
+    resumed, _ = run(1, data_prefix, "--load", single_process_copy, "--zero-stage", "0")
+    assert_continues(resumed, straight)
+
+
+def test_tp1_copy_continues_at_tp2_pp2(eight_ranks, single_process_copy, data_prefix, tmp_path):
+    straight, _ = eight_ranks
+    reshape(single_process_copy, str(tmp_path / "tp2pp2"), TargetLayout(2, 2))
+    assert read_checkpoint(str(tmp_path / "tp2pp2")).iteration == SAVED_AT
+    resumed, _ = run(4, data_prefix, *TP2_PP2, "--load", str(tmp_path / "tp2pp2"))
+    assert_continues(resumed, straight)
+
+
+@pytest.mark.parametrize("stage, resumed_stage", [(2, 3), (3, 2)])
+def test_zero_checkpoint_at_dp2_continues_at_dp1(stage, resumed_stage, data_prefix, tmp_path):
+    straight, _ = run(2, data_prefix, *PLAIN, "--zero-stage", str(stage), *saved(tmp_path / "dp2"))
+    reshape(str(tmp_path / "dp2"), str(tmp_path / "dp1"), TargetLayout(1, 1, pipeline_engine=False),
+            iteration=SAVED_AT)
+    resumed, _ = run(1, data_prefix, *PLAIN, "--zero-stage", str(resumed_stage), "--load", str(tmp_path / "dp1"))
+    assert_continues(resumed, straight)

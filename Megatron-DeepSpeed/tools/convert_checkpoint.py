@@ -1,0 +1,74 @@
+"""Convert a checkpoint of pretrain_gpt.py: reshape it to another tensor/pipeline-parallel layout, export it as a
+Hugging Face GPT-2 model, or import one. One CPU process; no distributed world needed.
+
+    convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
+                          --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
+    convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
+    convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
+                          --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
+
+A reshaped checkpoint resumes with `pretrain_gpt.py --load OUT` at the target layout and any data-parallel size
+and ZeRO stage, with its optimizer state (unless --weights-only); an imported one with `--load OUT --finetune`.
+The output directory appears complete or not at all; an existing one is replaced only with --force.
+"""
+import argparse
+
+from megatron.checkpoint.convert import export_hf, import_hf, reshape
+from megatron.checkpoint.writer import TargetLayout
+from megatron.errors import InputError, run_cli
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--load", help="checkpoint directory (a --save directory of pretrain_gpt.py)")
+    source.add_argument("--from-hf", metavar="HF_DIR", help="transformers GPT2LMHeadModel directory to import")
+    parser.add_argument("--iteration", type=int, help="checkpoint iteration to read (default: the one in 'latest')")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--save", help="directory to write the converted checkpoint to")
+    output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write a transformers GPT2LMHeadModel to")
+    parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--target-no-pipeline-parallel", action="store_true",
+                        help="for a run with --no-pipeline-parallel (DeepSpeed's plain engine; needs PP 1)")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="leave the optimizer state out (a resumed run starts it fresh)")
+    parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                        help="with --from-hf: pad the vocabulary to a multiple of this x target TP size")
+    parser.add_argument("--force", action="store_true", help="replace an existing output directory")
+    args = parser.parse_args(argv)
+    if args.from_hf and args.to_hf:
+        raise InputError("--from-hf and --to-hf together convert nothing; give --save with --from-hf")
+    if args.from_hf and args.iteration is not None:
+        raise InputError("--iteration selects a checkpoint of --load; a --from-hf directory has only one model")
+    return args
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
+                          pipeline_engine=not args.target_no_pipeline_parallel)
+    if args.to_hf:
+        print(f"exporting {args.load} as a Hugging Face GPT-2 model to {args.to_hf}", flush=True)
+        source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress)
+        print(f"wrote {args.to_hf} from iteration {source.iteration} ({source.layout.describe()})")
+    elif args.from_hf:
+        print(f"importing {args.from_hf} to {args.save} at {target.describe()}", flush=True)
+        config = import_hf(args.from_hf, args.save, target, args.make_vocab_size_divisible_by, args.force, progress)
+        print(f"wrote {args.save}: {config.num_layers} layers, hidden {config.hidden_size}, padded vocabulary "
+              f"{config.vocab_size}; fine-tune it with --load {args.save} --finetune")
+    else:
+        print(f"reshaping {args.load} to {target.describe()} in {args.save}", flush=True)
+        source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress)
+        optimizer = ("weights and optimizer state" if source.has_optimizer_state and not args.weights_only else
+                     "weights only")
+        print(f"wrote {args.save}: iteration {source.iteration} ({optimizer}), from {source.layout.describe()}; "
+              f"padded vocabulary {source.padded_vocab_size} kept; resume with --load {args.save}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
