@@ -35,7 +35,7 @@ from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
-from megatron.tensor_parallel import tensor_parallel_rng_tracker
+from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
 
@@ -312,6 +312,9 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels,
                  parallel: ParallelState) -> tuple[object, Optional[Fp32GradientClipping]]:
     """The DeepSpeed engine that trains `model` (this rank's part, from a model provider) with the job's
     optimizer, and our gradient clipping where DeepSpeed's is switched off."""
+    if config.parallel.sequence_parallel:  # before DeepSpeed reduces the gradients at the end of each step
+        sum_sequence_parallel_gradients_each_step(model, parallel.get_tensor_model_parallel_group(),
+                                                  config.batch.num_micro_batches)
     pipelined = isinstance(model, PipelineModule)
     optimizer = build_optimizer(model, config.optimizer, kernels)
     clipping = None

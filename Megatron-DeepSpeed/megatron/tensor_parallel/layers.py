@@ -3,7 +3,7 @@
 Building the whole model identically on every rank (same seed) and then slicing it means a tensor-parallel
 model starts from exactly the single-process weights, so parity is exact and the model code needs no
 knowledge of parallelism ("parallelize from outside"). Sharded parameters carry `tensor_model_parallel=True`
-and `partition_dim`, the attributes DeepSpeed's gradient-norm code and gather_full_state_dict read.
+and `partition_dim`, the attributes DeepSpeed's gradient-norm code reads.
 """
 from typing import Optional
 
@@ -17,6 +17,7 @@ from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, g
                                                reduce_from_tensor_parallel_region,
                                                reduce_scatter_to_sequence_parallel_region)
 from megatron.tensor_parallel.random import MODEL_PARALLEL_RNG, RNGStatesTracker
+from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
 
 
 def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parameter:
@@ -31,21 +32,6 @@ def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parame
     parameter.partition_dim = dim
     parameter.partition_stride = 1
     return parameter
-
-
-def mark_sequence_parallel(parameter: nn.Parameter, group) -> None:
-    """For a parameter replicated across TP ranks that only sees this rank's sequence chunk: sum its gradient
-    over the group as soon as it is computed, so every rank applies the same full-sequence gradient and the
-    replicas stay equal. Done with a hook so no training loop has to remember a call before the optimizer."""
-
-    def sum_over_tensor_parallel_ranks(grad):
-        summed = grad.clone()
-        dist.all_reduce(summed, group=group)
-        return summed
-
-    parameter.sequence_parallel = True
-    if dist.get_world_size(group) > 1:
-        parameter.register_hook(sum_over_tensor_parallel_ranks)
 
 
 def column_parallel_linear(hidden, weight, bias, group, sequence_parallel: bool):
@@ -86,7 +72,7 @@ class RowParallelLinear(nn.Module):
         self.weight = shard_parameter(weight, 1, group, "input features")
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         if self.bias is not None and sequence_parallel:
-            mark_sequence_parallel(self.bias, group)
+            mark_sequence_parallel(self.bias)  # added to this rank's sequence chunk only
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         partial = F.linear(hidden, self.weight)
