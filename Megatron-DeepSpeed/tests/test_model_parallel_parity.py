@@ -123,6 +123,11 @@ def on_two_ranks():
             results[("dropout", sequence_parallel, checkpoint_activations)] = dropout_run(
                 state, sequence_parallel, checkpoint_activations)
     results["layout"] = sharding_layout(state)
+    sharded = apply_tensor_parallel(build_model(2), state, rng_tracker=tensor_parallel_rng_tracker(3, 0))
+    try:
+        apply_tensor_parallel(sharded, state, rng_tracker=tensor_parallel_rng_tracker(3, 0))
+    except TypeError as error:
+        results["twice_error"] = str(error)
     try:
         apply_tensor_parallel(build_model(2, hidden_size=24, num_attention_heads=3), state,
                               rng_tracker=tensor_parallel_rng_tracker(3, 0))
@@ -224,3 +229,8 @@ def test_the_plan_says_how_every_parameter_is_split_and_which_are_sequence_paral
         "layers.11.attention.dense.weight", "layers.11.attention.dense.bias", "layers.11.mlp.dense_h_to_4h.bias",
         "layers.11.mlp.dense_4h_to_h.weight", "layers.11.input_layernorm.weight", "final_layernorm.bias",
     )] == [0, None, 0, 0, 1, None, 0, 1, None, None]
+
+
+def test_applying_the_plan_twice_is_refused(two_ranks):
+    assert two_ranks[0]["twice_error"].startswith("the tensor-parallel plan expects Embedding at "
+                                                  "'embedding.word_embeddings' but found VocabParallelEmbedding")

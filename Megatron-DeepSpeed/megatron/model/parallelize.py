@@ -127,7 +127,8 @@ GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
 def tensor_parallel_partition_dim(name: str) -> Optional[int]:
     """For a parameter's full name in GPTModel (e.g. 'layers.3.attention.dense.weight'), the dim along which
     tensor parallelism splits it over the ranks, or None where every rank holds all of it. Splitting a full
-    checkpoint into tensor-parallel shards and joining them back both follow this rule."""
+    checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of) and joining them back
+    (torch.cat along the same dim) both follow this rule."""
     return partition_dim(GPT_TENSOR_PARALLEL_PLAN, name)
 
 

@@ -3,7 +3,7 @@ entropy, the RNG streams dropout draws from under tensor parallelism, and the on
 sequence-parallel gradients."""
 from megatron.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDropout, RowParallelLinear,
-                                             VocabParallelEmbedding, column_parallel_linear, shard_parameter)
+                                             VocabParallelEmbedding, column_parallel_linear, shard_of, shard_parameter)
 from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                                gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                                                reduce_scatter_to_sequence_parallel_region,
@@ -16,7 +16,7 @@ from megatron.tensor_parallel.sequence_parallel_grads import (SequenceParallelGr
 __all__ = [
     "vocab_parallel_cross_entropy",
     "ColumnParallelLinear", "RNGForkedDropout", "RowParallelLinear", "VocabParallelEmbedding", "column_parallel_linear",
-    "shard_parameter",
+    "shard_of", "shard_parameter",
     "copy_to_tensor_parallel_region", "gather_from_sequence_parallel_region", "gather_from_tensor_parallel_region",
     "reduce_from_tensor_parallel_region", "reduce_scatter_to_sequence_parallel_region",
     "scatter_to_sequence_parallel_region", "scatter_to_tensor_parallel_region",

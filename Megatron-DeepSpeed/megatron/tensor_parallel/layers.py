@@ -20,14 +20,19 @@ from megatron.tensor_parallel.random import MODEL_PARALLEL_RNG, RNGStatesTracker
 from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
 
 
-def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parameter:
-    """This rank's equal slice of `full` along `dim`, as a parameter marked tensor-parallel."""
-    world_size = dist.get_world_size(group)
+def shard_of(full: torch.Tensor, dim: int, rank: int, world_size: int, what: str = "size") -> torch.Tensor:
+    """Rank `rank`'s equal slice of `full` along `dim`, of `world_size` slices (a view)."""
     if full.shape[dim] % world_size:
         raise InputError(f"{what} {full.shape[dim]} is not divisible by --tensor-model-parallel-size {world_size}; "
                          "choose a tensor-parallel size that divides it")
     size = full.shape[dim] // world_size
-    parameter = nn.Parameter(full.detach().narrow(dim, dist.get_rank(group) * size, size).clone())
+    return full.narrow(dim, rank * size, size)
+
+
+def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parameter:
+    """This rank's equal slice of `full` along `dim`, as a parameter marked tensor-parallel."""
+    shard = shard_of(full.detach(), dim, dist.get_rank(group), dist.get_world_size(group), what)
+    parameter = nn.Parameter(shard.clone())
     parameter.tensor_model_parallel = True
     parameter.partition_dim = dim
     parameter.partition_stride = 1

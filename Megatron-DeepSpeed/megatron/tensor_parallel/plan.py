@@ -161,7 +161,8 @@ def parallelize_module(module: nn.Module, plan: Mapping[str, ParallelStyle], con
                        path: str = "") -> nn.Module:
     """Apply `plan` to `module`, whose own path in the tree the plan describes is `path` (a pipeline stage's
     piece of a model has one), and to its submodules. Every style is checked before anything changes. Returns
-    the module that takes `module`'s place: itself, changed in place, unless its own path has a style."""
+    the module that takes `module`'s place: itself, changed in place, unless a style at its own path replaces
+    it."""
     targets = [(name, submodule, style) for name, submodule in module.named_modules(prefix=path)
                if (style := style_for(plan, name)) is not None]
     world_size = dist.get_world_size(context.group)
