@@ -217,18 +217,12 @@ def test_heads_not_divisible_by_tp_size_is_an_input_error(two_ranks):
         "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2")
 
 
-def test_the_plan_says_how_every_parameter_is_split_and_which_are_sequence_parallel(two_ranks):
+def test_the_sharded_model_is_split_and_marked_as_the_plan_says(two_ranks):
     layout = two_ranks[0]["layout"]
     assert layout.keys() == build_model(2).state_dict().keys()
     for name, (cut_along, marked) in layout.items():
         assert cut_along == tensor_parallel_partition_dim(name), name
         assert marked == ("layernorm" in name or name.endswith(("attention.dense.bias", "dense_4h_to_h.bias"))), name
-    assert [tensor_parallel_partition_dim(name) for name in (
-        "embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
-        "layers.11.attention.query_key_value.weight", "layers.11.attention.query_key_value.bias",
-        "layers.11.attention.dense.weight", "layers.11.attention.dense.bias", "layers.11.mlp.dense_h_to_4h.bias",
-        "layers.11.mlp.dense_4h_to_h.weight", "layers.11.input_layernorm.weight", "final_layernorm.bias",
-    )] == [0, None, 0, 0, 1, None, 0, 1, None, None]
 
 
 def test_applying_the_plan_twice_is_refused(two_ranks):
