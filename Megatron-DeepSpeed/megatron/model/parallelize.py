@@ -16,7 +16,7 @@ embedding's dropout first scatters it, LayerNorms and dropout run on the local c
 model-parallel stream), the column-parallel linears and the LM head gather the sequence, the row-parallel ones
 reduce-scatter it. Parameters replicated but seeing only local tokens (LayerNorms, row-parallel biases) are
 marked `sequence_parallel`; the training loop sums their gradients over the tensor-parallel group once per step
-(megatron.tensor_parallel.SequenceParallelGradientSum).
+(megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
 """
 from types import MappingProxyType
 from typing import Dict, Optional
@@ -139,7 +139,8 @@ def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: 
 
     rng_tracker: from tensor_parallel_rng_tracker(seed, tp_rank); dropout in TP / SP regions draws from it and
     activation recomputation rewinds it. Its states belong in checkpoints next to torch's. With
-    sequence_parallel, whoever trains the module must sum the marked gradients (SequenceParallelGradientSum).
+    sequence_parallel, whoever trains the module must sum the marked gradients
+    (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
     """
     context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
     return parallelize_module(module, GPT_TENSOR_PARALLEL_PLAN, context, path)

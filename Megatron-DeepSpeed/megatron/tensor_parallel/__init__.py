@@ -9,8 +9,7 @@ from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, g
                                                reduce_scatter_to_sequence_parallel_region,
                                                scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
 from megatron.tensor_parallel.random import (MODEL_PARALLEL_RNG, RNGStatesTracker, tensor_parallel_rng_tracker)
-from megatron.tensor_parallel.sequence_parallel_grads import (SequenceParallelGradientSum, all_reduce_gradients,
-                                                              mark_sequence_parallel, sequence_parallel_parameters,
+from megatron.tensor_parallel.sequence_parallel_grads import (mark_sequence_parallel,
                                                               sum_sequence_parallel_gradients_each_step)
 
 __all__ = [
@@ -21,6 +20,5 @@ __all__ = [
     "reduce_from_tensor_parallel_region", "reduce_scatter_to_sequence_parallel_region",
     "scatter_to_sequence_parallel_region", "scatter_to_tensor_parallel_region",
     "MODEL_PARALLEL_RNG", "RNGStatesTracker", "tensor_parallel_rng_tracker",
-    "SequenceParallelGradientSum", "all_reduce_gradients", "mark_sequence_parallel", "sequence_parallel_parameters",
-    "sum_sequence_parallel_gradients_each_step",
+    "mark_sequence_parallel", "sum_sequence_parallel_gradients_each_step",
 ]
