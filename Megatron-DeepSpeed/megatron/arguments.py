@@ -471,9 +471,28 @@ def _check_parallel_features(args):
         raise InputError(f"--zero-stage {args.zero_stage} with --pipeline-model-parallel-size "
                          f"{pp}: DeepSpeed's pipeline engine supports only ZeRO stages 0 and 1; "
                          f"{fix}")
+    _check_sequence_parallel_gradients(args)
     if args.cpu_optimizer and args.zero_stage == 0:
         raise InputError("--cpu-optimizer offloads ZeRO optimizer state, but --zero-stage is 0; "
                          "use --zero-stage 1, 2 or 3")
+
+
+def _check_sequence_parallel_gradients(args):
+    """Sequence-parallel gradients are summed over the tensor-parallel ranks once per step, from the gradients
+    accumulated on the parameters (megatron/tensor_parallel/sequence_parallel_grads.py); refuse the DeepSpeed
+    modes that take the gradients off the parameters during backward."""
+    if not args.sequence_parallel:
+        return
+    if args.zero_stage >= 2:
+        raise InputError(f"--sequence-parallel with --zero-stage {args.zero_stage}: ZeRO stages 2 and 3 "
+                         f"partition each gradient during backward, before the sequence-parallel gradients "
+                         f"are summed over the tensor-parallel ranks at the end of the step; use --zero-stage "
+                         f"0 or 1")
+    if args.bf16 and args.zero_stage == 0 and args.ds_pipeline_enabled:
+        raise InputError("--sequence-parallel with --bf16 and --zero-stage 0 on the pipeline engine: DeepSpeed's "
+                         "bf16 pipeline optimizer moves each micro-batch's gradients into fp32 buffers during "
+                         "backward, before the sequence-parallel gradients are summed at the end of the step; "
+                         "use --zero-stage 1")
 
 
 def _set_backend(args, device_name):

@@ -19,7 +19,6 @@ run. Schema of run.json (version 1; other keys are ignored, so the writer may ad
     start_time          float  Unix seconds when the launch began (time.time() or `date +%s`)
     end_time            float  Unix seconds when training ended
 """
-import json
 import math
 import os
 from dataclasses import astuple, dataclass

@@ -26,7 +26,7 @@ from megatron import device
 from megatron.arguments import parse_args, validate_args
 from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpointing import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
-from megatron.config import DataConfig, JobConfig, LoggingConfig, ScheduleConfig, job_config
+from megatron.config import DataConfig, JobConfig, ScheduleConfig, job_config
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
 from megatron.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
@@ -37,7 +37,7 @@ from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
-from megatron.tensor_parallel import tensor_parallel_rng_tracker
+from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer
 from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
 
@@ -323,6 +323,9 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
                  universal_load: bool = False) -> tuple[object, Optional[Fp32GradientClipping]]:
     """The DeepSpeed engine that trains `model` (this rank's part, from a model provider) with the job's
     optimizer, and our gradient clipping where DeepSpeed's is switched off."""
+    if config.parallel.sequence_parallel:  # before DeepSpeed reduces the gradients at the end of each step
+        sum_sequence_parallel_gradients_each_step(model, parallel.get_tensor_model_parallel_group(),
+                                                  config.batch.num_micro_batches)
     pipelined = isinstance(model, PipelineModule)
     optimizer = build_optimizer(model, config.optimizer, kernels)
     clipping = None

@@ -403,6 +403,17 @@ def test_sequence_parallel_needs_seq_length_divisible_by_tp():
     assert_names(message, "--seq-length 15", "--tensor-model-parallel-size 2")
 
 
+@pytest.mark.parametrize("flags, parts", [
+    (["--zero-stage", "2", "--no-pipeline-parallel"], ["--zero-stage 2", "use --zero-stage 0 or 1"]),
+    (["--zero-stage", "3", "--no-pipeline-parallel"], ["--zero-stage 3", "use --zero-stage 0 or 1"]),
+    (["--bf16", "--zero-stage", "0"], ["--bf16 and --zero-stage 0 on the pipeline engine", "use --zero-stage 1"]),
+], ids=["zero2", "zero3", "bf16-zero0-pipeline"])
+def test_sequence_parallel_refuses_deepspeed_modes_that_take_gradients_during_backward(flags, parts):
+    tp2 = ["--sequence-parallel", "--tensor-model-parallel-size", "2"]
+    assert_names(error_of(*tp2, *flags, world_size=2), "--sequence-parallel", *parts)
+    validated(*tp2, *flags, "--zero-stage", "1", world_size=2)  # the last --zero-stage wins
+
+
 def test_no_pipeline_parallel_with_pp2():
     message = error_of("--no-pipeline-parallel", "--pipeline-model-parallel-size", "2",
                        world_size=2)

@@ -13,7 +13,7 @@ from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.examine import differences, examine
 from megatron.checkpoint.reader import Layout, model_config, read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume, resolve_schedule
-from megatron.checkpoint.shards import shard_of, split_dim
+from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.model.gpt import GPTModel
@@ -108,28 +108,6 @@ def test_reshaped_copy_compares_equal_and_a_changed_one_does_not(imported, tmp_p
     diffs = differences(examine(imported), Examined([], changed, from_hf=False))
     assert diffs["layers.1.mlp.dense_4h_to_h.bias"] == pytest.approx(0.5)
     assert sum(diff > 0 for diff in diffs.values()) == 1
-
-
-@pytest.mark.full  # one real process (the tensor-parallel layers need a process group)
-def test_shard_table_matches_the_tensor_parallel_layers():
-    """The name table the tools cut by agrees with the partition_dim the model's TP layers set."""
-    from tests.distributed_helpers import run_on_ranks
-    dims = run_on_ranks(partition_dims_of_a_tp_model, 1)[0]
-    assert dims == {name: split_dim(name) for name in dims}
-    assert sum(dim is not None for dim in dims.values()) == 1 + 2 * 6  # word embedding, 6 per layer
-
-
-def partition_dims_of_a_tp_model():
-    from megatron.model.gpt import GPTConfig
-    from megatron.model.parallelize import apply_tensor_parallel
-    from megatron.parallel_state import ParallelState
-    from megatron.tensor_parallel import tensor_parallel_rng_tracker
-
-    model = GPTModel(GPTConfig(vocab_size=64, max_position_embeddings=8, num_layers=2, hidden_size=16,
-                               num_attention_heads=2))
-    apply_tensor_parallel(model, ParallelState(1, 1), rng_tracker=tensor_parallel_rng_tracker(1, 0))
-    return {name: getattr(parameter, "partition_dim", None) if getattr(parameter, "tensor_model_parallel", False)
-            else None for name, parameter in model.named_parameters()}
 
 
 def test_shards_join_back():

@@ -16,9 +16,9 @@ from distributed_helpers import run_on_ranks
 from megatron import device
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.model.parallelize import apply_tensor_parallel, gather_full_state_dict
+from megatron.model.parallelize import apply_tensor_parallel, gather_full_state_dict, tensor_parallel_partition_dim
 from megatron.parallel_state import ParallelState
-from megatron.tensor_parallel import tensor_parallel_rng_tracker
+from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import vocab_size_with_padding
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
@@ -65,7 +65,17 @@ def parallel_training(state, sequence_parallel, **overrides):
     tp_size = state.get_tensor_model_parallel_world_size()
     model = apply_tensor_parallel(build_model(tp_size, **overrides), state, sequence_parallel,
                                   rng_tracker=tensor_parallel_rng_tracker(3, state.get_tensor_model_parallel_rank()))
+    sum_sequence_parallel_gradients_each_step(model, state.get_tensor_model_parallel_group(), micro_batches_per_step=1)
     return train(model), gather_full_state_dict(model, state)
+
+
+def sharding_layout(state):
+    """For every parameter of the sequence-parallel model: (the dim its shard was cut along, or None where it
+    is whole; whether it is marked sequence-parallel)."""
+    model = apply_tensor_parallel(build_model(2), state, sequence_parallel=True,
+                                  rng_tracker=tensor_parallel_rng_tracker(3, state.get_tensor_model_parallel_rank()))
+    return {name: (parameter.partition_dim if getattr(parameter, "tensor_model_parallel", False) else None,
+                   getattr(parameter, "sequence_parallel", False)) for name, parameter in model.named_parameters()}
 
 
 # --- dropout on ------------------------------------------------------------------------------------------
@@ -112,6 +122,12 @@ def on_two_ranks():
         for checkpoint_activations in (False, True):
             results[("dropout", sequence_parallel, checkpoint_activations)] = dropout_run(
                 state, sequence_parallel, checkpoint_activations)
+    results["layout"] = sharding_layout(state)
+    sharded = apply_tensor_parallel(build_model(2), state, rng_tracker=tensor_parallel_rng_tracker(3, 0))
+    try:
+        apply_tensor_parallel(sharded, state, rng_tracker=tensor_parallel_rng_tracker(3, 0))
+    except TypeError as error:
+        results["twice_error"] = str(error)
     try:
         apply_tensor_parallel(build_model(2, hidden_size=24, num_attention_heads=3), state,
                               rng_tracker=tensor_parallel_rng_tracker(3, 0))
@@ -199,3 +215,16 @@ def test_recomputation_with_dropout_gives_the_same_loss_and_grads(two_ranks, seq
 def test_heads_not_divisible_by_tp_size_is_an_input_error(two_ranks):
     assert two_ranks[0]["heads_error"].startswith(
         "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2")
+
+
+def test_the_sharded_model_is_split_and_marked_as_the_plan_says(two_ranks):
+    layout = two_ranks[0]["layout"]
+    assert layout.keys() == build_model(2).state_dict().keys()
+    for name, (cut_along, marked) in layout.items():
+        assert cut_along == tensor_parallel_partition_dim(name), name
+        assert marked == ("layernorm" in name or name.endswith(("attention.dense.bias", "dense_4h_to_h.bias"))), name
+
+
+def test_applying_the_plan_twice_is_refused(two_ranks):
+    assert two_ranks[0]["twice_error"].startswith("the tensor-parallel plan expects Embedding at "
+                                                  "'embedding.word_embeddings' but found VocabParallelEmbedding")

@@ -1,6 +1,7 @@
 """Parallel training through pretrain() on real gloo processes equals single-process training (fp32, dropout 0):
 per-iteration losses within 1e-5 relative and the same weights afterwards, for TP (with and without sequence
-parallelism), DP with every ZeRO stage, and TP x DP; a TP x DP checkpoint resumes exactly."""
+parallelism, on the pipeline engine with ZeRO 1 and on the plain one with ZeRO 0), DP with every ZeRO stage, and
+TP x DP; a TP x DP checkpoint resumes exactly."""
 import pytest
 import torch
 
@@ -14,11 +15,12 @@ pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
     (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     (4, ["--tensor-model-parallel-size", "4"]),
     (4, ["--tensor-model-parallel-size", "4", "--sequence-parallel"]),
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--no-pipeline-parallel", "--zero-stage", "0"]),
     (2, ["--zero-stage", "0"]),
     (2, ["--zero-stage", "1"]),
     (2, ["--zero-stage", "2", "--no-pipeline-parallel"]),
     (2, ["--zero-stage", "3", "--no-pipeline-parallel"]),
-], ids=["tp2", "tp2-sp", "tp4", "tp4-sp", "dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3"])
+], ids=["tp2", "tp2-sp", "tp4", "tp4-sp", "tp2-sp-plain-engine-zero0", "dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3"])
 def test_parallel_layout_equals_single_process(ranks, flags, data_prefix, single_process):
     result = run_on_ranks(train, ranks, [*COMMON, "--data-path", data_prefix, *flags])[0]
     assert_same_training(result, single_process)

@@ -125,11 +125,13 @@ def pipeline_with_varying_lengths():
 
     from megatron.model.pipe import GPTPipe, pipeline_micro_batch
     from megatron.parallel_state import ParallelState
-    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+    from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 
     deepspeed.init_distributed("gloo", verbose=False)
     parallel = ParallelState(tensor_parallel_size=2, pipeline_parallel_size=2)
     model = GPTPipe(VARYING, parallel, tensor_parallel_rng_tracker(5, parallel.tp_rank), sequence_parallel=True)
+    sum_sequence_parallel_gradients_each_step(model, parallel.get_tensor_model_parallel_group(),
+                                              micro_batches_per_step=2)
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
               "gradient_clipping": 0.0, "steps_per_print": 10 ** 9,
               "pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}

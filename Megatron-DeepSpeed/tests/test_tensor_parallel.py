@@ -68,6 +68,7 @@ def linear_layers_on_this_rank(group):
     row_upstream = torch.randn(2, 4, 6, generator=generator)
     for sequence_parallel in (False, True):
         row = tp.RowParallelLinear(row_linear.weight, row_linear.bias, group, sequence_parallel)
+        tp.sum_sequence_parallel_gradients_each_step(row, group, micro_batches_per_step=1)
         upstream_here = row_upstream[:, 2 * rank:2 * rank + 2] if sequence_parallel else row_upstream
         output, input_grad = forward_backward(row, row_inputs[..., 4 * rank:4 * rank + 4], upstream_here)
         results[("row", sequence_parallel)] = (output, input_grad, row.weight.grad, row.bias.grad,
@@ -100,6 +101,33 @@ def embedding_and_cross_entropy_on_this_rank(group):
             "inputs": (weight, ids, upstream, logits, labels, loss_weights)}
 
 
+def layer_norm_micro_batch(rank, micro_batch):
+    """Inputs for a LayerNorm(3) on `rank`'s sequence chunk in `micro_batch`, and the upstream gradient."""
+    inputs = torch.tensor([[0.0, 1.0, 3.0], [2.0, -1.0, 0.5]]) + rank * torch.tensor([[1.0, 0.0, -1.0],
+                                                                                        [0.0, 2.0, 0.0]])
+    upstream = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.7, -1.0]]) + micro_batch * torch.tensor([[0.0, 1.0, 0.0],
+                                                                                                 [2.0, 0.0, 1.0]])
+    return inputs, upstream
+
+
+def gradient_sum_on_this_rank(group):
+    """A LayerNorm used on sequence chunks, two micro-batches per step: its gradients after each backward, then
+    the error when backward passes reach the weight twice before the bias once."""
+    norm = torch.nn.LayerNorm(3)
+    for parameter in norm.parameters():
+        tp.mark_sequence_parallel(parameter)
+    tp.sum_sequence_parallel_gradients_each_step(norm, group, micro_batches_per_step=2)
+    gradients = []
+    for micro_batch in range(2):
+        inputs, upstream = layer_norm_micro_batch(dist.get_rank(group), micro_batch)
+        norm(inputs).backward(upstream)
+        gradients.append((norm.weight.grad.clone(), norm.bias.grad.clone()))
+    norm.weight.sum().backward()
+    with pytest.raises(RuntimeError) as caught:
+        norm.weight.sum().backward()
+    return gradients, str(caught.value)
+
+
 def input_errors_on_this_rank(group):
     messages = []
     for attempt in (lambda: tp.scatter_to_sequence_parallel_region(torch.zeros(1, 3, 2), group),
@@ -117,7 +145,7 @@ def everything_on_two_ranks():
     layers, column_case, row_case = linear_layers_on_this_rank(group)
     return {"mappings": mappings_on_this_rank(group), "layers": layers, "column_case": column_case,
             "row_case": row_case, "embedding": embedding_and_cross_entropy_on_this_rank(group),
-            "errors": input_errors_on_this_rank(group)}
+            "errors": input_errors_on_this_rank(group), "gradient_sum": gradient_sum_on_this_rank(group)}
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +226,7 @@ def test_row_parallel_linear_matches_torch(two_ranks, sequence_parallel):
         assert torch.allclose(got_input_grad, input_grad[..., columns], atol=1e-6)
         assert torch.allclose(got_weight_grad, weight_grad[:, columns], atol=1e-5)
         # The bias is added once, after the reduction; with sequence parallelism its gradient (from this rank's
-        # tokens only) is summed over the ranks by the hook, giving the full-sequence gradient.
+        # tokens only) is summed over the ranks at the end of the step, giving the full-sequence gradient.
         assert torch.allclose(got_bias_grad, bias_grad, atol=1e-5)
         assert marked == sequence_parallel
         assert result["layers"]["row_weight_marks"] == (True, 1, 0)
@@ -235,6 +263,26 @@ def test_input_errors_say_what_to_change(two_ranks):
     assert "--seq-length" in sequence
     assert column.startswith("output features 5 is not divisible by --tensor-model-parallel-size 2")
     assert embedding.startswith("padded vocabulary size 7 is not divisible by --tensor-model-parallel-size 2")
+
+
+# --- sequence-parallel gradients, summed once per step -----------------------------------------------------
+
+def test_sequence_parallel_gradients_are_summed_over_the_ranks_once_per_step(two_ranks):
+    def gradients(rank, micro_batch):
+        norm = torch.nn.LayerNorm(3)
+        inputs, upstream = layer_norm_micro_batch(rank, micro_batch)
+        norm(inputs).backward(upstream)
+        return norm.weight.grad, norm.bias.grad
+
+    step = [sum(parts) for parts in zip(*(gradients(rank, mb) for rank in range(2) for mb in range(2)))]
+    for rank, result in enumerate(two_ranks):
+        after_first, after_second = result["gradient_sum"][0]
+        for got, own in zip(after_first, gradients(rank, 0)):
+            assert torch.equal(got, own)  # mid-step: this rank's chunk only, nothing communicated yet
+        for got, expected in zip(after_second, step):
+            assert torch.allclose(got, expected, atol=1e-6)  # both ranks' chunks of both micro-batches
+    assert not torch.allclose(two_ranks[0]["gradient_sum"][0][0][0], two_ranks[1]["gradient_sum"][0][0][0])
+    assert "accumulated a second gradient before the others" in two_ranks[0]["gradient_sum"][1]
 
 
 # --- RNG tracker (single process: a tracker is per process) ------------------------------------------------

@@ -94,6 +94,8 @@ def training_step(engine, batch, before_optimizer_step=None) -> None:
 
 def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     """Bytes this rank holds under ZeRO `stage`, after one warm-up step (which creates Adam's state)."""
+    import deepspeed
+
     from megatron import device
     from megatron.arguments import parse_args, validate_args
     from megatron.config import job_config

@@ -1,33 +1,21 @@
-"""How each GPTModel parameter is split over tensor-parallel ranks (DESIGN §9), by name: the one table the
-checkpoint tools use to join shards into full tensors and to cut full tensors into shards.
-
-Column-parallel linears (fused QKV, h_to_4h) split their output rows (dim 0, weight and bias); row-parallel
-linears (attention.dense, 4h_to_h) split their input columns (dim 1; the bias is replicated); the word
-embedding splits its padded vocabulary rows (dim 0). Everything else is replicated. Fused QKV rows are
-ordered per attention head, so a dim-0 split hands each rank whole heads and joining is a plain concatenation.
+"""Joining tensor-parallel shards into full tensors and cutting full tensors into shards, for the checkpoint
+tools. Which dimension a parameter is split along is the tensor-parallel plan's rule
+(model/parallelize.py's tensor_parallel_partition_dim), the same one the training layers follow; fused QKV
+rows are ordered per attention head, so a dim-0 split hands each rank whole heads and joining is a plain
+concatenation.
 """
-import re
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
-from megatron.errors import InputError
+from megatron.model.parallelize import tensor_parallel_partition_dim as split_dim
+from megatron.tensor_parallel import shard_of as shard_along
 
-_SPLIT_DIMS = ((re.compile(r"(^|\.)word_embeddings\.weight$"), 0),
-               (re.compile(r"(^|\.)(query_key_value|dense_h_to_4h)\.(weight|bias)$"), 0),
-               (re.compile(r"(^|\.)(attention\.dense|dense_4h_to_h)\.weight$"), 1))
-
-
-def split_dim(name: str) -> Optional[int]:
-    """The dimension along which parameter `name` is split over tensor-parallel ranks; None if replicated."""
-    for pattern, dim in _SPLIT_DIMS:
-        if pattern.search(name):
-            return dim
-    return None
+__all__ = ["split_dim", "join_shards", "shard_of", "shard_state_dict"]
 
 
 def join_shards(name: str, shards: List[torch.Tensor]) -> torch.Tensor:
-    """The full tensor of `name` from its per-rank shards (ordered by tensor-parallel rank)."""
+    """The full tensor of GPTModel parameter `name` from its per-rank shards (ordered by tensor-parallel rank)."""
     dim = split_dim(name)
     if dim is None or len(shards) == 1:
         return shards[0]
@@ -39,10 +27,7 @@ def shard_of(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tenso
     dim = split_dim(name)
     if dim is None or size == 1:
         return full
-    if full.shape[dim] % size:
-        raise InputError(f"{name}: dimension {dim} of size {full.shape[dim]} cannot be split evenly over tensor "
-                         f"parallel size {size}; choose a tensor-parallel size that divides it")
-    return full.chunk(size, dim=dim)[rank]
+    return shard_along(full, dim, rank, size, what=f"{name}: dimension {dim} of size")
 
 
 def shard_state_dict(full: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, torch.Tensor]:

@@ -159,7 +159,6 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     tag = f"global_step{state.iteration}"
     tag_dir = os.path.join(out_dir, tag)
     names = list(model)
-    shapes = {name: tensor.shape for name, tensor in model.items()}
     args = recorded_args(state.args, target, config.vocab_size)
 
     if target.pipeline_engine:

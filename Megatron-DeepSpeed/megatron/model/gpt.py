@@ -7,8 +7,8 @@
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
 piece draws its initial weights from its own random stream, seeded by (init_seed, piece index), so the weights
-do not depend on which process or pipeline stage builds which piece. Parallelism is
-applied from outside by swapping pieces (model/parallelize.py); the model itself knows nothing about it. Tensors are
+do not depend on which process or pipeline stage builds which piece. Parallelism is applied from outside by a
+plan keyed by module path (model/parallelize.py); the model itself knows nothing about it. Tensors are
 batch-first: hidden states are [batch, seq, hidden]. Parameter names follow Megatron, so it is obvious which
 linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
 (attention.dense, mlp.dense_4h_to_h) under tensor parallelism.

@@ -1,36 +1,35 @@
-"""Tensor and sequence parallelism applied to a built GPTModel (or to the pieces of a pipeline stage) from
-outside, by swapping its pieces in place.
+"""The GPT model's tensor-parallel plan, applied from outside to a built GPTModel or to the pieces of a
+pipeline stage, and the gathering of full weights that the same plan drives.
 
-Build the model with the same seed on every rank, then call apply_tensor_parallel: each linear, the word
-embedding, the LM head and the loss are replaced by tensor-parallel versions holding this rank's shard of the
-very same weights, so the result computes what the single-process model computes.
+Build the model with the same seed on every rank, then call apply_tensor_parallel: the plan below names, by
+path in GPTModel, what each module becomes; every split module keeps this rank's shard of the very same
+weights, so the result computes what the single-process model computes.
 
-What changes where (TP = tensor-parallel group):
-  word embedding           VocabParallelEmbedding (vocabulary rows split; output all-reduced)
-  query_key_value, h_to_4h ColumnParallelLinear (output features split: whole heads / ffn columns)
-  attention.dense, 4h_to_h RowParallelLinear (input features split; output all-reduced or reduce-scattered)
-  attention kernel         runs in the model-parallel random stream (each rank's heads drop out differently)
-  LM head + loss           vocab-split logits and vocab-parallel cross entropy (full logits never exist)
-With sequence_parallel, activations between the TP regions are split along the sequence: the embedding
-output is scattered, LayerNorms and dropout run on the local chunk (dropout in the model-parallel stream),
-the column-parallel linears and the LM head gather the sequence, the row-parallel ones reduce-scatter it.
-Parameters that are replicated but see only local tokens (LayerNorms, row-parallel biases) are marked
-`sequence_parallel=True` and sum their gradients over TP through hooks, so no training-loop call is needed.
+  embedding.word_embeddings      vocabulary rows split; output all-reduced
+  layers.*.attention             whole heads per rank; the attention kernel runs in the model-parallel random
+                                 stream (each rank's heads drop out differently)
+  query_key_value, dense_h_to_4h column-parallel (output features split)
+  attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
+  lm_head, loss                  vocab-split logits and vocab-parallel cross entropy (full logits never exist)
+With sequence_parallel, activations between the tensor-parallel regions are split along the sequence: the
+embedding's dropout first scatters it, LayerNorms and dropout run on the local chunk (dropout in the
+model-parallel stream), the column-parallel linears and the LM head gather the sequence, the row-parallel ones
+reduce-scatter it. Parameters replicated but seeing only local tokens (LayerNorms, row-parallel biases) are
+marked `sequence_parallel`; the training loop sums their gradients over the tensor-parallel group once per step
+(megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
 """
-from collections import OrderedDict
-from typing import Dict, List
+from types import MappingProxyType
+from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
 from deepspeed.pipe import PipelineModule
 from torch import nn
 
-from megatron.errors import InputError
-from megatron.model.gpt import (MLP, Embedding, GPTModel, LanguageModelLoss, LMHead, SelfAttention, TransformerLayer,
-                                masked_mean)
-from megatron.tensor_parallel import (ColumnParallelLinear, RNGForkedDropout, RNGStatesTracker, RowParallelLinear,
-                                      VocabParallelEmbedding, column_parallel_linear, mark_sequence_parallel,
-                                      scatter_to_sequence_parallel_region, vocab_parallel_cross_entropy)
+from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, masked_mean
+from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, vocab_parallel_cross_entropy
+from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
+                                           SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
+                                           join_shards, parallelize_module, partition_dim, require_divisible_by_tp)
 
 
 class RNGForkedAttention:
@@ -43,15 +42,6 @@ class RNGForkedAttention:
     def __call__(self, query, key, value, attention_mask, dropout_p):
         with self.rng_tracker.fork():
             return self.kernel(query, key, value, attention_mask, dropout_p)
-
-
-class ScatterToSequenceParallelRegion(nn.Module):
-    def __init__(self, group):
-        super().__init__()
-        self.group = group
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return scatter_to_sequence_parallel_region(hidden, self.group)
 
 
 class VocabParallelLMHead(nn.Module):
@@ -76,103 +66,96 @@ class VocabParallelLanguageModelLoss(nn.Module):
         return masked_mean(vocab_parallel_cross_entropy(logits, labels, self.group), loss_mask)
 
 
-def check_divisible_by_tensor_parallel_size(pieces: List[nn.Module], tp_size: int) -> None:
-    """Raise InputError, before anything is swapped, if a piece cannot be split evenly over tp_size ranks."""
-    for piece in pieces:
-        if isinstance(piece, SelfAttention):
-            what, value, fix = ("--num-attention-heads", piece.num_heads, "each rank must hold whole attention heads")
-        elif isinstance(piece, MLP):
-            what, value, fix = ("--ffn-hidden-size", piece.dense_h_to_4h.out_features,
-                                "choose an FFN size divisible by it")
-        elif isinstance(piece, Embedding):
-            what, value, fix = ("the padded vocabulary size", piece.word_embeddings.num_embeddings,
-                                "pad the vocabulary with megatron.tokenizer.vocab_size_with_padding(..., "
-                                "tensor_model_parallel_size)")
-        else:
-            continue
-        if value % tp_size:
-            raise InputError(f"{what} {value} is not divisible by --tensor-model-parallel-size {tp_size}; {fix}")
+class HeadParallelAttention(ParallelStyle):
+    """SelfAttention whose projections hand each rank whole heads."""
+    expected_type = SelfAttention
+
+    def check(self, module, path, world_size):
+        super().check(module, path, world_size)
+        require_divisible_by_tp(module.num_heads, world_size, "--num-attention-heads",
+                          "each rank must hold whole attention heads")
+
+    def apply(self, module, context):
+        module.attend = RNGForkedAttention(module.attend, context.rng_tracker)
+        return module
 
 
-def apply_tensor_parallel(model: nn.Module, parallel_state, sequence_parallel: bool = False, *,
-                          rng_tracker: RNGStatesTracker) -> nn.Module:
-    """Shard every GPT piece inside `model` in place (and return it): a whole GPTModel, or a single piece as a
-    pipeline stage builds it (model/pipe.py), so both share this one set of swaps.
+class VocabParallelHead(ParallelStyle):
+    expected_type = LMHead
+
+    def apply(self, module, context):
+        return VocabParallelLMHead(context.group, context.sequence_parallel)
+
+
+class VocabParallelLoss(ParallelStyle):
+    expected_type = LanguageModelLoss
+
+    def apply(self, module, context):
+        return VocabParallelLanguageModelLoss(context.group)
+
+
+class RecomputeWithTrackedStreams(ParallelStyle):
+    """The whole GPTModel: activation recomputation must also rewind the tracker's random streams."""
+    expected_type = GPTModel
+
+    def apply(self, module, context):
+        module.checkpoint_layer = context.rng_tracker.checkpoint
+        return module
+
+
+_FFN = ("--ffn-hidden-size", "choose an FFN size divisible by it")
+
+# Paths are GPTModel's; a pipeline stage applies the plan to each piece at the piece's path (model/pipe.py).
+GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
+    "": RecomputeWithTrackedStreams(),
+    "embedding.word_embeddings": VocabParallel(),
+    "embedding.dropout": SequenceChunkingDropout(),
+    "layers.*.input_layernorm": SequenceParallel(),
+    "layers.*.attention": HeadParallelAttention(),
+    "layers.*.attention.query_key_value": ColumnParallel(),
+    "layers.*.attention.dense": RowParallel(),
+    "layers.*.post_attention_layernorm": SequenceParallel(),
+    "layers.*.mlp.dense_h_to_4h": ColumnParallel(*_FFN),
+    "layers.*.mlp.dense_4h_to_h": RowParallel(*_FFN),
+    "layers.*.dropout": SequenceParallelDropout(),
+    "final_layernorm": SequenceParallel(),
+    "lm_head": VocabParallelHead(),
+    "loss": VocabParallelLoss(),
+})
+
+
+def tensor_parallel_partition_dim(name: str) -> Optional[int]:
+    """For a parameter's full name in GPTModel (e.g. 'layers.3.attention.dense.weight'), the dim along which
+    tensor parallelism splits it over the ranks, or None where every rank holds all of it. Splitting a full
+    checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of) and joining them back
+    (torch.cat along the same dim) both follow this rule."""
+    return partition_dim(GPT_TENSOR_PARALLEL_PLAN, name)
+
+
+def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: bool = False, *,
+                          rng_tracker: RNGStatesTracker, path: str = "") -> nn.Module:
+    """Shard `module` by the GPT plan in place and return what takes its place: a whole GPTModel (path ""), or a
+    pipeline stage's piece at its path in GPTModel (model/pipe.py), so both share this one plan.
 
     rng_tracker: from tensor_parallel_rng_tracker(seed, tp_rank); dropout in TP / SP regions draws from it and
-    activation recomputation rewinds it. Its states belong in checkpoints next to torch's.
+    activation recomputation rewinds it. Its states belong in checkpoints next to torch's. With
+    sequence_parallel, whoever trains the module must sum the marked gradients
+    (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
     """
-    group = parallel_state.get_tensor_model_parallel_group()
-    modules = list(model.modules())
-    if any(isinstance(module, (VocabParallelEmbedding, ColumnParallelLinear)) for module in modules):
-        raise ValueError("apply_tensor_parallel was already applied to this model")
-    check_divisible_by_tensor_parallel_size(modules, dist.get_world_size(group))
-
-    def column(linear):
-        return ColumnParallelLinear(linear.weight, linear.bias, group, sequence_parallel)
-
-    def row(linear):
-        return RowParallelLinear(linear.weight, linear.bias, group, sequence_parallel)
-
-    def mark_layer_norm(layer_norm):
-        for parameter in layer_norm.parameters():
-            mark_sequence_parallel(parameter, group)
-
-    def shard_embedding(embedding: Embedding):
-        embedding.word_embeddings = VocabParallelEmbedding(embedding.word_embeddings.weight, group)
-        if sequence_parallel:
-            embedding.dropout = nn.Sequential(OrderedDict(
-                scatter_to_sequence_chunks=ScatterToSequenceParallelRegion(group),
-                dropout=RNGForkedDropout(embedding.dropout.p, rng_tracker)))
-
-    def shard_layer(layer: TransformerLayer):
-        attention, mlp = layer.attention, layer.mlp
-        attention.query_key_value, attention.dense = column(attention.query_key_value), row(attention.dense)
-        attention.attend = RNGForkedAttention(attention.attend, rng_tracker)
-        mlp.dense_h_to_4h, mlp.dense_4h_to_h = column(mlp.dense_h_to_4h), row(mlp.dense_4h_to_h)
-        if sequence_parallel:
-            layer.dropout = RNGForkedDropout(layer.dropout.p, rng_tracker)
-            mark_layer_norm(layer.input_layernorm)
-            mark_layer_norm(layer.post_attention_layernorm)
-
-    for module in modules:
-        if isinstance(module, Embedding):
-            shard_embedding(module)
-        elif isinstance(module, TransformerLayer):
-            shard_layer(module)
-        # The final LayerNorm goes by this attribute name in GPTModel and in the pipeline's final piece.
-        if sequence_parallel and hasattr(module, "final_layernorm"):
-            mark_layer_norm(module.final_layernorm)
-        for name, child in list(module.named_children()):
-            if isinstance(child, LMHead):
-                setattr(module, name, VocabParallelLMHead(group, sequence_parallel))
-            elif isinstance(child, LanguageModelLoss):
-                setattr(module, name, VocabParallelLanguageModelLoss(group))
-    if isinstance(model, GPTModel):
-        model.checkpoint_layer = rng_tracker.checkpoint
-    return model
-
-
-def _join_tensor_parallel_shards(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
-    group = parallel_state.get_tensor_model_parallel_group()
-    world_size = dist.get_world_size(group)
-    full = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        local = tensor.detach().contiguous()
-        if getattr(tensor, "tensor_model_parallel", False) and world_size > 1:
-            shards = [torch.empty_like(local) for _ in range(world_size)]
-            dist.all_gather(shards, local, group=group)
-            full[name] = torch.cat(shards, dim=tensor.partition_dim)
-        else:
-            full[name] = local.clone()
-    return full
+    context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
+    return parallelize_module(module, GPT_TENSOR_PARALLEL_PLAN, context, path)
 
 
 def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
     """The single-process GPTModel's state dict, rebuilt on every rank by joining the tensor-parallel shards
     and, for a pipeline stage, collecting every stage's pieces under GPTModel's names (a collective: every
     rank of the model's groups must call it)."""
-    full = _join_tensor_parallel_shards(model, parallel_state)
-    if isinstance(model, PipelineModule):  # model/pipe.py's GPTPipe: it knows its stages' names
+    pipelined = isinstance(model, PipelineModule)  # model/pipe.py's GPTPipe: it knows its pieces' names
+    group = parallel_state.get_tensor_model_parallel_group()
+    full = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        name = model.single_process_name(name) if pipelined else name
+        full[name] = join_shards(tensor, tensor_parallel_partition_dim(name), group)
+    if pipelined:
         return model.single_process_state_dict(full, parallel_state.get_pipeline_model_parallel_group())
     return full

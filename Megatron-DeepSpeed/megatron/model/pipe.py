@@ -12,12 +12,13 @@ the embedding, the last one the final LayerNorm, the LM head and the loss. The d
 pipeline_micro_batch(batch): the first stage reads its inputs, the last one its labels and loss mask, and the
 attention mask (when there is one) rides along between stages with the hidden states.
 
-Every piece is built as GPTModel builds it (same seeded_init index) and then handed to `prepare`, which under
-tensor parallelism shards it right away with apply_tensor_parallel: a pipeline of any layout starts from the
-single-process weights, and DeepSpeed's bookkeeping of tied parameters sees the final, sharded ones.
+Every piece is built as GPTModel builds it (same seeded_init index) and then handed to `prepare` with its path in
+GPTModel (`gpt_model_path`), which under tensor parallelism shards it right away by the same plan as the plain
+model (apply_tensor_parallel): a pipeline of any layout starts from the single-process weights, and DeepSpeed's
+bookkeeping of tied parameters sees the final, sharded ones. The same paths name the stage's parameters as
+GPTModel names them (single_process_name).
 """
 import logging
-import re
 from typing import Dict, Tuple
 
 import torch
@@ -49,11 +50,13 @@ class EmbeddingPipe(Embedding):
     """The embedding on the first stage and, tied to it, the LM head on the last (which scores hidden states
     against these word embeddings through `lm_head`, see lm_head_logits)."""
 
+    gpt_model_path = "embedding"
+
     def __init__(self, config: GPTConfig, prepare):
         with seeded_init(config, EMBEDDING_PIECE):
             super().__init__(config)
-        self.lm_head = LMHead()
-        prepare(self)
+        self.lm_head = prepare(LMHead(), "lm_head")
+        prepare(self, self.gpt_model_path)
 
     def forward(self, inputs):
         tokens, position_ids, *attention_mask = inputs
@@ -68,7 +71,8 @@ class TransformerLayerPipe(TransformerLayer):
     def __init__(self, config: GPTConfig, layer_number: int, prepare):
         with seeded_init(config, layer_piece(layer_number)):
             super().__init__(config)
-        prepare(self)
+        self.gpt_model_path = f"layers.{layer_number}"
+        prepare(self, self.gpt_model_path)
 
     def forward(self, inputs):
         hidden, *attention_mask = _as_tuple(inputs)
@@ -76,10 +80,11 @@ class TransformerLayerPipe(TransformerLayer):
 
 
 class FinalLayerNormPipe(nn.Module):
+    gpt_model_path = ""  # its final_layernorm is GPTModel's
+
     def __init__(self, config: GPTConfig, prepare):
         super().__init__()
-        self.final_layernorm = layer_norm(config)
-        prepare(self)
+        self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
 
     def forward(self, inputs) -> torch.Tensor:
         return self.final_layernorm(_as_tuple(inputs)[0])
@@ -88,9 +93,9 @@ class FinalLayerNormPipe(nn.Module):
 class LanguageModelLossPipe(nn.Module):
     """DeepSpeed calls loss_fn(outputs, labels) with the second item of the micro-batch as `labels`."""
 
-    def __init__(self):
+    def __init__(self, prepare):
         super().__init__()
-        self.loss = LanguageModelLoss()
+        self.loss = prepare(LanguageModelLoss(), "loss")
 
     def forward(self, logits: torch.Tensor, labels_and_loss_mask: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         labels, loss_mask = labels_and_loss_mask
@@ -119,10 +124,12 @@ class GPTPipe(PipelineModule):
     def __init__(self, config: GPTConfig, parallel_state, rng_tracker, sequence_parallel: bool = False):
         layout = parallel_state.layout
 
-        def prepare(piece: nn.Module) -> nn.Module:
+        def prepare(piece: nn.Module, path: str) -> nn.Module:
+            """The piece as it runs on this rank: sharded by the tensor-parallel plan at its GPTModel path."""
             if layout.tensor == 1:
                 return piece
-            return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker)
+            return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker,
+                                         path=path)
 
         specs = [TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),
                  *(LayerSpec(TransformerLayerPipe, config, number, prepare) for number in range(config.num_layers)),
@@ -135,7 +142,7 @@ class GPTPipe(PipelineModule):
             super().__init__(
                 specs, topology=PipeModelDataParallelTopology(num_pp=layout.pipeline, num_mp=layout.tensor,
                                                               num_dp=layout.data),
-                loss_fn=prepare(LanguageModelLossPipe()), partition_method=f"type:{TransformerLayerPipe.__name__}",
+                loss_fn=LanguageModelLossPipe(prepare), partition_method=f"type:{TransformerLayerPipe.__name__}",
                 activation_checkpoint_interval=int(config.checkpoint_activations),
                 activation_checkpoint_func=rng_tracker.checkpoint,
                 checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
@@ -151,24 +158,24 @@ class GPTPipe(PipelineModule):
                 for start, stop in zip(self.parts[:-1], self.parts[1:])]
 
     def single_process_name(self, name: str) -> str:
-        """GPTModel's name for a parameter of this stage ('tied_modules.embedding.x' -> 'embedding.x',
-        '3.mlp...' -> 'layers.2.mlp...', '<L+1>.final_layernorm.x' -> 'final_layernorm.x')."""
-        tied_prefix = f"tied_modules.{TIED_EMBEDDING}."
-        if name.startswith(tied_prefix):
-            return "embedding." + name[len(tied_prefix):]
-        spec_index, rest = re.fullmatch(r"(\d+)\.(.*)", name).groups()
-        layer_number = int(spec_index) - layer_piece(0)
-        return f"layers.{layer_number}.{rest}" if layer_number < self.num_transformer_layers else rest
+        """GPTModel's name for a parameter of this stage: its piece's path in GPTModel, then its name inside the
+        piece ('tied_modules.embedding.x' -> 'embedding.x', '3.mlp.x' -> 'layers.2.mlp.x',
+        '<L+1>.final_layernorm.x' -> 'final_layernorm.x')."""
+        parts = name.split(".")
+        owner = 2 if parts[0] == "tied_modules" else 1
+        piece = self.get_submodule(".".join(parts[:owner]))
+        return ".".join(filter(None, [piece.gpt_model_path, *parts[owner:]]))
 
-    def single_process_state_dict(self, stage_state: Dict[str, torch.Tensor],
-                                  pipeline_group) -> Dict[str, torch.Tensor]:
-        """GPTModel's state dict from every stage's `stage_state` (a collective over the pipeline group). The
-        tied embedding is taken from the first stage, which is the one that uses its position embeddings."""
+    @staticmethod
+    def single_process_state_dict(stage_state: Dict[str, torch.Tensor], pipeline_group) -> Dict[str, torch.Tensor]:
+        """GPTModel's state dict from every stage's `stage_state`, already named as in GPTModel (a collective
+        over the pipeline group). The tied embedding is taken from the first stage, which is the one that uses
+        its position embeddings."""
         stages = [None] * dist.get_world_size(pipeline_group)
         dist.all_gather_object(stages, {name: tensor.cpu() for name, tensor in stage_state.items()},
                                group=pipeline_group)
         full = {}
         for stage in stages:
             for name, tensor in stage.items():
-                full.setdefault(self.single_process_name(name), tensor)
+                full.setdefault(name, tensor)
         return full

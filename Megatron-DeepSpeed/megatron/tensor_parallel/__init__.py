@@ -1,21 +1,24 @@
 """Tensor and sequence parallelism: named communication functions, sharded layers, vocab-parallel cross
-entropy, and the RNG streams dropout draws from under tensor parallelism."""
+entropy, the RNG streams dropout draws from under tensor parallelism, and the once-per-step sum of the
+sequence-parallel gradients."""
 from megatron.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDropout, RowParallelLinear,
-                                             VocabParallelEmbedding, column_parallel_linear, mark_sequence_parallel,
-                                             shard_parameter)
+                                             VocabParallelEmbedding, column_parallel_linear, shard_of, shard_parameter)
 from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                                gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                                                reduce_scatter_to_sequence_parallel_region,
                                                scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
 from megatron.tensor_parallel.random import (MODEL_PARALLEL_RNG, RNGStatesTracker, tensor_parallel_rng_tracker)
+from megatron.tensor_parallel.sequence_parallel_grads import (mark_sequence_parallel,
+                                                              sum_sequence_parallel_gradients_each_step)
 
 __all__ = [
     "vocab_parallel_cross_entropy",
     "ColumnParallelLinear", "RNGForkedDropout", "RowParallelLinear", "VocabParallelEmbedding", "column_parallel_linear",
-    "mark_sequence_parallel", "shard_parameter",
+    "shard_of", "shard_parameter",
     "copy_to_tensor_parallel_region", "gather_from_sequence_parallel_region", "gather_from_tensor_parallel_region",
     "reduce_from_tensor_parallel_region", "reduce_scatter_to_sequence_parallel_region",
     "scatter_to_sequence_parallel_region", "scatter_to_tensor_parallel_region",
     "MODEL_PARALLEL_RNG", "RNGStatesTracker", "tensor_parallel_rng_tracker",
+    "mark_sequence_parallel", "sum_sequence_parallel_gradients_each_step",
 ]

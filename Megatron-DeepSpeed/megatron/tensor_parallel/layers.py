@@ -3,7 +3,7 @@
 Building the whole model identically on every rank (same seed) and then slicing it means a tensor-parallel
 model starts from exactly the single-process weights, so parity is exact and the model code needs no
 knowledge of parallelism ("parallelize from outside"). Sharded parameters carry `tensor_model_parallel=True`
-and `partition_dim`, the attributes DeepSpeed's gradient-norm code and gather_full_state_dict read.
+and `partition_dim`, the attributes DeepSpeed's gradient-norm code reads.
 """
 from typing import Optional
 
@@ -12,40 +12,30 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.errors import InputError
+from megatron.errors import require_divisible
 from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                                reduce_from_tensor_parallel_region,
                                                reduce_scatter_to_sequence_parallel_region)
 from megatron.tensor_parallel.random import MODEL_PARALLEL_RNG, RNGStatesTracker
+from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
+
+
+def shard_of(full: torch.Tensor, dim: int, rank: int, world_size: int, what: str = "size") -> torch.Tensor:
+    """Rank `rank`'s equal slice of `full` along `dim`, of `world_size` slices (a view)."""
+    require_divisible(what, full.shape[dim], "--tensor-model-parallel-size", world_size,
+                      "choose a tensor-parallel size that divides it")
+    size = full.shape[dim] // world_size
+    return full.narrow(dim, rank * size, size)
 
 
 def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parameter:
     """This rank's equal slice of `full` along `dim`, as a parameter marked tensor-parallel."""
-    world_size = dist.get_world_size(group)
-    if full.shape[dim] % world_size:
-        raise InputError(f"{what} {full.shape[dim]} is not divisible by --tensor-model-parallel-size {world_size}; "
-                         "choose a tensor-parallel size that divides it")
-    size = full.shape[dim] // world_size
-    parameter = nn.Parameter(full.detach().narrow(dim, dist.get_rank(group) * size, size).clone())
+    shard = shard_of(full.detach(), dim, dist.get_rank(group), dist.get_world_size(group), what)
+    parameter = nn.Parameter(shard.clone())
     parameter.tensor_model_parallel = True
     parameter.partition_dim = dim
     parameter.partition_stride = 1
     return parameter
-
-
-def mark_sequence_parallel(parameter: nn.Parameter, group) -> None:
-    """For a parameter replicated across TP ranks that only sees this rank's sequence chunk: sum its gradient
-    over the group as soon as it is computed, so every rank applies the same full-sequence gradient and the
-    replicas stay equal. Done with a hook so no training loop has to remember a call before the optimizer."""
-
-    def sum_over_tensor_parallel_ranks(grad):
-        summed = grad.clone()
-        dist.all_reduce(summed, group=group)
-        return summed
-
-    parameter.sequence_parallel = True
-    if dist.get_world_size(group) > 1:
-        parameter.register_hook(sum_over_tensor_parallel_ranks)
 
 
 def column_parallel_linear(hidden, weight, bias, group, sequence_parallel: bool):
@@ -86,7 +76,7 @@ class RowParallelLinear(nn.Module):
         self.weight = shard_parameter(weight, 1, group, "input features")
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         if self.bias is not None and sequence_parallel:
-            mark_sequence_parallel(self.bias, group)
+            mark_sequence_parallel(self.bias)  # added to this rank's sequence chunk only
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         partial = F.linear(hidden, self.weight)

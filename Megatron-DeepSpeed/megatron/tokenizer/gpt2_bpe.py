@@ -7,7 +7,6 @@ rank is its position in merges.txt; where vocab.json numbers tokens in that same
 files, files from train_bpe_vocab) the ranks are the vocab ids, otherwise ranks are mapped to ids
 after encoding.
 """
-import json
 
 import numpy as np
 import tiktoken

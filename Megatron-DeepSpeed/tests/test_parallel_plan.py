@@ -1,0 +1,40 @@
+"""The GPT tensor-parallel plan as data, in this process: which style each module path gets, the partition dim
+of every parameter name, and that every pattern of the plan still names modules of the model (the plan's
+application on real ranks is checked in test_model_parallel_parity.py and test_pipeline.py)."""
+from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.parallelize import GPT_TENSOR_PARALLEL_PLAN, tensor_parallel_partition_dim
+from megatron.tensor_parallel.plan import ColumnParallel, RowParallel, SequenceParallel, style_for
+
+CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=3, hidden_size=16, num_attention_heads=2)
+
+
+def test_partition_dims_of_the_gpt_parameters():
+    dims = {"embedding.word_embeddings.weight": 0, "embedding.position_embeddings.weight": None,
+            "layers.11.input_layernorm.weight": None, "layers.11.attention.query_key_value.weight": 0,
+            "layers.11.attention.query_key_value.bias": 0, "layers.11.attention.dense.weight": 1,
+            "layers.11.attention.dense.bias": None, "layers.11.post_attention_layernorm.bias": None,
+            "layers.11.mlp.dense_h_to_4h.weight": 0, "layers.11.mlp.dense_h_to_4h.bias": 0,
+            "layers.11.mlp.dense_4h_to_h.weight": 1, "layers.11.mlp.dense_4h_to_h.bias": None,
+            "final_layernorm.weight": None, "final_layernorm.bias": None}
+    assert {name: tensor_parallel_partition_dim(name) for name in dims} == dims
+
+
+def test_a_star_stands_for_exactly_one_path_component():
+    assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.0.attention.query_key_value"), ColumnParallel)
+    assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.7.mlp.dense_4h_to_h"), RowParallel)
+    assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "final_layernorm"), SequenceParallel)
+    for path in ("layers.attention.dense", "layers.1.2.attention.dense", "attention.dense",
+                 "layers.1.attention.dense.weight", "embedding.final_layernorm"):
+        assert style_for(GPT_TENSOR_PARALLEL_PLAN, path) is None, path
+
+
+def test_every_pattern_of_the_plan_names_modules_of_the_model():
+    model = GPTModel(CONFIG)
+    paths = [path for path, _ in model.named_modules()]
+    for pattern, style in GPT_TENSOR_PARALLEL_PLAN.items():
+        matched = [path for path in paths if style_for({pattern: style}, path) is not None]
+        assert matched, pattern
+        assert all(isinstance(model.get_submodule(path), style.expected_type) for path in matched), pattern
+    for name, parameter in model.named_parameters():  # a split dim is one the parameter has
+        dim = tensor_parallel_partition_dim(name)
+        assert dim is None or dim < parameter.dim(), name
