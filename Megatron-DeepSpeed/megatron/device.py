@@ -24,6 +24,16 @@ def device_name() -> str:
     return accelerator().device_name()
 
 
+def device_model_name() -> str:
+    """The model of this process's accelerator as its driver names it (e.g. "NVIDIA H100 80GB HBM3",
+    "Ascend910B3"), for looking up its peak FLOP/s; "cpu" on the CPU."""
+    name = device_name()
+    backend = getattr(torch, name, None)  # torch.cuda, torch.npu (registered by torch_npu), torch.xpu
+    if name == "cpu" or backend is None or not hasattr(backend, "get_device_name"):
+        return name
+    return backend.get_device_name(local_rank())
+
+
 def local_rank() -> int:
     """This process's index on its node, as set by torchrun or the deepspeed launcher (0 when run alone)."""
     value = os.environ.get("LOCAL_RANK", "0")

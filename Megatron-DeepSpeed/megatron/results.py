@@ -25,6 +25,7 @@ from dataclasses import astuple, dataclass
 
 from megatron.atomic_files import write_atomically
 from megatron.errors import InputError
+from megatron.flops import format_mfu
 from megatron.json_files import read_json_object
 from megatron.presets import get_preset
 from megatron.tokenizer import vocab_size_with_padding
@@ -38,7 +39,7 @@ LOSS_CURVE_FILE = "loss_curve.png"
 WARMUP_MIN_RECORDS = 3
 WARMUP_FRACTION = 0.1
 
-TABLE_HEADER = ("NAME (device)", "params", "PPL", "samples/s", "seq_len", "Steps")
+TABLE_HEADER = ("NAME (device)", "params", "PPL", "samples/s", "TFLOPs", "MFU", "seq_len", "Steps")
 DEVICE_LABELS = {"cpu": "CPU", "cuda": "GPU", "npu": "NPU"}
 GPT2_VOCAB_SIZE = 50257  # the vocabulary upstream's published runs used
 # docs/ARCHITECTURE.md, Presets: upstream Megatron-DeepSpeed on 8 devices, figures as published (text, so "37.8" stays
@@ -86,6 +87,8 @@ class RunSummary:
     best_validation_ppl: float | None
     steps: int
     duration_seconds: float
+    tflops: float | None = None  # per device, mean after warm-up; None where the log has no TFLOPs
+    mfu: float | None = None  # mean after warm-up; None where the device's peak is unknown
 
     @property
     def reported_ppl(self) -> float:
@@ -108,6 +111,8 @@ class TableRow:
     params: str
     ppl: str
     samples_per_second: str
+    tflops: str
+    mfu: str
     seq_len: str
     steps: str
 
@@ -146,6 +151,11 @@ def _throughput(record):
     return None
 
 
+def _mean(values):
+    """Mean of values, or None when any is missing (a figure the log does not carry throughout)."""
+    return None if not values or None in values else sum(values) / len(values)
+
+
 def summarize(log, info, log_path):
     """RunSummary of a parsed log; log_path only names the file in errors."""
     if not log.iterations:
@@ -162,7 +172,10 @@ def summarize(log, info, log_path):
         raise InputError(f"{log_path}: no iteration line carries 'lm loss' (every logged iteration was "
                          f"skipped or hit NaN); look at the loss scale and grad norm columns")
     validation_ppls = [record.ppl for record in log.validations if record.prefix == "validation"]
+    steady = steady_state_records(log.iterations)
     return RunSummary(samples_per_second=sum(rates) / len(rates),
+                      tflops=_mean([record.tflops for record in steady]),
+                      mfu=_mean([record.mfu for record in steady]),
                       final_train_ppl=perplexity(losses[-1]),
                       best_validation_ppl=min(validation_ppls, default=None),
                       steps=log.iterations[-1].iteration,
@@ -243,7 +256,8 @@ def run_row(run):
     params = gpt_parameter_count(info.num_layers, info.hidden_size, info.seq_length, info.padded_vocab_size)
     return TableRow(name=run_name(info), params=format_parameter_count(params),
                     ppl=f"{summary.reported_ppl:.3f}", samples_per_second=f"{summary.samples_per_second:.3f}",
-                    seq_len=str(info.seq_length), steps=str(summary.steps))
+                    tflops=MISSING_CELL if summary.tflops is None else f"{summary.tflops:.3g}",
+                    mfu=format_mfu(summary.mfu), seq_len=str(info.seq_length), steps=str(summary.steps))
 
 
 def upstream_rows(model_size):
@@ -258,8 +272,8 @@ def upstream_rows(model_size):
                                         tensor_model_parallel_size=preset["tensor_model_parallel_size"])
         params = gpt_parameter_count(preset["num_layers"], preset["hidden_size"], preset["seq_length"], vocab)
         rows.append(TableRow(name=f"{size} ({device}, upstream)", params=format_parameter_count(params),
-                             ppl=ppl or MISSING_CELL, samples_per_second=rate,
-                             seq_len=str(preset["seq_length"]), steps=MISSING_CELL))
+                             ppl=ppl or MISSING_CELL, samples_per_second=rate, tflops=MISSING_CELL,
+                             mfu=MISSING_CELL, seq_len=str(preset["seq_length"]), steps=MISSING_CELL))
     return rows
 
 

@@ -39,7 +39,8 @@ from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer
-from megatron.training_log import iteration_line, perplexity, tflops_per_device, validation_lines
+from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
+from megatron.training_log import iteration_line, perplexity, validation_lines
 
 _log = logging.getLogger(__name__)
 
@@ -193,6 +194,14 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(log_dir=config.logging.tensorboard_dir)
         self.losses, self.interval_start = [], time.perf_counter()
+        shape = (config.batch.global_batch_size, config.data.seq_length, model.num_layers, model.hidden_size,
+                 model.vocab_size)
+        # Logged TFLOPs count the recomputed forward as upstream's do; MFU counts the model's work only.
+        self.hardware_flops = flops_per_iteration(*shape, recompute=model.checkpoint_activations)
+        self.model_flops = flops_per_iteration(*shape, recompute=False)
+        precision = config.precision
+        self.peak = peak_tflops(device.device_model_name(),
+                                "fp16" if precision.fp16 else "bf16" if precision.bf16 else "fp32")
 
     def iteration(self, state: TrainState, loss: float, grad_norm: float, lr: float, engine) -> None:
         self.losses.append(loss)
@@ -202,15 +211,14 @@ class MetricsLog:
         seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
         mean_loss = sum(self.losses) / len(self.losses)
         loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
-        global_batch_size, model = self.config.batch.global_batch_size, self.model
+        global_batch_size, world_size = self.config.batch.global_batch_size, self.config.parallel.world_size
         samples_per_second = global_batch_size / seconds
-        tflops = tflops_per_device(global_batch_size, self.config.data.seq_length, model.num_layers,
-                                   model.hidden_size, model.vocab_size, seconds, self.config.parallel.world_size,
-                                   model.checkpoint_activations)
+        tflops = tflops_per_device(self.hardware_flops, seconds, world_size)
+        mfu = model_flops_utilization(tflops_per_device(self.model_flops, seconds, world_size), self.peak)
         log_last_rank(iteration_line(
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
             global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
-            state.nan_iterations, samples_per_second, tflops))
+            state.nan_iterations, samples_per_second, tflops, mfu))
         if self.writer is not None:
             for name, value in (("lm loss", mean_loss), ("learning-rate", lr), ("grad-norm", grad_norm),
                                 ("loss-scale", loss_scale), ("samples-per-second", samples_per_second)):

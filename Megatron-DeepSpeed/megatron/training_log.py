@@ -8,6 +8,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from megatron.flops import format_mfu
+
 PPL_LOSS_CAP = 20.0
 
 
@@ -27,6 +29,7 @@ class IterationRecord:
     nan_iterations: int | None = None
     samples_per_second: float | None = None
     tflops: float | None = None
+    mfu: float | None = None  # a fraction; None where the line says "n/a" (the device's peak is unknown)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ _ITERATION_FIELDS = {
     "number of nan iterations": ("nan_iterations", int),
     "samples per second": ("samples_per_second", float),
     "TFLOPs": ("tflops", float),
+    "MFU": ("mfu", lambda text: None if text == "n/a" else float(text.rstrip("%")) / 100.0),
 }
 _ITERATION_HEAD = re.compile(r"(?:^|\s)iteration\s+(\d+)/\s*(\d+)\s*\|")
 _VALIDATION_HEAD = re.compile(r"(?:^|\s)(\w+) loss at iteration (\d+) \|")
@@ -69,8 +73,11 @@ def perplexity(loss):
 
 def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learning_rate,
                    global_batch_size, lm_loss, loss_scale, grad_norm, skipped_iterations,
-                   nan_iterations, samples_per_second, tflops):
-    """The periodic training line, byte for byte as Megatron-DeepSpeed prints it."""
+                   nan_iterations, samples_per_second, tflops, mfu=None):
+    """The periodic training line, byte for byte as Megatron-DeepSpeed prints it, plus model FLOPs
+    utilisation at the end (megatron/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
+    digits instead of rounding to 0.00."""
+    tflops_text = f"{tflops:.2f}" if tflops >= 0.01 or tflops == 0 else f"{tflops:.1e}"
     return (f" iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
@@ -82,7 +89,8 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
             f" number of skipped iterations: {skipped_iterations:3d} |"
             f" number of nan iterations: {nan_iterations:3d} |"
             f" samples per second: {samples_per_second:.3f} |"
-            f" TFLOPs: {tflops:.2f} |")
+            f" TFLOPs: {tflops_text} |"
+            f" MFU: {format_mfu(mfu)} |")
 
 
 def validation_lines(iteration, loss, prefix="validation"):
@@ -92,17 +100,6 @@ def validation_lines(iteration, loss, prefix="validation"):
               f" lm loss value: {loss:.6E} | lm loss PPL: {perplexity(loss):.6E} | ")
     dashes = "-" * (len(middle) + 1)
     return "\n".join((dashes, middle, dashes))
-
-
-def tflops_per_device(global_batch_size, seq_length, num_layers, hidden_size, vocab_size,
-                      seconds_per_iteration, world_size, checkpoint_activations):
-    """Model TFLOP/s per device by Megatron's formula; activation checkpointing repeats the
-    forward pass, hence 4 passes' worth of work instead of 3."""
-    passes = 4 if checkpoint_activations else 3
-    flops = (24 * passes * global_batch_size * seq_length * num_layers * hidden_size ** 2
-             * (1 + seq_length / (6 * hidden_size)
-                + vocab_size / (16 * num_layers * hidden_size)))
-    return flops / (seconds_per_iteration * world_size * 1e12)
 
 
 def _labelled_values(text):

@@ -55,8 +55,9 @@ GPU_INFO = dict(TINY_INFO, model_size="345M", device="cuda", machine="8x test GP
                 seq_length=1024, num_layers=24, hidden_size=1024, padded_vocab_size=50304, train_iters=100,
                 global_batch_size=16, start_time=0, end_time=60)
 
-TINY_ROW = "| tiny (CPU) | 241.0K | 33.115 | 8.500 | 128 | 5 |\n"
-HEADER = "| NAME (device) | params | PPL | samples/s | seq_len | Steps |\n|---|---|---|---|---|---|\n"
+TINY_ROW = "| tiny (CPU) | 241.0K | 33.115 | 8.500 | 0.045 | n/a | 128 | 5 |\n"
+HEADER = ("| NAME (device) | params | PPL | samples/s | TFLOPs | MFU | seq_len | Steps |\n"
+          "|---|---|---|---|---|---|---|---|\n")
 
 
 def make_run(directory, log=TINY_LOG, info=TINY_INFO):
@@ -134,16 +135,16 @@ def test_summary_lines_are_the_entry_scripts_three_lines(tmp_path):
 def test_markdown_table_of_our_runs(tmp_path):
     runs = [read_run(make_run(tmp_path / "tiny")), read_run(make_run(tmp_path / "gpu", GPU_LOG, GPU_INFO))]
     assert markdown_table(table_rows(runs)) == (
-        HEADER + TINY_ROW + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | 1024 | 40 |\n")
+        HEADER + TINY_ROW + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | - | n/a | 1024 | 40 |\n")
 
 
 def test_upstream_rows_go_beside_ours_of_the_same_size(tmp_path):
     runs = [read_run(make_run(tmp_path / "gpu", GPU_LOG, GPU_INFO)), read_run(make_run(tmp_path / "tiny"))]
     assert markdown_table(table_rows(runs, with_upstream=True)) == (
         HEADER
-        + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | 1024 | 40 |\n"
-        + "| 345M (GPU, upstream) | 354.9M | 26.375 | 37.8 | 1024 | - |\n"
-        + "| 345M (NPU, upstream) | 354.9M | 26.485 | 59.7 | 1024 | - |\n"
+        + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | - | n/a | 1024 | 40 |\n"
+        + "| 345M (GPU, upstream) | 354.9M | 26.375 | 37.8 | - | - | 1024 | - |\n"
+        + "| 345M (NPU, upstream) | 354.9M | 26.485 | 59.7 | - | - | 1024 | - |\n"
         + TINY_ROW)  # upstream published nothing for tiny
 
 
@@ -182,7 +183,7 @@ def test_results_table_cli_prints_and_writes_table_and_plot(tmp_path, capsys):
     results_table.main([tiny, gpu, "--upstream", "--markdown", str(out / "results.md"),
                         "--plot", str(out / "curves.png")])
     printed = capsys.readouterr().out
-    assert printed.startswith(HEADER + TINY_ROW + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | 1024 | 40 |\n"
+    assert printed.startswith(HEADER + TINY_ROW + "| 345M (GPU) | 354.9M | 7.389 | 64.000 | - | n/a | 1024 | 40 |\n"
                               "| 345M (GPU, upstream) |")
     assert "- tiny (CPU) [tiny]: 2-core test box, 8 processes (8 per node)\n" in printed
     assert "- 345M (GPU) [gpu]: 8x test GPU, 8 processes (8 per node)\n" in printed
@@ -242,3 +243,13 @@ def test_output_into_a_missing_directory_is_an_input_error(tmp_path):
     run_dir = make_run(tmp_path / "tiny")
     with pytest.raises(InputError, match=r"cannot write .*curves\.png: directory .*absent does not exist"):
         results_table.main([run_dir, "--plot", str(tmp_path / "absent" / "curves.png")])
+
+
+def test_tflops_and_mfu_cells_are_means_after_warm_up(tmp_path):
+    from megatron.training_log import iteration_line
+    lines = [iteration_line(i, 5, 8 * i, 100.0, 1e-4, 8, 3.0, 1.0, 1.0, 0, 0, 80.0, 100.0 * i, 0.1 * i)
+             for i in range(1, 6)]
+    run = read_run(make_run(tmp_path / "accelerated", "\n".join(lines) + "\n", dict(TINY_INFO, device="cuda")))
+    assert (run.summary.tflops, run.summary.mfu) == (pytest.approx(450.0), pytest.approx(0.45))  # records 4, 5
+    row = table_rows([run])[0]
+    assert (row.tflops, row.mfu) == ("450", "45.0%")

@@ -4,13 +4,12 @@ import dataclasses
 import pytest
 
 from megatron.training_log import (
-    IterationRecord, ValidationRecord, iteration_line, parse_log, perplexity, tflops_per_device,
-    validation_lines)
+    IterationRecord, ValidationRecord, iteration_line, parse_log, perplexity, validation_lines)
 
 RECORD = IterationRecord(iteration=3, train_iters=100, consumed_samples=48, elapsed_ms=1234.56,
                          learning_rate=1.5e-4, global_batch_size=16, lm_loss=7.123456789,
                          loss_scale=4096.0, grad_norm=1.23456, skipped_iterations=0,
-                         nan_iterations=1, samples_per_second=12.9654, tflops=3.14159)
+                         nan_iterations=1, samples_per_second=12.9654, tflops=3.14159, mfu=0.4567)
 
 
 def test_iteration_line_matches_the_literal_format():
@@ -19,7 +18,14 @@ def test_iteration_line_matches_the_literal_format():
         " elapsed time per iteration (ms): 1234.6 | learning rate: 1.500E-04 |"
         " global batch size:    16 | lm loss: 7.123457E+00 | loss scale: 4096.0 |"
         " grad norm: 1.235 | number of skipped iterations:   0 |"
-        " number of nan iterations:   1 | samples per second: 12.965 | TFLOPs: 3.14 |")
+        " number of nan iterations:   1 | samples per second: 12.965 | TFLOPs: 3.14 | MFU: 45.7% |")
+
+
+def test_unknown_peak_prints_na_and_tiny_tflops_keep_their_digits():
+    line = iteration_line(**{**dataclasses.asdict(RECORD), "tflops": 0.000123, "mfu": None})
+    assert line.endswith(" TFLOPs: 1.2e-04 | MFU: n/a |")
+    record = parse_log(line).iterations[0]
+    assert record.tflops == pytest.approx(1.2e-4) and record.mfu is None
 
 
 def test_wide_numbers_overflow_their_fields_without_truncation():
@@ -50,22 +56,6 @@ def test_perplexity_is_exp_of_the_loss_capped_at_20():
     assert perplexity(0.0) == 1.0
     assert perplexity(2.0) == pytest.approx(7.38905609893065)
     assert perplexity(20.0) == perplexity(1000.0) == pytest.approx(485165195.4097903)
-
-
-def test_tflops_for_the_345m_shape():
-    # 24*4*16*1024*24*1024^2 = 39582418599936 flops of matmuls; the attention and logit terms
-    # add 1/6 and 50304/393216 of that: 51243254808576 flops per iteration, over 2 s x 8 devices.
-    shape = dict(global_batch_size=16, seq_length=1024, num_layers=24, hidden_size=1024,
-                 vocab_size=50304, seconds_per_iteration=2.0, world_size=8)
-    assert tflops_per_device(**shape, checkpoint_activations=True) == pytest.approx(
-        3.202703425536)
-    assert tflops_per_device(**shape, checkpoint_activations=False) == pytest.approx(
-        3.202703425536 * 3 / 4)
-
-
-def test_tflops_for_a_tiny_shape():
-    # 24*3*1*2*1*1*(1 + 2/6 + 12/16) = 144 * 25/12 = 300 flops in 1e-10 s on one device.
-    assert tflops_per_device(1, 2, 1, 1, 12, 1e-10, 1, False) == pytest.approx(3.0)
 
 
 REAL_LOG = """\
@@ -137,7 +127,8 @@ def test_round_trip_of_our_own_lines():
                                  lm_loss=float(f"{record.lm_loss:.6E}"),
                                  grad_norm=round(record.grad_norm, 3),
                                  samples_per_second=round(record.samples_per_second, 3),
-                                 tflops=round(record.tflops, 2))
+                                 tflops=round(record.tflops, 2),
+                                 mfu=float(f"{100 * record.mfu:.1f}") / 100)
              for record in records]
     validations = [ValidationRecord(iteration=4, loss=6.25, ppl=float(f"{perplexity(6.25):.6E}")),
                    ValidationRecord(iteration=4, loss=6.5,

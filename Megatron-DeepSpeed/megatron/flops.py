@@ -1,0 +1,59 @@
+"""FLOPs of a GPT training iteration, and the device peaks that turn achieved FLOPs into MFU.
+
+Megatron's count for one iteration of global batch B, sequence s, L layers, hidden h and (padded) vocabulary V:
+    24 * f * B * s * L * h^2 * (1 + s / (6h) + V / (16 L h))
+with f = 3 for forward + backward. Under activation recomputation the forward runs twice, and Megatron's
+logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show
+too, so the two can be compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
+f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
+
+Peaks are dense (no sparsity) tensor-core figures from the vendors' data sheets, by the dtype a run trains in.
+A device missing from the table (a CPU, an unknown chip) has no peak: its MFU is reported as "n/a".
+"""
+from typing import Optional
+
+# (device-name substring, {training dtype: peak TFLOP/s per device}); the first substring found in the device's
+# name wins, so more specific names come first. fp32 runs use the TF32 tensor-core peak where the chip has one.
+_PEAK_TFLOPS = (
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "fp32": 417.5}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}),  # SXM
+    ("H800", {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
+    ("A800", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),  # no bf16, no TF32
+    ("Ascend910B", {"bf16": 313.0, "fp16": 313.0}),  # Atlas 800T A2 class; 910B4 parts are lower
+)
+
+
+def flops_per_iteration(global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int,
+                        vocab_size: int, recompute: bool = False) -> float:
+    """Megatron's FLOPs of one training iteration; `recompute` counts the second forward pass (f = 4)."""
+    passes = 4 if recompute else 3
+    return (24.0 * passes * global_batch_size * seq_length * num_layers * hidden_size ** 2
+            * (1.0 + seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * num_layers * hidden_size)))
+
+
+def tflops_per_device(flops: float, seconds_per_iteration: float, world_size: int) -> float:
+    """Achieved TFLOP/s of each device when `flops` of work take `seconds_per_iteration` on `world_size`."""
+    return flops / (seconds_per_iteration * world_size * 1e12)
+
+
+def peak_tflops(device_model: str, dtype: str) -> Optional[float]:
+    """Dense peak TFLOP/s of one `device_model` (e.g. "NVIDIA H100 80GB HBM3") training in `dtype`
+    ("bf16", "fp16" or "fp32"); None when unknown."""
+    for name, peaks in _PEAK_TFLOPS:
+        if name.lower() in device_model.lower():
+            return peaks.get(dtype)
+    return None
+
+
+def model_flops_utilization(model_tflops: float, peak: Optional[float]) -> Optional[float]:
+    """MFU as a fraction (0.45 = 45%) from the model TFLOP/s per device (f = 3); None without a peak."""
+    return None if not peak else model_tflops / peak
+
+
+def format_mfu(mfu: Optional[float]) -> str:
+    """How logs and tables show MFU: '45.2%', or 'n/a' where the device's peak is unknown."""
+    return "n/a" if mfu is None else f"{100.0 * mfu:.1f}%"
