@@ -83,6 +83,11 @@ def memory_stats() -> dict:
     return {"allocated_bytes": accel.memory_allocated(), "peak_allocated_bytes": accel.max_memory_allocated()}
 
 
+def reset_peak_memory() -> None:
+    """Start a new peak for memory_stats (a no-op where the accelerator keeps none, e.g. on CPU)."""
+    accelerator().reset_peak_memory_stats()
+
+
 def supports_dtype(dtype: torch.dtype) -> bool:
     """Whether training in `dtype` works on this device.
 

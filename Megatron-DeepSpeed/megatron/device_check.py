@@ -1,0 +1,150 @@
+"""The accelerator check: is training on this device correct, and how fast is it?
+
+Correctness: the model's fp32 logits and loss on the device against the CPU's for the same weights and batch;
+short bf16 and fp16 (DeepSpeed's dynamic loss scaling) runs against the fp32 loss curve; activation
+recomputation against none. Speed: a small grid of settings for each model size on ONE device, each timed
+after warm-up from the trainer's own log lines (samples/s, TFLOPs, MFU) with the device's peak memory.
+Every run goes through training.pretrain on synthetic tokens (--mock-data), so no data files are needed.
+On a CPU the same report runs at toy sizes: that is how CI keeps this code working.
+"""
+import copy
+import io
+import logging
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from megatron import device
+from megatron.flops import format_mfu
+from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.training_log import parse_log
+
+# Model shapes: (name, layers, hidden, heads, seq); the accelerator sizes are the 345M and 1.3B presets'.
+ACCELERATOR_SHAPES = (("345M", 24, 1024, 16, 1024), ("1.3B", 24, 2048, 16, 1024))
+CPU_SHAPES = (("toy", 2, 64, 4, 64),)
+CORRECTNESS_SHAPES_ACCELERATOR = (("tiny", 4, 64, 4, 128), ("345M", 24, 1024, 16, 1024))
+CORRECTNESS_SHAPES_CPU = (("toy", 2, 64, 4, 64),)
+VOCAB = 50257  # GPT-2's: the logit layer's share of the work is realistic
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    shape: str
+    settings: str
+    samples_per_second: float
+    tokens_per_second: float
+    tflops: float
+    mfu: Optional[float]
+    peak_memory_gib: float
+
+
+def logits_match_cpu(name: str, layers: int, hidden: int, heads: int, seq: int) -> float:
+    """Largest relative difference between the device's and the CPU's fp32 logits (and loss) for one batch."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=1024, max_position_embeddings=seq, num_layers=layers, hidden_size=hidden,
+                       num_attention_heads=heads, hidden_dropout=0.0, attention_dropout=0.0)
+    cpu_model = GPTModel(config).eval()
+    device_model = copy.deepcopy(cpu_model).to(device.current_device())
+    tokens = torch.randint(0, 1024, (2, seq + 1), generator=torch.Generator().manual_seed(1))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    target = device.current_device()
+    with torch.no_grad():
+        cpu_logits, cpu_loss = cpu_model(inputs), cpu_model(inputs, labels=labels)
+        got_logits = device_model(inputs.to(target)).cpu()
+        got_loss = device_model(inputs.to(target), labels=labels.to(target)).cpu()
+    logit_error = ((got_logits - cpu_logits).abs().max() / cpu_logits.abs().max()).item()
+    loss_error = abs(got_loss.item() - cpu_loss.item()) / abs(cpu_loss.item())
+    return max(logit_error, loss_error)
+
+
+def shape_flags(layers: int, hidden: int, heads: int, seq: int) -> List[str]:
+    return ["--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads", str(heads),
+            "--seq-length", str(seq), "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+            str(VOCAB), "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "1e-4", "--min-lr", "1e-5",
+            "--lr-warmup-iters", "2", "--seed", "1234", "--eval-iters", "0", "--log-interval", "1"]
+
+
+def run_training(argv: Sequence[str], pretrain: Callable) -> str:
+    """The trainer's log of one single-process run of `argv` (our log lines only)."""
+    captured = io.StringIO()
+    handler = logging.StreamHandler(captured)
+    ours = logging.getLogger("megatron")
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    try:
+        pretrain(list(argv))
+    finally:
+        ours.removeHandler(handler)
+    return captured.getvalue()
+
+
+def losses_of(log: str) -> List[float]:
+    return [record.lm_loss for record in parse_log(log).iterations]
+
+
+def max_relative_gap(curve: Sequence[float], reference: Sequence[float]) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
+
+
+def speed_row(shape, settings: str, flags: Sequence[str], pretrain: Callable, iterations: int) -> SpeedRow:
+    name, layers, hidden, heads, seq = shape
+    device.reset_peak_memory()
+    log = run_training([*shape_flags(layers, hidden, heads, seq), *flags, "--train-iters", str(iterations)],
+                       pretrain)
+    timed = parse_log(log).iterations[max(1, iterations // 4):]  # warm-up excluded
+    samples = sum(r.samples_per_second for r in timed) / len(timed)
+    mfus = [r.mfu for r in timed]
+    return SpeedRow(name, settings, samples, samples * seq, sum(r.tflops for r in timed) / len(timed),
+                    None if None in mfus else sum(mfus) / len(mfus),
+                    device.memory_stats()["peak_allocated_bytes"] / 2 ** 30)
+
+
+def speed_grid(on_accelerator: bool) -> List[tuple]:
+    """(label, flags) of the settings tried per shape: micro batch, recomputation, ZeRO stage."""
+    precision = ["--bf16"] if on_accelerator else []
+    micro_batches = (8, 16) if on_accelerator else (2,)
+    grid = []
+    for micro in micro_batches:
+        for recompute in (False, True):
+            label = f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO 1"
+            flags = [*precision, "--micro-batch-size", str(micro), "--no-pipeline-parallel", "--zero-stage", "1"]
+            grid.append((label, flags + (["--checkpoint-activations"] if recompute else [])))
+    return grid
+
+
+def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None]) -> List[SpeedRow]:
+    """Run every check, saying each result as it comes; returns the speed rows (best first per shape)."""
+    say(f"device: {device.device_model_name()} ({device.device_name()})")
+    for shape in CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU:
+        if on_accelerator:
+            say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")
+        base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--train-iters", str(iterations),
+                "--no-pipeline-parallel", "--zero-stage", "1"]
+        reference = losses_of(run_training(base, pretrain))
+        recomputed = losses_of(run_training([*base, "--checkpoint-activations"], pretrain))
+        say(f"[{shape[0]}] recompute vs none, fp32: max relative loss gap {max_relative_gap(recomputed, reference):.2e}")
+        for dtype in (("--bf16", "--fp16") if on_accelerator else ("--bf16",)):
+            curve = losses_of(run_training([*base, dtype], pretrain))
+            say(f"[{shape[0]}] {dtype[2:]} vs fp32 over {iterations} iterations: max relative loss gap "
+                f"{max_relative_gap(curve, reference):.2e}")
+    rows = []
+    for shape in ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES:
+        shape_rows = [speed_row(shape, label, flags, pretrain, iterations) for label, flags in speed_grid(on_accelerator)]
+        rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
+    say(speed_table(rows))
+    return rows
+
+
+def speed_table(rows: Sequence[SpeedRow]) -> str:
+    lines = ["| shape | settings | samples/s | tokens/s | TFLOPs | MFU | peak memory (GiB) |",
+             "|---|---|---|---|---|---|---|"]
+    best = {}
+    for row in rows:
+        best.setdefault(row.shape, row)
+    for row in rows:
+        mark = " **best**" if best[row.shape] is row else ""
+        lines.append(f"| {row.shape} | {row.settings}{mark} | {row.samples_per_second:.2f} | "
+                     f"{row.tokens_per_second:.0f} | {row.tflops:.3g} | {format_mfu(row.mfu)} | "
+                     f"{row.peak_memory_gib:.2f} |")
+    return "\n".join(lines)

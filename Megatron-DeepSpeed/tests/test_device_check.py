@@ -1,0 +1,34 @@
+"""tools/device_check.sh: the accelerator report, run for real in its reduced CPU mode, and its one-line refusal
+on an Ascend host whose torch_npu is missing."""
+import os
+import re
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.full  # whole training runs
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "device_check.sh")
+
+
+def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = report.read_text()
+    assert "device: cpu (cpu)" in text
+    recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
+    assert recompute < 1e-6  # recomputation repeats the same arithmetic
+    bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap (\S+)", text).group(1))
+    assert 0 < bf16 < 1e-2
+    rows = [line for line in text.splitlines() if line.startswith("| toy |")]
+    assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
+
+
+def test_npu_requested_without_torch_npu_is_one_line():
+    done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "DS_ACCELERATOR": "npu"})
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: DS_ACCELERATOR=npu asks for the NPUs, but torch_npu is not installed")
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,44 @@
+"""Correctness and speed report for the accelerator of this host (see megatron/device_check.py).
+
+    bash Megatron-DeepSpeed/tools/device_check.sh [--cpu] [--iterations N] [--output report.md]
+"""
+import argparse
+import os
+
+from megatron.atomic_files import write_text_atomically
+from megatron.errors import run_cli
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu", action="store_true", help="run the reduced CPU check even beside an accelerator")
+    parser.add_argument("--iterations", type=int, help="training iterations per run (default 50; 4 on CPU)")
+    parser.add_argument("--output", help="also write the report to this file")
+    options = parser.parse_args(argv)
+    if options.cpu:
+        os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported: it picks its accelerator once
+    from deepspeed_npu import activate
+    npu = activate()  # on an Ascend host: the NPU accelerator, or one line saying what is missing
+
+    from megatron import device
+    from megatron.device_check import report
+    from megatron.model.provider import model_provider
+    from megatron.training import pretrain
+
+    on_accelerator = device.device_name() != "cpu"
+    iterations = options.iterations or (50 if on_accelerator else 4)
+    lines = []
+
+    def say(text):
+        print(text, flush=True)
+        lines.append(text)
+
+    say(f"NPU adaptor: {npu.summary}")
+    report(on_accelerator, lambda argv: pretrain(model_provider, argv, adaptor_kernels=npu.kernels), iterations,
+           say)
+    if options.output:
+        write_text_atomically(options.output, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    run_cli(main)
