@@ -69,6 +69,14 @@ def recomputed_step_logits(model: GPTModel, batch: PaddedBatch, end: int) -> tor
     return logits[:, -1]
 
 
+def full_vocabulary_logits(logits: torch.Tensor, tensor_parallel_group, vocab_size: int) -> torch.Tensor:
+    """Logits over the tokenizer's vocabulary from this rank's slice of the padded one: the slices are joined
+    across the tensor-parallel group (None: the logits are whole already) and the padding rows dropped."""
+    if tensor_parallel_group is not None:
+        logits = gather_from_tensor_parallel_region(logits, tensor_parallel_group)
+    return logits[..., :vocab_size]
+
+
 def same_on_tensor_parallel_ranks(tokens: torch.Tensor, group) -> torch.Tensor:
     """The tokens tensor-parallel rank 0 chose, on every rank of the group."""
     if group is None or dist.get_world_size(group) == 1:
@@ -79,33 +87,35 @@ def same_on_tensor_parallel_ranks(tokens: torch.Tensor, group) -> torch.Tensor:
 
 @torch.no_grad()
 def generate_batch(model: GPTModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, params: SamplingParams,
-                   generators: List[torch.Generator], eod: int, vocab_size: int, use_kv_cache: bool = True,
+                   generators: List[torch.Generator], eod: Optional[int], vocab_size: int, use_kv_cache: bool = True,
                    tensor_parallel_group=None) -> List[List[int]]:
     """The tokens generated after each prompt: up to max_new_tokens, ending early with (and including) the
-    end-of-document id. vocab_size is the tokenizer's: the padding rows of the embedding are never chosen.
-    `model` must be in eval mode; every rank of tensor_parallel_group calls this with the same prompts."""
+    end-of-document id `eod` (None: never early). vocab_size is the tokenizer's: the padding rows of the
+    embedding are never chosen. `model` must be in eval mode; every rank of tensor_parallel_group calls this
+    with the same prompts."""
     if model.training:
         raise ValueError("generate_batch needs the model in eval mode (model.eval()): dropout would randomise it")
     device = model.embedding.position_embeddings.weight.device
-    batch = PaddedBatch.left_padded(prompts, max_new_tokens, eod, device)
+    pad_id = 0 if eod is None else eod  # what padding holds never matters: it is masked
+    batch = PaddedBatch.left_padded(prompts, max_new_tokens, pad_id, device)
     cache = KVCache(len(model.layers), batch.tokens.shape[1]) if use_kv_cache else None
     finished = torch.zeros(len(prompts), dtype=torch.bool)
     steps = []
     for end in range(batch.prompt_length, batch.prompt_length + max_new_tokens):
         logits = (cached_step_logits(model, batch, cache, end) if use_kv_cache
                   else recomputed_step_logits(model, batch, end))
-        if tensor_parallel_group is not None:
-            logits = gather_from_tensor_parallel_region(logits, tensor_parallel_group)
-        chosen = choose_next_tokens(logits[:, :vocab_size].float().cpu(), params, generators)
+        logits = full_vocabulary_logits(logits, tensor_parallel_group, vocab_size)
+        chosen = choose_next_tokens(logits.float().cpu(), params, generators)
         chosen = same_on_tensor_parallel_ranks(chosen.to(device), tensor_parallel_group).cpu()
-        chosen = chosen.masked_fill(finished, eod)
+        chosen = chosen.masked_fill(finished, pad_id)
         batch.tokens[:, end] = chosen.to(device)
         steps.append(chosen)
-        finished |= chosen == eod
+        if eod is not None:
+            finished |= chosen == eod
         if finished.all():
             break
     return [_through_first(row, eod) for row in torch.stack(steps, dim=1).tolist()]
 
 
-def _through_first(ids: List[int], stop: int) -> List[int]:
+def _through_first(ids: List[int], stop: Optional[int]) -> List[int]:
     return ids[:ids.index(stop) + 1] if stop in ids else ids
