@@ -171,3 +171,22 @@ def test_prompts_that_do_not_fit_or_are_empty():
         tokenize_prompts(tokenizer, [" "], max_new_tokens=1, max_positions=8)
     with pytest.raises(InputError, match="--max-new-tokens 0"):
         tokenize_prompts(tokenizer, ["1"], max_new_tokens=0, max_positions=8)
+
+
+def test_command_line_refuses_bad_input_before_loading_anything(tmp_path, capsys):
+    from megatron.errors import run_cli
+    from tools.generate_text import main
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(InputError, match=f"--prompt-file {empty} contains no prompts"):
+        main(["--load", str(tmp_path), "--prompt-file", str(empty)])
+    with pytest.raises(InputError, match=f"checkpoint directory {tmp_path / 'missing'} does not exist"):
+        main(["--load", str(tmp_path / "missing"), "--prompt", "1"])
+    with pytest.raises(InputError, match=f"{tmp_path} is not a checkpoint directory"):
+        main(["--load", str(tmp_path), "--prompt", "1"])
+    with pytest.raises(InputError, match=f"--output-json {empty} exists; pass --force"):
+        main(["--load", str(tmp_path), "--prompt", "1", "--output-json", str(empty)])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, ["--load", str(tmp_path / "missing"), "--prompt", "1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: checkpoint directory {tmp_path / 'missing'} does not exist")
