@@ -50,7 +50,8 @@ def build_models(args, target: torch.device, dtype: torch.dtype):
                        hidden_size=args.hidden, num_attention_heads=args.heads, hidden_dropout=0.0,
                        attention_dropout=0.0, kernels=select_kernels(device.device_name()))
     ours = GPTModel(config).eval()
-    theirs = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(config, args.vocab, dtype)), attn_implementation="sdpa")
+    theirs = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(config, args.vocab, dtype)),
+                                          attn_implementation="sdpa")
     missing, _ = theirs.load_state_dict(to_hf_state_dict(ours.state_dict(), config, args.vocab), strict=False)
     assert missing == ["lm_head.weight"]  # tied to the word embedding
     theirs.tie_weights()
@@ -99,8 +100,8 @@ def main(argv=None):
         prompts = torch.randint(0, args.vocab, (batch, args.prompt_tokens), device=target)
         rates = {name: batch * args.new_tokens / seconds_of(run, args.repeats)
                  for name, run in runners(ours, theirs, prompts, args.new_tokens, args.vocab).items()}
-        print(f"{batch:>5} | {rates['KV cache']:>14.1f} | {rates['no cache']:>14.1f} | {rates['transformers']:>18.1f} | "
-              f"{rates['KV cache'] / rates['transformers']:>19.2f}x", flush=True)
+        print(f"{batch:>5} | {rates['KV cache']:>14.1f} | {rates['no cache']:>14.1f} | "
+              f"{rates['transformers']:>18.1f} | {rates['KV cache'] / rates['transformers']:>19.2f}x", flush=True)
     print("\nms per new token, batch 1, by generation length:", flush=True)
     prompts = torch.randint(0, args.vocab, (1, args.prompt_tokens), device=target)
     for length in (args.new_tokens, 4 * args.new_tokens):

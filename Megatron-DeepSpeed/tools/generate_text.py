@@ -45,7 +45,8 @@ def main(argv=None):
     npu = activate()
     args = parse_args(argv)
     if args.output_json and os.path.exists(args.output_json) and not args.force:
-        raise InputError(f"--output-json {args.output_json} exists; pass --force to overwrite it or choose another path")
+        raise InputError(f"--output-json {args.output_json} exists; pass --force to overwrite it or choose another "
+                         "path")
     texts = gather_prompts(args.prompt, args.prompt_file)
     params = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)

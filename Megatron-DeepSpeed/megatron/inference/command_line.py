@@ -23,8 +23,9 @@ from megatron.tokenizer import TOKENIZER_TYPES
 
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("checkpoint, parallelism and tokenizer")
-    group.add_argument("--load", required=True, help="The --save directory of a training run (any TP x PP x DP "
-                                                     "layout and ZeRO stage), or one of its global_step{N} directories.")
+    group.add_argument("--load", required=True,
+                       help="The --save directory of a training run (any TP x PP x DP layout and ZeRO stage), or one "
+                            "of its global_step{N} directories.")
     group.add_argument("--iteration", type=int, help="Load this iteration's checkpoint instead of the latest.")
     group.add_argument("--tensor-model-parallel-size", type=int, default=1,
                        help="Split the model over this many processes; the others are data-parallel replicas.")
