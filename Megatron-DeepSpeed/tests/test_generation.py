@@ -1,6 +1,7 @@
 """Text generation on in-memory models: greedy decoding equals transformers' generate on the same weights, the KV
 cache equals recomputing the sequence, sampling is seeded per prompt, batches of different lengths are padded
 correctly, and prompts are read and checked with clear errors."""
+import dataclasses
 import json
 
 import pytest
@@ -73,7 +74,7 @@ def test_sampling_is_reproducible_per_prompt_and_changes_with_the_seed(model):
     assert generate(model, PROMPTS, params=params, use_kv_cache=False) == first
     # A prompt's text depends on its seed and index only, not on the batch it is decoded in.
     assert generate(model, [PROMPTS[1]], params=params, indices=[1]) == [first[1]]
-    other_seed = generate(model, PROMPTS, params=SamplingParams(**{**params.__dict__, "seed": 6}))
+    other_seed = generate(model, PROMPTS, params=dataclasses.replace(params, seed=6))
     assert other_seed != first
     assert generate(model, PROMPTS) != first  # and sampling is not greedy decoding
 

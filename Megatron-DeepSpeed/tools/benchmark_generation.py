@@ -3,8 +3,8 @@ transformers' GPT2LMHeadModel.generate on the same (random) weights, greedy, bat
 
 Every run generates exactly --new-tokens tokens after a --prompt-tokens prompt (no end-of-document stop), so
 the three do the same work. Printed: tokens/s (new tokens of all rows / wall time, median of --repeats runs
-after a warm-up) side by side, and ms per token when generating 1x and 4x as many tokens: with the cache the
-per-token cost stays nearly flat, without it it grows with the length.
+after a warm-up) side by side, and ms per token when generating 1x and 4x as many tokens (one run each): with
+the cache the per-token cost stays nearly flat, without it it grows with the length.
 
   python tools/benchmark_generation.py [--layers 6 --hidden 512 --heads 8 --vocab 8192 --new-tokens 64]
 """
@@ -36,6 +36,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bf16", action="store_true", help="Run all three in bfloat16 (default fp32).")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice).")
     return parser.parse_args(argv)
 
 
@@ -58,8 +59,9 @@ def build_models(args, target: torch.device, dtype: torch.dtype):
     return ours.to(target, dtype), theirs.to(target, dtype).eval()
 
 
-def seconds_of(run, repeats: int) -> float:
-    run()  # warm-up
+def seconds_of(run, repeats: int, warm_up: bool = True) -> float:
+    if warm_up:
+        run()
     times = []
     for _ in range(repeats):
         device.synchronize()
@@ -87,6 +89,8 @@ def runners(ours, theirs, prompts: torch.Tensor, new_tokens: int, vocab: int):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = device.current_device()
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     torch.manual_seed(0)
@@ -104,8 +108,8 @@ def main(argv=None):
               f"{rates['transformers']:>18.1f} | {rates['KV cache'] / rates['transformers']:>19.2f}x", flush=True)
     print("\nms per new token, batch 1, by generation length:", flush=True)
     prompts = torch.randint(0, args.vocab, (1, args.prompt_tokens), device=target)
-    for length in (args.new_tokens, 4 * args.new_tokens):
-        costs = {name: 1000 * seconds_of(run, args.repeats) / length
+    for length in (args.new_tokens, 4 * args.new_tokens):  # once each: the runs above warmed everything up
+        costs = {name: 1000 * seconds_of(run, 1, warm_up=False) / length
                  for name, run in runners(ours, theirs, prompts, length, args.vocab).items()}
         print(f"  {length:>4} tokens: " + ", ".join(f"{name} {cost:.2f}" for name, cost in costs.items()), flush=True)
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from megatron.evaluation.lambada import AccuracyResult, ClozeExample, example_batch
 from megatron.evaluation.wikitext import PerplexityResult, count_words, detokenize_wikitext, sliding_windows, \
     window_batch
+from megatron.inference.distributed import is_first_rank
 from megatron.inference.generation import full_vocabulary_logits
 from megatron.model.gpt import GPTModel
 
@@ -28,8 +29,8 @@ def _summed_over(values: List[float], group) -> List[float]:
 def _batches(items: list, batch_size: int, data_parallel_rank: int, data_parallel_size: int):
     mine = items[data_parallel_rank::data_parallel_size]
     for first in range(0, len(mine), batch_size):
-        _log.info("data-parallel rank %d: batch %d of %d", data_parallel_rank, first // batch_size + 1,
-                  -(-len(mine) // batch_size))
+        if is_first_rank():
+            _log.info("batch %d of %d of data-parallel rank 0", first // batch_size + 1, -(-len(mine) // batch_size))
         yield mine[first:first + batch_size]
 
 

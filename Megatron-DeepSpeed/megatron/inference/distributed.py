@@ -42,9 +42,15 @@ def generate_for_prompts(model: GPTModel, prompts: Sequence[Sequence[int]], *, b
         seconds = time.perf_counter() - started
         rate = sum(map(len, outputs)) / seconds
         results += [Generated(i, list(prompts[i]), output, rate) for i, output in zip(indices, outputs)]
-        _log.info("data-parallel rank %d: %d/%d prompts done (%.1f tokens/s)", data_parallel_rank,
-                  first + len(indices), len(mine), rate)
+        if is_first_rank():
+            _log.info("%d/%d prompts of data-parallel rank 0 done (%.1f tokens/s)", first + len(indices), len(mine),
+                      rate)
     return _collect(results, len(prompts))
+
+
+def is_first_rank() -> bool:
+    """Whether this process reports progress: global rank 0 (data-parallel rank 0's first tensor-parallel rank)."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _collect(results: List[Generated], count: int) -> List[Generated]:

@@ -15,6 +15,7 @@ import torch
 from megatron.checkpoint.reader import Checkpoint, checkpoint_directory, model_config, read_checkpoint, \
     read_client_state
 from megatron.errors import InputError
+from megatron.inference.distributed import is_first_rank
 from megatron.kernels import Kernels
 from megatron.model.gpt import GPTModel
 from megatron.model.parallelize import apply_tensor_parallel
@@ -78,7 +79,7 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     """This rank's part of the model in `load_dir` (eval mode, dropout off), sharded over the tensor-parallel
     group of `parallel_state` (a ParallelState, or None in a single process), and the checkpoint read."""
     tensor_parallel_size = 1 if parallel_state is None else parallel_state.get_tensor_model_parallel_world_size()
-    checkpoint = read_checkpoint(load_dir, iteration, progress=_log.info)
+    checkpoint = read_checkpoint(load_dir, iteration, progress=_log.info if is_first_rank() else lambda _: None)
     check_vocabulary(checkpoint.padded_vocab_size, tokenizer_vocab_size, checkpoint.args, checkpoint.directory)
     weights = dict(checkpoint.model)
     padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
