@@ -104,17 +104,15 @@ def test_generation_at_tp1_and_tp2_dp2_equals_transformers_greedy_and_seeded_sam
     tp2 = ["--tensor-model-parallel-size", "2"]
     per_rank = run_on_ranks(generate_on_ranks, 4, [[*common, *tp2, "--greedy", "--output-json", greedy_json],
                                                    [*common, *tp2, *sampled, "3"]])
-    (tp1_greedy, tp1_sampled, tp1_other_seed), = run_on_ranks(
-        generate_on_ranks, 1, [[*common, "--greedy", "--no-kv-cache"], [*common, *sampled, "3"],
-                               [*common, *sampled, "4"]])
+    (tp1_greedy, tp1_sampled), = run_on_ranks(generate_on_ranks, 1, [[*common, "--greedy", "--no-kv-cache"],
+                                                                     [*common, *sampled, "3"]])
     tp2_greedy, tp2_sampled = per_rank[0]
     assert all(runs == per_rank[0] for runs in per_rank)  # every rank returns every prompt's result
 
     ids = lambda records: [record["generated_ids"] for record in records]
     expected = hf_greedy(trained.save)
     assert ids(tp2_greedy) == ids(tp1_greedy) == expected
-    assert ids(tp2_sampled) == ids(tp1_sampled) != ids(tp1_other_seed)
-    assert ids(tp1_sampled) != expected
+    assert ids(tp2_sampled) == ids(tp1_sampled) != expected
     written = [json.loads(line) for line in open(greedy_json)]
     assert [record["prompt"] for record in written] == PROMPTS
     assert [(record["prompt_ids"], record["generated_ids"]) for record in written] == \
