@@ -153,9 +153,10 @@ def test_zero_shot_tasks_at_tp2_equal_the_single_process_result(trained):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--vocab-size", "1000"], r"vocabulary mismatch: the model in .* has 256 embedding rows .* tokenizer of 1001 "
-                               r"tokens; use the tokenizer it was trained with \(--tokenizer-type NullTokenizer "
-                               r"--vocab-size 200\)"),
+    (["--vocab-size", "1000"], r"vocabulary mismatch: the model in .* was trained with a tokenizer of 201 tokens, "
+                               r"but this tokenizer has 1001 tokens; use the tokenizer it was trained with "
+                               r"\(--tokenizer-type NullTokenizer --vocab-size 200\)"),
+    (["--vocab-size", "150"], r"trained with a tokenizer of 201 tokens, but this tokenizer has 151 tokens"),
     (["--prompt", " ".join(["5"] * 30), "--max-new-tokens", "3"],
      r"prompt 2 has 30 tokens; with --max-new-tokens 3 that is longer than the model's context of 32"),
     (["--pipeline-model-parallel-size", "2"], r"--pipeline-model-parallel-size 2: generation and evaluation run every "

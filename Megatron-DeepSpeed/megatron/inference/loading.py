@@ -48,16 +48,23 @@ def build_checkpoint_tokenizer(given: Mapping[str, object], recorded: Mapping[st
 
 
 def check_vocabulary(rows: int, tokenizer_vocab_size: int, args: Mapping[str, object], where: str) -> None:
-    """InputError unless `rows` (the padded vocabulary of the checkpoint in `where`, trained with the flags
-    `args`) can be a padding of the tokenizer's vocabulary."""
-    padding_unit = int(args.get("make_vocab_size_divisible_by", 128))
-    if tokenizer_vocab_size <= rows < tokenizer_vocab_size + padding_unit * LARGEST_PADDING_UNITS:
+    """InputError unless the tokenizer is the one the checkpoint in `where` (flags `args`, `rows` embedding rows)
+    was trained with: of the vocabulary size it records, or, where it records none, one that `rows` can pad."""
+    recorded = args.get("tokenizer_vocab_size")
+    if recorded is None:
+        padding_unit = int(args.get("make_vocab_size_divisible_by", 128))
+        if tokenizer_vocab_size <= rows < tokenizer_vocab_size + padding_unit * LARGEST_PADDING_UNITS:
+            return
+        trained = f"{rows} embedding rows (a padded vocabulary)"
+    elif tokenizer_vocab_size == recorded:
         return
+    else:
+        trained = f"a tokenizer of {recorded} tokens"
     trained_with = " ".join(f"--{name.replace('_', '-')} {args[name]}" for name in TOKENIZER_FLAGS
                             if args.get(name) is not None)
-    raise InputError(f"vocabulary mismatch: the model in {where} has {rows} embedding rows (its padded vocabulary), "
-                     f"which cannot hold a tokenizer of {tokenizer_vocab_size} tokens; use the tokenizer it was "
-                     f"trained with ({trained_with or 'see its training command'})")
+    raise InputError(f"vocabulary mismatch: the model in {where} was trained with {trained}, but this tokenizer has "
+                     f"{tokenizer_vocab_size} tokens; use the tokenizer it was trained with "
+                     f"({trained_with or 'see its training command'})")
 
 
 def fit_vocabulary_rows(weight: torch.Tensor, tensor_parallel_size: int, tokenizer_vocab_size: int,
@@ -92,5 +99,6 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, strict=True, assign=True)
     if tensor_parallel_size > 1:
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        apply_tensor_parallel(model, parallel_state, rng_tracker=tensor_parallel_rng_tracker(config.init_seed, tp_rank))
+        model = apply_tensor_parallel(model, parallel_state,
+                                      rng_tracker=tensor_parallel_rng_tracker(config.init_seed, tp_rank))
     return model.to(device).eval(), checkpoint
