@@ -67,7 +67,7 @@ def _dtype(args) -> torch.dtype:
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     if not device.supports_dtype(dtype):
         raise InputError(f"--{'bf16' if args.bf16 else 'fp16'} is not supported on device '{device.device_name()}'; "
-                         "use --bf16, or neither flag for fp32")
+                         "leave it off to run in fp32")
     return dtype
 
 
