@@ -201,6 +201,9 @@ def _add_checkpoint_and_logging_args(parser):
     group.add_argument("--log-interval", type=int, default=100,
                        help="Iterations between log lines.")
     group.add_argument("--tensorboard-dir", help="Write TensorBoard events here.")
+    group.add_argument("--skip-train", action="store_true",
+                       help="Do not train: evaluate the checkpoint in --load on the validation and test "
+                            "splits (--eval-iters batches of each) and exit.")
 
 
 def _add_distributed_args(parser):
@@ -514,6 +517,12 @@ def _check_checkpoint_and_config(args):
     if args.deepspeed_config is not None and not os.path.isfile(args.deepspeed_config):
         raise InputError(f"--deepspeed_config {args.deepspeed_config} does not exist; give a "
                          f"DeepSpeed JSON file, or drop the flag to generate one from the flags")
+    if args.skip_train and not args.load:
+        raise InputError("--skip-train evaluates the checkpoint in --load, but --load was not given; add "
+                         "--load DIR (the --save directory of a training run)")
+    if args.skip_train and not args.eval_iters:
+        raise InputError("--skip-train with --eval-iters 0 evaluates nothing; give --eval-iters N (batches of "
+                         "each split to evaluate)")
 
 
 def validate_args(args, world_size, device_name):

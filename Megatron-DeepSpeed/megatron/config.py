@@ -139,6 +139,7 @@ class LoggingConfig:
     eval_iters: int
     tensorboard_dir: Optional[str]
     exit_interval: Optional[int]
+    skip_train: bool  # evaluate the loaded checkpoint instead of training
 
 
 @dataclass(frozen=True)

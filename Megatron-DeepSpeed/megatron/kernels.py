@@ -7,7 +7,8 @@ optimizer. Nothing is registered globally, so two models in one process can use 
 Kernel contracts:
 - attention(query, key, value, attention_mask, dropout_p) -> context. query/key/value/context are
   [batch, heads, seq, head_dim]; attention_mask is None for plain causal attention, or a bool tensor
-  [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention).
+  [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
+  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq].
 - layer_norm: a module class built as layer_norm(hidden_size, eps=epsilon).
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.

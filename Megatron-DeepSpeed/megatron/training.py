@@ -40,7 +40,7 @@ from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer
 from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
-from megatron.training_log import iteration_line, perplexity, validation_lines
+from megatron.training_log import final_evaluation_lines, iteration_line, perplexity, validation_lines
 
 _log = logging.getLogger(__name__)
 
@@ -347,14 +347,20 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
     return engine, clipping
 
 
+def data_loader_factory(trainer: Trainer) -> Callable:
+    """build_data_loader(dataset, consumed_samples) for this rank's micro-batches."""
+    parallel, batch = trainer.parallel, trainer.config.batch
+    return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
+                             num_workers=trainer.config.data.num_workers, data_parallel_rank=parallel.dp_rank,
+                             data_parallel_size=parallel.get_data_parallel_world_size())
+
+
 def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
     """Training batches from `state`'s consumed samples on; validation batches (cycled) where they continue
     after as many evaluations as the resumed run had made."""
-    config, parallel, eod = trainer.config, trainer.parallel, trainer.tokenizer.eod
+    config, eod = trainer.config, trainer.tokenizer.eod
     data, logging_config, batch = config.data, config.logging, config.batch
-    loader_of = functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
-                                  num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
-                                  data_parallel_size=parallel.get_data_parallel_world_size())
+    loader_of = data_loader_factory(trainer)
     train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
     train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod)
     if valid_set is None or not logging_config.eval_iters:
@@ -364,9 +370,42 @@ def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optiona
     return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), data, eod, restart=True)
 
 
+def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -> dict:
+    """Upstream's evaluation after training (with --skip-train, instead of it): --eval-iters global batches
+    from the start of each of `splits` ("validation", "test") that has samples, each reported in upstream's
+    end-of-run block. Returns the loss of each split evaluated."""
+    config, engine = trainer.config, trainer.engine
+    eval_iters, batch = config.logging.eval_iters, config.batch
+    datasets = dict(zip(("train", "validation", "test"), build_datasets(config, trainer.model_config.vocab_size)))
+    loader_of = data_loader_factory(trainer)
+    losses = {}
+    for split in splits:
+        if datasets[split] is None or not eval_iters:
+            continue
+        batches = Batches(loader_of(datasets[split], 0), config.data, trainer.tokenizer.eod, restart=True)
+        losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel)
+        log_last_rank(final_evaluation_lines(iteration, eval_iters * batch.global_batch_size, split, losses[split]))
+    return losses
+
+
+def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
+    """--skip-train: the checkpoint in --load evaluated on the validation and test splits."""
+    load_dir = trainer.config.checkpoint.load
+    if trainer.resume is None:
+        raise InputError(f"--skip-train: --load {load_dir} holds no checkpoint to evaluate; give the --save "
+                         "directory of a training run")
+    with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
+        iteration, _ = load_checkpoint(trainer.engine, load_dir, trainer.rng_tracker, trainer.resume)
+    log_last_rank("skipping training (--skip-train is on) ...")
+    losses = evaluate_splits(trainer, iteration, ("validation", "test"))
+    return TrainingResult(iteration, [], [], losses.get("validation"), trainer.engine.module, trainer.parallel)
+
+
 def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
     """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
     trainer = build_trainer(model_provider, argv, adaptor_kernels)
+    if trainer.config.logging.skip_train:
+        return evaluate_checkpoint(trainer)
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = TrainState()
@@ -419,4 +458,5 @@ def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[obje
             save()
         if valid is not None and state.iteration % logging_config.eval_interval:
             validation_loss = validate()
+        evaluate_splits(trainer, state.iteration, ("test",))
     return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)

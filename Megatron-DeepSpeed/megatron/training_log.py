@@ -34,7 +34,8 @@ class IterationRecord:
 
 @dataclass(frozen=True)
 class ValidationRecord:
-    """One evaluation line; prefix is its leading word ("validation", "test")."""
+    """One evaluation line; prefix is the split it measured: its leading word ("validation", "test"), or for
+    upstream's end-of-run lines the split after "sample draw from"."""
     iteration: int
     loss: float
     ppl: float
@@ -63,7 +64,7 @@ _ITERATION_FIELDS = {
     "MFU": ("mfu", lambda text: None if text == "n/a" else float(text.rstrip("%")) / 100.0),
 }
 _ITERATION_HEAD = re.compile(r"(?:^|\s)iteration\s+(\d+)/\s*(\d+)\s*\|")
-_VALIDATION_HEAD = re.compile(r"(?:^|\s)(\w+) loss at iteration (\d+) \|")
+_VALIDATION_HEAD = re.compile(r"(?:^|\s)(\w+) loss at iteration (\d+)(?: on \d+-sample draw from (\w+) set)? \|")
 
 
 def perplexity(loss):
@@ -96,8 +97,18 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
 def validation_lines(iteration, loss, prefix="validation"):
     """The evaluation report: the result line framed by dashed lines one longer than it
     (Megatron's layout, trailing space included)."""
-    middle = (f" {prefix} loss at iteration {iteration} |"
-              f" lm loss value: {loss:.6E} | lm loss PPL: {perplexity(loss):.6E} | ")
+    return _evaluation_block(f" {prefix} loss at iteration {iteration} |", loss)
+
+
+def final_evaluation_lines(iteration, samples, split, loss):
+    """Upstream's report of the evaluation after training (or instead of it, with --skip-train) on the
+    `split` ("validation" or "test") set, `samples` samples of it."""
+    return _evaluation_block(f" validation loss at iteration {iteration} on {samples}-sample draw from {split} set |",
+                             loss)
+
+
+def _evaluation_block(head, loss):
+    middle = f"{head} lm loss value: {loss:.6E} | lm loss PPL: {perplexity(loss):.6E} | "
     dashes = "-" * (len(middle) + 1)
     return "\n".join((dashes, middle, dashes))
 
@@ -134,7 +145,7 @@ def _parse_validation(match, line):
     except (KeyError, ValueError):
         return None
     return ValidationRecord(iteration=int(match.group(2)), loss=loss, ppl=ppl,
-                            prefix=match.group(1))
+                            prefix=match.group(3) or match.group(1))
 
 
 def parse_log(lines):

@@ -491,6 +491,12 @@ def test_save_needs_save_interval():
     assert_names(error_of("--save", "ckpt"), "--save ckpt", "--save-interval")
 
 
+def test_skip_train_needs_a_load_directory_and_eval_iters():
+    assert_names(error_of("--skip-train"), "--skip-train", "--load DIR")
+    assert_names(error_of("--skip-train", "--load", "ckpt", "--eval-iters", "0"), "--skip-train", "--eval-iters 0")
+    assert validated("--skip-train", "--load", "ckpt").skip_train
+
+
 def test_missing_deepspeed_config_file(tmp_path):
     missing = str(tmp_path / "ds.json")
     assert_names(error_of("--deepspeed_config", missing), f"--deepspeed_config {missing}")

@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 
 from megatron.training_log import (
-    IterationRecord, ValidationRecord, iteration_line, parse_log, perplexity, validation_lines)
+    IterationRecord, ValidationRecord, final_evaluation_lines, iteration_line, parse_log, perplexity,
+    validation_lines)
 
 RECORD = IterationRecord(iteration=3, train_iters=100, consumed_samples=48, elapsed_ms=1234.56,
                          learning_rate=1.5e-4, global_batch_size=16, lm_loss=7.123456789,
@@ -50,6 +51,17 @@ def test_validation_prefix_and_capped_perplexity():
     assert middle == (" test loss at iteration 7 | lm loss value: 2.500000E+01 |"
                       " lm loss PPL: 4.851652E+08 | ")
     assert first == last == "-" * (len(middle) + 1)
+
+
+def test_end_of_run_blocks_in_upstream_wording_and_their_split():
+    block = final_evaluation_lines(300, 320, "test", 2.0)
+    first, middle, last = block.split("\n")
+    assert middle == (" validation loss at iteration 300 on 320-sample draw from test set | lm loss value: "
+                      "2.000000E+00 | lm loss PPL: 7.389056E+00 | ")
+    assert first == last == "-" * (len(middle) + 1)
+    parsed = parse_log([block, final_evaluation_lines(300, 320, "validation", 1.5), validation_lines(300, 1.0)])
+    assert [(record.prefix, record.iteration, record.loss) for record in parsed.validations] == \
+           [("test", 300, 2.0), ("validation", 300, 1.5), ("validation", 300, 1.0)]
 
 
 def test_perplexity_is_exp_of_the_loss_capped_at_20():

@@ -127,13 +127,18 @@ class SelfAttention(nn.Module):
         self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std)
         self.attend = config.kernels.attention
 
-    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                kv_cache=None) -> torch.Tensor:
+        """kv_cache (text generation, megatron/inference): keeps the keys and values of earlier positions, so
+        `hidden` holds only the new ones; attention_mask is then [batch, 1, new, all positions]."""
         qkv = self.query_key_value(hidden)
         # Sizes come from the projection's output: under tensor parallelism it holds only this rank's heads,
         # and under sequence parallelism the whole sequence while `hidden` held only a chunk of it.
         batch, seq_length, _ = qkv.shape
         qkv = qkv.view(batch, seq_length, -1, 3, self.head_dim)
         query, key, value = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, head_dim]
+        if kv_cache is not None:
+            key, value = kv_cache.extend(key, value)
         dropout_p = self.dropout_p if self.training else 0.0
         context = self.attend(query, key, value, attention_mask, dropout_p)
         return self.dense(context.transpose(1, 2).reshape(batch, seq_length, -1))
@@ -161,8 +166,9 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.attention(self.input_layernorm(hidden), attention_mask))
+    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                kv_cache=None) -> torch.Tensor:
+        hidden = hidden + self.dropout(self.attention(self.input_layernorm(hidden), attention_mask, kv_cache))
         return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
 
 
