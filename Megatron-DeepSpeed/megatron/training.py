@@ -413,7 +413,7 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                             save_optimizer=not checkpoint.no_save_optim)
 
     def validate() -> float:
-        with watchdog.phase(f"the evaluation at iteration {state.iteration}", deadline=True):
+        with watchdog.phase(f"the evaluation at iteration {state.iteration}"):
             loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)
         metrics.validation(state.iteration, loss)
         return loss

@@ -9,9 +9,9 @@ heartbeat thread logs every `interval` seconds that the rank is still waiting, s
 its log instead of silent.
 
 Not every group honours that timeout: DeepSpeed creates its pipeline groups itself, with torch's default
-(30 minutes on gloo). So a phase that should never outlast it (an iteration, an evaluation) has a deadline
-too: past the timeout and a grace, the heartbeat thread reports the hang in one line and ends the process,
-as NCCL's own watchdog does, and the launcher then stops the other ranks.
+(30 minutes on gloo). So a phase that should never outlast it (a training iteration) has a deadline too:
+past the timeout and a grace, the heartbeat thread reports the hang in one line and ends the process, as
+NCCL's own watchdog does, and the launcher then stops the other ranks.
 """
 import contextlib
 import logging

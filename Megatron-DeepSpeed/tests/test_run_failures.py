@@ -93,8 +93,8 @@ def test_a_save_that_hits_a_full_disk_says_why_and_keeps_the_last_checkpoint(sto
     kept = latest(save)
     step = int(kept.removeprefix("global_step")) + 1
     largest = max(entry.stat().st_size for entry in os.scandir(os.path.join(save, kept)))
-    result = run_pretrain(data_prefix, "--train-iters", str(step + 2), "--load", save, "--save", save,
-                          "--save-interval", "1", limit_file_size=largest // 2)
+    result = run_pretrain(data_prefix, "--train-iters", str(step + 2), "--lr-decay-iters", "1000", "--load", save,
+                          "--save", save, "--save-interval", "1", limit_file_size=largest // 2)
     assert_one_line_error(result, 1, f"saving checkpoint global_step{step} to {save} failed: a file exceeds the "
                                      f"file-size limit (EFBIG): ulimit -f allows {largest // 2} bytes per file",
                           f"its partial files were removed and {save}/latest still names the complete {kept}")
