@@ -228,12 +228,35 @@ def _add_distributed_args(parser):
                        help="Passed by launchers; ignored (the environment says the same).")
 
 
+def _number_above(minimum, kind):
+    """argparse type: a `kind` number greater than `minimum`."""
+    def parse(text):
+        value = kind(text)
+        if not value > minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be greater than {minimum}")
+        return value
+    return parse
+
+
+def _add_stopping_args(parser):
+    group = parser.add_argument_group("stopping early and hangs")
+    group.add_argument("--max-consecutive-nan-iterations", type=_number_above(0, int), default=10,
+                       help="Stop a diverged run (exit 1) after this many iterations in a row whose loss or "
+                            "gradient norm is not finite; their updates are skipped.")
+    group.add_argument("--exit-signal-handler", action="store_true",
+                       help="On SIGTERM (or SIGINT), save a checkpoint after the current iteration and exit 0.")
+    group.add_argument("--exit-duration-in-mins", type=_number_above(0, float),
+                       help="Save a checkpoint and exit 0 once the run has lasted this many minutes.")
+    group.add_argument("--distributed-timeout-minutes", type=_number_above(0, float), default=10.0,
+                       help="A collective that waits longer than this for a peer rank ends the run.")
+
+
 def _build_parser():
     parser = argparse.ArgumentParser(description="GPT pre-training (Megatron-DeepSpeed flags)",
                                      allow_abbrev=False)
     for add_group in (_add_model_args, _add_training_args, _add_learning_rate_args,
                       _add_mixed_precision_args, _add_data_args,
-                      _add_checkpoint_and_logging_args, _add_distributed_args):
+                      _add_checkpoint_and_logging_args, _add_distributed_args, _add_stopping_args):
         add_group(parser)
     return parser
 

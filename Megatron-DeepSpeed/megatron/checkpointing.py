@@ -1,28 +1,46 @@
 """Checkpoints in DeepSpeed's layout, plus the client state that makes resuming exact.
 
 Layout under --save (Megatron-DeepSpeed's): `global_step{N}/` written by DeepSpeed, `latest` naming the
-newest complete one, and `latest_checkpointed_iteration.txt`. DeepSpeed itself writes `latest` from rank 0
-before the other ranks are known to have finished; here it is written only after every rank's files are
-on disk (DeepSpeed's closing barrier), under a temporary name and then renamed, so `latest` never points
-at a half-written checkpoint.
+newest complete one, and `latest_checkpointed_iteration.txt` holding its N. DeepSpeed itself writes `latest`
+from rank 0 before the other ranks are known to have finished; here it moves only after every rank's files
+are written (DeepSpeed's closing barrier) and flushed to disk by every rank (so a power cut cannot leave
+`latest` naming data still in the page cache).
+
+Two files cannot be replaced in one step, so both pointer files are links through one: `latest` ->
+`.latest/latest` and `latest_checkpointed_iteration.txt` -> `.latest/latest_checkpointed_iteration.txt`,
+where `.latest` links to a small directory `.latest.global_stepN/` holding the two files. Publishing a
+checkpoint renames one new `.latest` link over the old one: a reader of either file sees the previous
+checkpoint or the new one, and the two files always name the same one.
+
+A save that fails (full disk, read-only or vanished file system) removes its partial files, leaves `latest`
+on the previous complete checkpoint, and raises a RunError saying which path failed, why, and how much space
+a checkpoint needs.
 """
+import logging
 import os
 import random
+import shutil
+import tempfile
 from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 
 from megatron import device
-from megatron.atomic_files import write_text_atomically
-from megatron.checkpoint.reader import OPTIMIZER_SAVED, Layout, model_states_file
+from megatron.checkpoint.guard import latest_tag
+from megatron.checkpoint.reader import LATEST_TAG_FILE, OPTIMIZER_SAVED, Layout, model_states_file
 from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.config import JobConfig
-from megatron.errors import InputError
+from megatron.errors import InputError, RunError
+from megatron.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 from megatron.tokenizer import vocab_size_with_padding
 
-LATEST_TAG_FILE = "latest"
+_log = logging.getLogger(__name__)
+
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
+POINTER_LINK = ".latest"
+POINTER_DIR_PREFIX = ".latest."
+BYTES_PER_PARAMETER = 16  # a first checkpoint's size: weights, fp32 master copy, Adam's two moments
 # DeepSpeed copies these into every --save directory; they cannot read our checkpoints (pipeline files, tensor-
 # parallel shards), and 0.19.8 has no switch to stop the copy, so they are removed after each save.
 # tools/inspect_checkpoint.py and tools/convert_checkpoint.py replace them.
@@ -45,6 +63,57 @@ def _set_rng_state(state: dict) -> None:
     device.accelerator().set_rng_state(state["device"])
 
 
+def _replace_symlink(path: str, target: str) -> None:
+    """Make `path` a link to `target`, atomically (a new link renamed over whatever was there)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, path)
+
+
+def publish_latest(save_dir: str, tag: str) -> None:
+    """Point `latest` and `latest_checkpointed_iteration.txt` at checkpoint `tag`, together (module docstring)."""
+    pointer_name = POINTER_DIR_PREFIX + tag
+    staging = tempfile.mkdtemp(dir=save_dir, prefix=pointer_name + ".", suffix=".tmp")
+    try:
+        for name, text in ((LATEST_TAG_FILE, tag), (LATEST_ITERATION_FILE, tag.removeprefix("global_step"))):
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.chmod(staging, 0o755)
+        fsync_directory(staging)
+        shutil.rmtree(os.path.join(save_dir, pointer_name), ignore_errors=True)  # left by an interrupted publish
+        os.rename(staging, os.path.join(save_dir, pointer_name))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _replace_symlink(os.path.join(save_dir, POINTER_LINK), pointer_name)
+    for name in (LATEST_TAG_FILE, LATEST_ITERATION_FILE):
+        path, target = os.path.join(save_dir, name), os.path.join(POINTER_LINK, name)
+        if not (os.path.islink(path) and os.readlink(path) == target):
+            _replace_symlink(path, target)
+    fsync_directory(save_dir)
+    for name in os.listdir(save_dir):
+        if name.startswith(POINTER_DIR_PREFIX) and name != pointer_name:
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+
+
+def _save_failure(save_dir: str, tag: str, error: BaseException, parameters_here: int) -> RunError:
+    """Remove what the failed save of `tag` wrote, and say what happened."""
+    shutil.rmtree(os.path.join(save_dir, tag), ignore_errors=True)
+    previous = latest_tag(save_dir)
+    needed = (directory_bytes(os.path.join(save_dir, previous)) if previous
+              else BYTES_PER_PARAMETER * parameters_here)
+    cause = write_failure_cause(save_dir, error, needed)
+    kept = (f"{os.path.join(save_dir, LATEST_TAG_FILE)} still names the complete {previous}" if previous
+            else "no earlier checkpoint exists there")
+    return RunError(f"saving checkpoint {tag} to {save_dir} failed: {cause}; a checkpoint takes about "
+                    f"{megabytes(needed)}; its partial files were removed and {kept}; make room (or choose another "
+                    f"--save) and resume with --load {save_dir}")
+
+
 def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: int, consumed_train_samples: int,
                     rng_tracker, padded_vocab_size: int, tokenizer_vocab_size: Optional[int] = None,
                     save_optimizer: bool = True) -> str:
@@ -55,26 +124,34 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     import torch.distributed as dist
 
     tag = checkpoint_tag(iteration)
+    step_dir = os.path.join(save_dir, tag)
+    if latest_tag(save_dir) == tag:  # a run resumed at its last iteration: that state is already saved
+        _log.info(f"checkpoint {tag} is already the latest in {save_dir}; not saving it again")
+        return step_dir
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
                     "args": {**flags, "padded_vocab_size": padded_vocab_size,
                              "tokenizer_vocab_size": tokenizer_vocab_size},
                     "rng_state": _rng_state(), "tensor_parallel_rng_state": rng_tracker.get_states(),
                     OPTIMIZER_SAVED: save_optimizer}
     try:
-        os.makedirs(save_dir, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"--save {save_dir}: cannot create the checkpoint directory ({err.strerror})") from err
-    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-    if dist.get_rank() == 0:
-        for script in DEEPSPEED_RECOVERY_SCRIPTS:
-            if os.path.isfile(os.path.join(save_dir, script)):
-                os.remove(os.path.join(save_dir, script))
-        if not save_optimizer:
-            _remove_optimizer_state(os.path.join(save_dir, tag), flags)
-        write_text_atomically(os.path.join(save_dir, LATEST_TAG_FILE), tag)
-        write_text_atomically(os.path.join(save_dir, LATEST_ITERATION_FILE), str(iteration))
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        if dist.get_rank() == 0:
+            for script in DEEPSPEED_RECOVERY_SCRIPTS:
+                if os.path.isfile(os.path.join(save_dir, script)):
+                    os.remove(os.path.join(save_dir, script))
+            if not save_optimizer:
+                _remove_optimizer_state(step_dir, flags)
+        fsync_tree(step_dir)
+    except (OSError, RuntimeError) as err:
+        raise _save_failure(save_dir, tag, err, sum(p.numel() for p in engine.module.parameters())) from err
     dist.barrier()
-    return os.path.join(save_dir, tag)
+    if dist.get_rank() == 0:
+        try:
+            publish_latest(save_dir, tag)
+        except OSError as err:
+            raise _save_failure(save_dir, tag, err, 0) from err
+    dist.barrier()
+    return step_dir
 
 
 def _remove_optimizer_state(tag_dir: str, flags: Mapping[str, Any]) -> None:
@@ -140,10 +217,14 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
         return 0, 0
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).
-    load_path, client_state = engine.load_checkpoint(load_dir, tag=plan.tag,
-                                                     load_optimizer_states=plan.load_optimizer or plan.universal,
-                                                     load_lr_scheduler_states=False,
-                                                     load_module_only=not plan.load_optimizer)
+    try:
+        load_path, client_state = engine.load_checkpoint(load_dir, tag=plan.tag,
+                                                         load_optimizer_states=plan.load_optimizer or plan.universal,
+                                                         load_lr_scheduler_states=False,
+                                                         load_module_only=not plan.load_optimizer)
+    except (OSError, RuntimeError, EOFError) as err:
+        raise RunError(f"--load {load_dir}: loading checkpoint {plan.tag} failed ({type(err).__name__}: {err}); if "
+                       f"a file of it is damaged, restore it or resume from an older checkpoint") from err
     if load_path is None or not client_state or "iteration" not in client_state:
         raise InputError(f"--load {load_dir}: checkpoint {plan.tag} could not be read as a checkpoint of this "
                          "trainer; point --load at a --save directory")

@@ -143,6 +143,15 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class StoppingConfig:
+    """When a run stops before its last iteration, and how long a rank waits for its peers."""
+    max_consecutive_nan_iterations: int  # bad iterations in a row that end a diverged run
+    exit_signal_handler: bool  # SIGTERM: save a checkpoint and exit 0
+    exit_duration_in_mins: Optional[float]  # likewise once the run has lasted this long
+    distributed_timeout_minutes: float  # a collective that waits longer ends the run
+
+
+@dataclass(frozen=True)
 class JobConfig:
     model: ModelConfig
     parallel: ParallelConfig
@@ -154,6 +163,7 @@ class JobConfig:
     data: DataConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
+    stopping: StoppingConfig
     deepspeed_config: Optional[str]  # the user's DeepSpeed JSON, if any
     flags: Mapping[str, Any]  # every flag as a plain value, as checkpoints record them
 
@@ -187,6 +197,7 @@ def job_config(args: argparse.Namespace) -> JobConfig:
         data=_section(DataConfig, args, data_path=tuple(args.data_path or ())),
         checkpoint=_section(CheckpointConfig, args),
         logging=_section(LoggingConfig, args),
+        stopping=_section(StoppingConfig, args),
         deepspeed_config=args.deepspeed_config,
         flags=plain_flags(args),
     )

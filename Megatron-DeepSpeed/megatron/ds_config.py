@@ -96,11 +96,25 @@ def _fill_missing(user, generated, path, where):
     return merged
 
 
+# Sections DeepSpeed would silently ignore or override: the loop passes its own optimizer and sets the
+# learning rate itself before every step.
+_SECTIONS_THE_FLAGS_OWN = {
+    "optimizer": "the optimizer is AdamW from the flags (--lr, --weight-decay, --adam-beta1, --adam-beta2, "
+                 "--adam-eps)",
+    "scheduler": "the learning-rate schedule comes from the flags (--lr, --min-lr, --lr-decay-style, "
+                 "--lr-warmup-iters / -samples / -fraction, --lr-decay-iters / -samples)",
+}
+
+
 def merge_with_user_config(user_json, job: JobConfig, path):
     """The user's DeepSpeed config with omitted keys filled from the flags; InputError if a key it
-    sets contradicts a flag. `path` names the file in messages. "bfloat16" is DeepSpeed's alias
-    of "bf16"."""
+    sets contradicts a flag, or if it has a section the flags own. `path` names the file in messages.
+    "bfloat16" is DeepSpeed's alias of "bf16"."""
     user = dict(user_json)
+    for section, owner in _SECTIONS_THE_FLAGS_OWN.items():
+        if user.get(section) is not None:
+            raise InputError(f"--deepspeed_config {path} has an {section!r} section, which would be ignored: {owner}; "
+                             f"remove the section and set those flags instead")
     if "bfloat16" in user:
         user.setdefault("bf16", user.pop("bfloat16"))
     merged = _fill_missing(user, build_deepspeed_config(job), (), path)

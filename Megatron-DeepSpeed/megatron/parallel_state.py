@@ -9,7 +9,8 @@ One ParallelState object owns the groups (no module-level state) and is itself t
 deepspeed.initialize(mpu=...) expects.
 """
 from dataclasses import dataclass
-from typing import List, Tuple
+from datetime import timedelta
+from typing import List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -70,13 +71,16 @@ class ParallelState:
     """This process's groups and ranks; also the `mpu` object DeepSpeed queries (method names are DeepSpeed's
     and Megatron's, which is why they are long)."""
 
-    def __init__(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
+    def __init__(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                 timeout: Optional[timedelta] = None):
+        """`timeout`: how long a collective in these groups waits for a peer (torch's default when None)."""
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs torch.distributed to be initialized first "
                                "(init_process_group / deepspeed.init_distributed)")
         self.layout = RankLayout.for_world(dist.get_world_size(), tensor_parallel_size, pipeline_parallel_size)
         self.rank = dist.get_rank()
         self.pp_rank, self.dp_rank, self.tp_rank = self.layout.coordinates(self.rank)
+        self._timeout = timeout
         # Every process must take part in creating every group, in the same order.
         self._tensor_group, self._tensor_ranks = self._new_groups(self.layout.tensor_groups())
         self._data_group, self._data_ranks = self._new_groups(self.layout.data_groups())
@@ -84,7 +88,7 @@ class ParallelState:
         self._model_group, self._model_ranks = self._new_groups(self.layout.model_groups())
 
     def _new_groups(self, rank_lists: List[List[int]]):
-        group, _ = dist.new_subgroups_by_enumeration(rank_lists)
+        group, _ = dist.new_subgroups_by_enumeration(rank_lists, timeout=self._timeout)
         mine = next(ranks for ranks in rank_lists if self.rank in ranks)
         return group, mine
 

@@ -81,7 +81,8 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """The figures a run is judged by. best_validation_ppl is None when no validation ran."""
+    """The figures a run is judged by. best_validation_ppl is None when no validation ran; diverged_at is the
+    iteration a diverged run stopped at (or the last one, when it ended with a non-finite loss)."""
     samples_per_second: float
     final_train_ppl: float
     best_validation_ppl: float | None
@@ -89,10 +90,14 @@ class RunSummary:
     duration_seconds: float
     tflops: float | None = None  # per device, mean after warm-up; None where the log has no TFLOPs
     mfu: float | None = None  # mean after warm-up; None where the device's peak is unknown
+    diverged_at: int | None = None
 
     @property
     def reported_ppl(self) -> float:
-        """The PPL a run is reported with: the best validation PPL (a full run), else the final training PPL."""
+        """The PPL a run is reported with: the best validation PPL (a full run), else the final training PPL;
+        NaN for a diverged run, whose earlier figures are no result."""
+        if self.diverged_at is not None:
+            return math.nan
         return self.final_train_ppl if self.best_validation_ppl is None else self.best_validation_ppl
 
 
@@ -173,13 +178,16 @@ def summarize(log, info, log_path):
                          f"skipped or hit NaN); look at the loss scale and grad norm columns")
     validation_ppls = [record.ppl for record in log.validations if record.prefix == "validation"]
     steady = steady_state_records(log.iterations)
+    last = log.iterations[-1]
+    ended_non_finite = last.lm_loss is not None and not math.isfinite(last.lm_loss)
     return RunSummary(samples_per_second=sum(rates) / len(rates),
                       tflops=_mean([record.tflops for record in steady]),
                       mfu=_mean([record.mfu for record in steady]),
                       final_train_ppl=perplexity(losses[-1]),
                       best_validation_ppl=min(validation_ppls, default=None),
-                      steps=log.iterations[-1].iteration,
-                      duration_seconds=info.end_time - info.start_time)
+                      steps=last.iteration,
+                      duration_seconds=info.end_time - info.start_time,
+                      diverged_at=log.diverged_at or (last.iteration if ended_non_finite else None))
 
 
 _RUN_INFO_KINDS = {"model_size": str, "device": str, "world_size": int, "nproc_per_node": int,
@@ -314,8 +322,11 @@ def machine_notes(runs, with_upstream=False):
 
 
 def summary_lines(summary):
-    """The three closing lines of the entry scripts (docs/ARCHITECTURE.md, Log lines), in their exact wording."""
-    return (f"Final Performance samples/sec : {summary.samples_per_second:.3f}\n"
+    """The three closing lines of the entry scripts (docs/ARCHITECTURE.md, Log lines), in their exact wording;
+    a diverged run says so first, and its PPL is nan."""
+    diverged = ("" if summary.diverged_at is None else
+                f"Training diverged at iteration {summary.diverged_at}: its loss is not finite, so it has no PPL\n")
+    return (f"{diverged}Final Performance samples/sec : {summary.samples_per_second:.3f}\n"
             f"Final Train lm loss PPL(accuracy): {summary.reported_ppl:.3f}\n"
             f"E2E Training Duration sec : {round(summary.duration_seconds)}\n")
 

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, Optional
 
 import deepspeed
@@ -24,13 +25,16 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import device
 from megatron.arguments import parse_args, validate_args
+from megatron.checkpoint.guard import check_checkpoint_directories
 from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpointing import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
 from megatron.config import DataConfig, JobConfig, ScheduleConfig, job_config
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
+from megatron.divergence import DivergenceMonitor
 from megatron.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
 from megatron.errors import InputError
+from megatron.exit_requests import ExitRequests
 from megatron.kernels import Kernels, select_kernels
 from megatron.learning_rates import learning_rate
 from megatron.model.gpt import GPTConfig
@@ -40,7 +44,8 @@ from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer
 from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
-from megatron.training_log import final_evaluation_lines, iteration_line, perplexity, validation_lines
+from megatron.training_log import exit_line, final_evaluation_lines, iteration_line, perplexity, validation_lines
+from megatron.watchdog import Watchdog
 
 _log = logging.getLogger(__name__)
 
@@ -53,16 +58,16 @@ class TrainState:
     nan_iterations: int = 0  # since the last log line
 
 
-def initialize_distributed(backend: str) -> None:
+def initialize_distributed(backend: str, timeout_minutes: float) -> None:
     """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
-    becomes a group of one."""
+    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails."""
     if "RANK" not in os.environ:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             free_port = probe.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
 
 
 def is_last_rank() -> bool:
@@ -113,11 +118,16 @@ class Fp32GradientClipping:
     counts replicated parameters from the first stage only, so later stages' parameters are left out. Here
     every parameter counts once per model replica: tensor-parallel shards on every rank, replicated parameters
     on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it. DeepSpeed's own clipping is
-    then switched off (gradient_clipping 0 in its config)."""
+    then switched off (gradient_clipping 0 in its config).
+
+    A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/divergence.py): the
+    gradients are dropped, and the torch optimizer leaves every parameter without a gradient, and its state,
+    untouched. The norm is the same on every rank, so every rank skips."""
 
     def __init__(self, model: torch.nn.Module, parallel: ParallelState, max_norm: float):
         self.model, self.parallel, self.max_norm = model, parallel, max_norm
         self.norm: Optional[float] = None  # of the last step, before clipping
+        self.skipped_steps = 0
 
     def _counted_here(self, parameter) -> bool:
         if getattr(parameter, "ds_pipe_replicated", False):
@@ -133,6 +143,11 @@ class Fp32GradientClipping:
         dist.all_reduce(squares, group=self.parallel.get_model_parallel_group())
         norm = squares.sqrt()
         self.norm = norm.item()
+        if not math.isfinite(self.norm):
+            for parameter in self.model.parameters():
+                parameter.grad = None
+            self.skipped_steps += 1
+            return
         if self.max_norm > 0:
             scale = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
             for gradient in gradients:
@@ -303,14 +318,16 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine).
     `adaptor_kernels` are a device adaptor's kernels (deepspeed_npu's), preferred over PyTorch's."""
     args = parse_args(argv)
-    initialize_distributed(args.distributed_backend or device.communication_backend())
+    initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
+    check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save)  # before any slow work
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))
         if adopted:
             config = job_config(argparse.Namespace(**{**vars(args), **adopted}))
-    parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline)
+    parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline,
+                             timedelta(minutes=config.stopping.distributed_timeout_minutes))
     device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank
     rng_tracker = tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
 
@@ -403,57 +420,88 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
 
 def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
     """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
+    started = time.monotonic()  # --exit-duration-in-mins counts from here, start-up included
     trainer = build_trainer(model_provider, argv, adaptor_kernels)
     if trainer.config.logging.skip_train:
         return evaluate_checkpoint(trainer)
+    stopping = trainer.config.stopping
+    watchdog = Watchdog(dist.get_rank(), stopping.distributed_timeout_minutes)
+    exits = ExitRequests(stopping.exit_signal_handler, stopping.exit_duration_in_mins, started)
+    try:
+        return run_training(trainer, watchdog, exits)
+    finally:
+        exits.close()
+        watchdog.close()
+
+
+def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:
+    """Resume, train, evaluate and save; each phase under the watchdog (megatron/watchdog.py)."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = TrainState()
-    with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
-        state.iteration, state.consumed_train_samples = load_checkpoint(engine, checkpoint.load, trainer.rng_tracker,
-                                                                        trainer.resume)
-    train, valid = build_batches(trainer, state)
+    with watchdog.phase("loading the checkpoint"), torch.no_grad():  # the pipeline engine re-synchronises
+        state.iteration, state.consumed_train_samples = load_checkpoint(  # tied weights in place while loading
+            engine, checkpoint.load, trainer.rng_tracker, trainer.resume)
+    with watchdog.phase("building the datasets"):
+        train_batches, valid = build_batches(trainer, state)
     schedule = learning_rate_schedule(config.schedule)
     train_iters = config.schedule.total_iterations(batch.global_batch_size)
     metrics = MetricsLog(config, trainer.model_config, train_iters)
+    divergence = DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
+                                   checkpoint.save)
 
     def save() -> None:
-        save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
-                        trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                        save_optimizer=not checkpoint.no_save_optim)
+        if not divergence.may_save(state.iteration):
+            return
+        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"):
+            divergence.require_finite_weights(engine.module, state.iteration)
+            save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
+                            trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
+                            save_optimizer=not checkpoint.no_save_optim)
 
     def validate() -> float:
-        loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)
+        with watchdog.phase(f"the evaluation at iteration {state.iteration}"):
+            loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)
         metrics.validation(state.iteration, loss)
         return loss
 
+    def skipped_steps() -> int:  # DeepSpeed's skips, and ours on its plain fp32 path (Fp32GradientClipping)
+        return engine.skipped_steps + (clipping.skipped_steps if clipping else 0)
+
     validation_loss, losses, grad_norms = None, [], []
-    skipped_before = engine.skipped_steps
+    skipped_before = skipped_steps()
     while state.iteration < train_iters:
-        set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-        loss = train_step(engine, train, batch.num_micro_batches, parallel)
-        grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
+        with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True):
+            set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
+            loss = train_step(engine, train_batches, batch.num_micro_batches, parallel)
+            grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
+            update_skipped = skipped_steps() > skipped_before
+            bad = divergence.is_bad(loss, update_skipped)
+            exit_reason = exits.reason()
         losses.append(loss)
         grad_norms.append(grad_norm)
         state.iteration += 1
         state.consumed_train_samples += batch.global_batch_size
-        state.skipped_iterations += engine.skipped_steps - skipped_before
-        skipped_before = engine.skipped_steps
-        state.nan_iterations += int(not math.isfinite(loss))
+        state.skipped_iterations += skipped_steps() - skipped_before
+        skipped_before = skipped_steps()
+        state.nan_iterations += int(bad)
         metrics.iteration(state, loss, grad_norm, schedule(state.consumed_train_samples), engine)
+        divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
 
         paused = time.perf_counter()
         if valid is not None and state.iteration % logging_config.eval_interval == 0:
             validation_loss = validate()
         exit_interval = logging_config.exit_interval
         exiting = bool(exit_interval) and state.iteration % exit_interval == 0
-        if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting):
+        if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason):
             save()
         metrics.exclude_from_timing(time.perf_counter() - paused)
-        if exiting:
-            log_last_rank(f"exiting program at iteration {state.iteration}")
+        if exiting or exit_reason:
+            saved = f"checkpoint saved to {checkpoint.save}" if checkpoint.save else "nothing saved (no --save)"
+            log_last_rank(exit_line(state.iteration, exit_reason and f"{exit_reason}; {saved}"))
             break
     else:
+        divergence.require_recovered(state.iteration)
         if checkpoint.save and state.iteration % checkpoint.save_interval:
             save()
         if valid is not None and state.iteration % logging_config.eval_interval:

@@ -46,6 +46,8 @@ class ValidationRecord:
 class ParsedLog:
     iterations: list[IterationRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
+    diverged_at: int | None = None  # the iteration a run stopped at for divergence
+    stopped_on_request: bool = False  # it saved and stopped early for SIGTERM or --exit-duration-in-mins
 
 
 # Label in the line -> (record field, parser); labels and widths are those of docs/ARCHITECTURE.md, Log lines.
@@ -65,11 +67,22 @@ _ITERATION_FIELDS = {
 }
 _ITERATION_HEAD = re.compile(r"(?:^|\s)iteration\s+(\d+)/\s*(\d+)\s*\|")
 _VALIDATION_HEAD = re.compile(r"(?:^|\s)(\w+) loss at iteration (\d+)(?: on \d+-sample draw from (\w+) set)? \|")
+# Our lines for runs that end early (not Megatron's): the start of a divergence error, and the last line of a
+# run stopped by a request.
+DIVERGED_FORMAT = "training diverged at iteration {iteration}"
+_DIVERGED = re.compile(r"training diverged at iteration (\d+)")
+_STOPPED_ON_REQUEST = re.compile(r"exiting program at iteration \d+: ")
+
+
+def exit_line(iteration, reason=None):
+    """The last line of a run that stops before its last iteration; `reason` for a request (SIGTERM, the
+    time limit), none for --exit-interval (Megatron's own line)."""
+    return f"exiting program at iteration {iteration}" + (f": {reason}" if reason else "")
 
 
 def perplexity(loss):
-    """exp(loss), capped as Megatron does so a diverged loss still prints a finite number."""
-    return math.exp(min(PPL_LOSS_CAP, loss))
+    """exp(loss), capped as Megatron does so a large loss still prints a number; a NaN loss stays NaN."""
+    return loss if math.isnan(loss) else math.exp(min(PPL_LOSS_CAP, loss))
 
 
 def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learning_rate,
@@ -164,5 +177,10 @@ def parse_log(lines):
         record = head and _parse_validation(head, line)
         if record:
             parsed.validations.append(record)
+            continue
+        diverged = _DIVERGED.search(line)
+        if diverged and parsed.diverged_at is None:
+            parsed.diverged_at = int(diverged.group(1))
+        parsed.stopped_on_request = parsed.stopped_on_request or bool(_STOPPED_ON_REQUEST.search(line))
     return parsed
 

@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import torch
 
 from tests.distributed_helpers import run_on_ranks
 
@@ -10,6 +11,7 @@ pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
 class EngineThatDiesMidSave:
     """Writes part of a checkpoint, then fails, as a crash or a full disk would."""
+    module = torch.nn.Linear(2, 2)
 
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         assert save_latest is False  # DeepSpeed's own `latest` is written before other ranks finish
@@ -20,12 +22,15 @@ class EngineThatDiesMidSave:
 
 
 class EngineThatSaves:
+    module = torch.nn.Linear(2, 2)
+
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
 
 
 def save_then_fail(save_dir):
     from megatron.checkpointing import save_checkpoint
+    from megatron.errors import RunError
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
 
     flags = {"save": save_dir, "seed": 1}
@@ -33,13 +38,15 @@ def save_then_fail(save_dir):
     save_checkpoint(EngineThatSaves(), save_dir, flags, 10, 80, tracker, padded_vocab_size=128)
     try:
         save_checkpoint(EngineThatDiesMidSave(), save_dir, flags, 20, 160, tracker, padded_vocab_size=128)
-    except OSError:
-        pass
+    except RunError as err:
+        message = str(err)
     return (open(os.path.join(save_dir, "latest")).read(),
             open(os.path.join(save_dir, "latest_checkpointed_iteration.txt")).read(),
-            sorted(name for name in os.listdir(save_dir) if ".tmp" in name))
+            sorted(name for name in os.listdir(save_dir) if ".tmp" in name or name.startswith("global_step")),
+            message)
 
 
 def test_interrupted_save_leaves_latest_on_the_previous_checkpoint(tmp_path):
-    (latest, iteration, temporaries), = run_on_ranks(save_then_fail, 1, str(tmp_path))
-    assert (latest, iteration, temporaries) == ("global_step10", "10", [])
+    (latest, iteration, left, message), = run_on_ranks(save_then_fail, 1, str(tmp_path))
+    assert (latest, iteration, left) == ("global_step10", "10", ["global_step10"])  # partial global_step20 removed
+    assert message.startswith(f"saving checkpoint global_step20 to {tmp_path} failed: OSError: disk full; ")

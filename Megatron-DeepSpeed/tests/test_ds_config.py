@@ -87,21 +87,25 @@ def test_deepspeed_reads_the_generated_config_as_meant():
 # ----------------------------------------------------------------------------- user JSON
 
 def test_user_keys_kept_and_omitted_keys_filled():
-    user = {"optimizer": {"type": "Adam"}, "fp16": {"loss_scale_window": 200},
-            "zero_optimization": {"reduce_bucket_size": 5e8}, "train_batch_size": 16,
-            "steps_per_print": 10}
+    user = {"fp16": {"loss_scale_window": 200}, "zero_optimization": {"reduce_bucket_size": 5e8},
+            "train_batch_size": 16, "steps_per_print": 10}
     merged = merge_with_user_config(user, validated(), "ds.json")
     generated = build_deepspeed_config(validated())
-    assert merged["optimizer"] == {"type": "Adam"}
     assert merged["steps_per_print"] == 10
     assert merged["fp16"] == {**generated["fp16"], "loss_scale_window": 200}
     assert merged["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 5e8}
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "bf16", "wall_clock_breakdown"):
         assert merged[key] == generated[key]
-    assert user == {"optimizer": {"type": "Adam"}, "fp16": {"loss_scale_window": 200},
-                    "zero_optimization": {"reduce_bucket_size": 5e8}, "train_batch_size": 16,
-                    "steps_per_print": 10}
+    assert user == {"fp16": {"loss_scale_window": 200}, "zero_optimization": {"reduce_bucket_size": 5e8},
+                    "train_batch_size": 16, "steps_per_print": 10}
+
+
+@pytest.mark.parametrize("section, flags", [("optimizer", "--adam-beta1"), ("scheduler", "--lr-decay-style")])
+def test_sections_the_flags_own_are_refused_not_ignored(section, flags):
+    with pytest.raises(InputError, match=f"--deepspeed_config ds.json has an '{section}' section, which would be "
+                                         f"ignored: .*{flags}.*; remove the section and set those flags instead"):
+        merge_with_user_config({section: {"type": "Adam", "params": {"lr": 0.1}}}, validated(), "ds.json")
 
 
 def test_agreeing_user_config_passes():

@@ -22,6 +22,7 @@ def run_script(name, *args, timeout=900, env=None):
     (["--train_iters=abc"], "--train_iters='abc' is not a whole number"),
     (["--modelsize=tiny"], "unrecognized arguments: --modelsize=tiny"),
     (["--device=cuda"], "--device=cuda: DeepSpeed selected 'cuda' but sees no cuda device here"),
+    (["--fp16"], "--fp16 is not supported on device 'cpu'"),  # a pretrain_gpt.py flag: checked once, up front
 ])
 def test_bad_input_stops_with_a_clear_message(args, message, tmp_path):
     no_gpus = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the same answers on a machine with GPUs

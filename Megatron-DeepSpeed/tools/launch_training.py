@@ -16,17 +16,21 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 
 from megatron.atomic_files import write_text_atomically
-from megatron.errors import InputError, run_cli
+from megatron.errors import InputError, RunError, run_cli
+from megatron.job_output import FirstFailure
 from megatron.presets import get_preset, preset_names
+from megatron.training_log import parse_log
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
 VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
@@ -140,13 +144,13 @@ def resolve_data(args) -> tuple[str, list[str]]:
     return prefix, ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
 
 
-def model_shape(pretrain_flags: list[str]) -> dict:
+def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) -> dict:
     """The shape figures of the results table, as pretrain_gpt.py will see them (preset plus user flags);
-    a flag pretrain_gpt.py would reject is reported now, before any process starts."""
-    from megatron.arguments import parse_args as parse_pretrain_args
+    a flag pretrain_gpt.py would reject is reported now, once, before any process starts."""
+    from megatron.arguments import parse_args as parse_pretrain_args, validate_args
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 
-    flags = parse_pretrain_args(pretrain_flags)
+    flags = validate_args(parse_pretrain_args(pretrain_flags), world_size, device_name)
     tokenizer = build_tokenizer(flags.tokenizer_type, vocab_file=flags.vocab_file, merge_file=flags.merge_file,
                                 tokenizer_model=flags.tokenizer_model, vocab_size=flags.vocab_size)
     return {"seq_length": flags.seq_length, "num_layers": flags.num_layers, "hidden_size": flags.hidden_size,
@@ -193,7 +197,6 @@ def main(argv=None):
 
     run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.output_dir or os.path.join(REPO_ROOT, "test", "output", run_name))
-    os.makedirs(run_dir, exist_ok=True)
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
              "--tensorboard-dir", os.path.join(run_dir, "tensorboard")]
@@ -209,15 +212,22 @@ def main(argv=None):
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
                 "run": args.run, "nproc_per_node": nproc, "nnodes": args.nnodes, "world_size": world_size,
-                **model_shape(flags + passthrough), "command": shlex.join(command), "start_time": time.time()}
-    print(f"Run {run_name}: {world_size} {device_name} processes; log: {os.path.join(run_dir, 'train.log')}",
-          flush=True)
-    returncode = _run_and_tee(command, environment, fresh_log_path(run_dir))
+                **model_shape(flags + passthrough, world_size, device_name), "command": shlex.join(command),
+                "start_time": time.time()}
+    os.makedirs(run_dir, exist_ok=True)  # only for a job whose flags passed
+    log_path = fresh_log_path(run_dir)
+    print(f"Run {run_name}: {world_size} {device_name} processes; log: {log_path}", flush=True)
+    job = run_job(command, environment, log_path)
     run_info["end_time"] = time.time()
     write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
-    if returncode != 0:
-        raise InputError(f"training failed (exit {returncode}); see {os.path.join(run_dir, 'train.log')}")
-    subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
+    with open(log_path, encoding="utf-8", errors="replace") as log:
+        parsed = parse_log(log)
+    # Forwarded SIGTERM: torchrun reports the signal it got, though the ranks saved and exited 0.
+    succeeded = job.returncode == 0 or (job.terminated and parsed.stopped_on_request)
+    if succeeded or parsed.diverged_at is not None:
+        subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
+    if not succeeded:
+        raise RunError(f"{job.failure.message or f'training failed (exit {job.returncode})'} (log: {log_path})")
 
 
 def resume_flags(checkpoints: str) -> list[str]:
@@ -242,13 +252,36 @@ def fresh_log_path(run_dir: str) -> str:
     return path
 
 
-def _run_and_tee(command, environment, log_path) -> int:
+@dataclass
+class Job:
+    returncode: int
+    failure: FirstFailure
+    terminated: bool = False  # SIGTERM arrived and was passed on
+
+
+def run_job(command, environment, log_path) -> Job:
+    """Run the job: every line to the log, and to the terminal until the first rank fails
+    (megatron/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
+    --exit-signal-handler). Ctrl-C reaches every process of the terminal at once, so here it only waits for
+    them to end, and then ends this one too."""
+    job, interrupted = Job(0, FirstFailure()), []
+
+    def pass_on_sigterm(signum, frame):
+        job.terminated = True
+        process.send_signal(signal.SIGTERM)
+
     with open(log_path, "w") as log, subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
                                                       stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+        signal.signal(signal.SIGTERM, pass_on_sigterm)
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         for line in process.stdout:
             log.write(line)
-            sys.stdout.write(line)
-        return process.wait()
+            if job.failure.show(line):
+                sys.stdout.write(line)
+        job.returncode = process.wait()
+    if interrupted:
+        raise KeyboardInterrupt
+    return job
 
 
 if __name__ == "__main__":

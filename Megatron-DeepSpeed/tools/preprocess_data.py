@@ -48,6 +48,8 @@ def parse_args(argv):
                        help="accepted for compatibility: the input is streamed once whatever the value, and the "
                             "output is identical; use --workers for parallelism")
     group.add_argument("--log-interval", type=int, default=1000, help="report progress every N documents")
+    group.add_argument("--allow-empty", action="store_true",
+                       help="write the dataset even if the input holds no text (refused otherwise)")
     return parser.parse_args(argv)
 
 
@@ -64,7 +66,8 @@ def main(argv=None):
     options = PreprocessOptions(
         input_pattern=args.input, output_prefix=args.output_prefix, json_keys=tuple(args.json_keys),
         split_sentences=args.split_sentences, keep_newlines=args.keep_newlines, append_eod=args.append_eod,
-        workers=args.workers, log_interval=args.log_interval, skip_malformed_lines=args.skip_malformed_lines)
+        workers=args.workers, log_interval=args.log_interval, skip_malformed_lines=args.skip_malformed_lines,
+        allow_empty=args.allow_empty)
     preprocess(options, tokenizer)
 
 

@@ -4,9 +4,12 @@ from torch.utils.data import DataLoader
 from megatron.config import JobConfig
 
 from megatron.data.gpt_batch import collate
-from megatron.data.gpt_dataset import build_train_valid_test_datasets
+from megatron.data.gpt_dataset import build_train_valid_test_datasets, parse_data_prefix
+from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.mock_dataset import MockGPTDataset
 from megatron.data.samplers import MegatronPretrainingSampler
+from megatron.data.token_range import check_token_ids
+from megatron.errors import InputError
 
 
 def train_valid_test_num_samples(config: JobConfig) -> list[int]:
@@ -19,13 +22,21 @@ def train_valid_test_num_samples(config: JobConfig) -> list[int]:
 
 
 def build_datasets(config: JobConfig, vocab_size: int):
-    """(train, valid, test); a split is None when it is empty or unused."""
+    """(train, valid, test); a split is None when it is empty or unused. The data's token ids are checked
+    against `vocab_size` (the padded vocabulary) first, and an empty train split is an error."""
     num_samples, data = train_valid_test_num_samples(config), config.data
     if data.mock_data:
         return tuple(MockGPTDataset(count, data.seq_length, vocab_size, data.seed + split) if count else None
                      for split, count in enumerate(num_samples))
-    return build_train_valid_test_datasets(list(data.data_path), data.split, num_samples, data.seq_length,
-                                           data.seed, data_cache_path=data.data_cache_path)
+    prefixes, _ = parse_data_prefix(list(data.data_path))
+    check_token_ids(prefixes, vocab_size, data.data_cache_path)
+    datasets = build_train_valid_test_datasets(list(data.data_path), data.split, num_samples, data.seq_length,
+                                               data.seed, data_cache_path=data.data_cache_path)
+    if datasets[0] is None:
+        items = ", ".join(f"{prefix} has {len(MMapIndexedDataset(prefix))} items" for prefix in prefixes)
+        raise InputError(f"--data-path: the train split is empty ({items}; --split {data.split!r}): give train a "
+                         f"share of --split, or re-create the data from input that is not empty")
+    return datasets
 
 
 def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, num_workers: int,

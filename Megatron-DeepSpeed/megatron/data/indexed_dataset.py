@@ -11,10 +11,13 @@ streams tokens to a temporary .bin as they arrive and only renames the finished 
 an interrupted run never leaves files that look like a valid dataset.
 """
 import contextlib
+import glob
+import logging
 import operator
 import os
 import secrets
 import shutil
+import socket
 import struct
 import weakref
 
@@ -41,6 +44,7 @@ _CHUNK_ITEMS = 1 << 22  # bounds the temporaries when scanning or writing 100M-i
 _MAX_ITEM_TOKENS = np.iinfo(np.int32).max  # sizes are stored as int32
 _COPY_BYTES = 16 << 20
 _REBUILD_HINT = "re-create it with tools/preprocess_data.py (or tools/merge_datasets.py)"
+_log = logging.getLogger(__name__)
 
 
 def best_fitting_dtype(vocab_size):
@@ -297,6 +301,30 @@ def _count_array(values, name):
     return counts
 
 
+def _remove_stale_temporaries(final_paths):
+    """Remove the temporaries of `final_paths` that a killed writer on this host left behind (its process is
+    gone); a live writer's, or another host's, are left alone."""
+    host = socket.gethostname()
+    for path in final_paths:
+        for temporary in glob.glob(f"{glob.escape(path)}.*.tmp"):
+            writer = temporary[len(path) + 1:-len(".tmp")].rpartition(".")[0]
+            pid, _, writer_host = writer.partition("@")
+            if writer_host == host and pid.isdigit() and not _process_exists(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                    _log.info(f"removed {temporary}, left by an interrupted run")
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    return True
+
+
 class MMapIndexedDatasetBuilder:
     """Writes a dataset: tokens stream to a temporary .bin, only sizes and doc_idx stay in memory,
     and `finalize` renames the finished .bin then .idx into place.
@@ -308,7 +336,8 @@ class MMapIndexedDatasetBuilder:
         self.out_prefix = str(out_prefix)
         self.dtype = DTYPE_CODES[_dtype_code(dtype)]
         self._final_paths = (data_file_path(out_prefix), index_file_path(out_prefix))
-        unique = secrets.token_hex(6)
+        _remove_stale_temporaries(self._final_paths)
+        unique = f"{os.getpid()}@{socket.gethostname()}.{secrets.token_hex(4)}"  # who writes it: see below
         self._temp_paths = tuple(f"{path}.{unique}.tmp" for path in self._final_paths)
         # Removes the temporaries if the builder is dropped without finalize() or abort().
         self._cleanup = weakref.finalize(self, _remove_files, self._temp_paths)

@@ -9,7 +9,9 @@ the same for any number of workers: Megatron-LM's tool would write the same byte
 import glob
 import gzip
 import os
+import signal
 import sys
+import threading
 import time
 from collections import deque
 import multiprocessing
@@ -40,6 +42,7 @@ class PreprocessOptions:
     log_interval: int = 1000
     skip_malformed_lines: bool = False
     batch_bytes: int = BATCH_BYTES  # input read per batch: larger batches, fewer hand-offs, more memory
+    allow_empty: bool = False  # write a dataset even when the input holds no text
 
 
 @dataclass
@@ -168,8 +171,18 @@ _worker_encoder = None  # each worker process's BatchEncoder, set once by _start
 
 
 def _start_worker(encoder: BatchEncoder) -> None:
+    """A worker ignores Ctrl-C (the main process stops the pool and removes its output) and ends when the
+    main process is gone, instead of waiting for batches forever holding its memory."""
     global _worker_encoder
     _worker_encoder = encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
 
 
 def _encode_in_worker(batch: LineBatch) -> EncodedBatch:
@@ -200,6 +213,10 @@ def preprocess(options: PreprocessOptions, tokenizer, log: Callable[[str], None]
                 _write(in_flight.popleft().result(), builders, progress)
         while in_flight:
             _write(in_flight.popleft().result(), builders, progress)
+        if not progress.tokens and not options.allow_empty:  # raised inside: the builders discard their output
+            raise InputError(f"--input {options.input_pattern}: no text to write ({progress.documents} documents, "
+                             f"0 tokens for --json-keys {' '.join(options.json_keys)}), so nothing was written and "
+                             f"any existing output is kept; check the input and --json-keys, or pass --allow-empty")
     progress.finish([f"{prefix}.bin/.idx" for prefix in prefixes.values()])
     return list(prefixes.values())
 

@@ -1,0 +1,130 @@
+"""Start-up checks of --load and --save, so that a mistyped path is refused before any training and nothing a
+user has is overwritten (resume.py then checks what the checkpoint holds against the run).
+
+- --load equal to --save (upstream's resume idiom) may be missing or empty: the run starts fresh. A --load
+  that differs from --save must hold a checkpoint, or the run stops naming the path.
+- A run never saves into a directory whose `latest` is newer than the iteration it starts from: its saves
+  would overwrite that run's later checkpoints and roll `latest` back.
+- --save must be a writable directory now, not at the first save hours later.
+- The checkpoint to resume is complete: `latest` names an existing step, and its files are whole.
+"""
+import logging
+import os
+import tempfile
+import zipfile
+from typing import Optional
+
+from megatron.checkpoint.reader import LATEST_TAG_FILE, TAG_PATTERN
+from megatron.errors import InputError
+
+_log = logging.getLogger(__name__)
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format is a zip archive
+
+
+def latest_tag(directory: str) -> Optional[str]:
+    """The checkpoint `latest` names in `directory`; None when there is no `latest` (no checkpoint yet).
+    A `latest` that cannot be read or names no existing step is an InputError naming the file."""
+    path = os.path.join(directory, LATEST_TAG_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tag = handle.read().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); it names the "
+                         f"checkpoint to resume: restore it, or point --load elsewhere") from err
+    if not TAG_PATTERN.fullmatch(tag):
+        raise InputError(f"{path} holds {tag!r}, not a checkpoint name like 'global_step1000'; write the name "
+                         f"of a complete checkpoint directory into it")
+    if not os.path.isdir(os.path.join(directory, tag)):
+        raise InputError(f"{path} names {tag}, but {os.path.join(directory, tag)} does not exist (deleted or "
+                         f"not copied?); restore it, or write the name of an existing global_stepN into {path}")
+    return tag
+
+
+def checkpoint_iteration(directory: Optional[str]) -> Optional[int]:
+    """The iteration of the checkpoint `directory` would resume from; None when it holds none."""
+    tag = latest_tag(directory) if directory else None
+    return None if tag is None else int(TAG_PATTERN.fullmatch(tag).group(1))
+
+
+def _same_directory(first: str, second: Optional[str]) -> bool:
+    return second is not None and os.path.realpath(first) == os.path.realpath(second)
+
+
+def _why_empty(directory: str) -> str:
+    if not os.path.exists(directory):
+        return "it does not exist"
+    if not os.path.isdir(directory):
+        return "it is not a directory"
+    if not os.listdir(directory):
+        return "it is empty"
+    return f"it has no '{LATEST_TAG_FILE}' file"
+
+
+def resume_directory(load: Optional[str], save: Optional[str]) -> Optional[str]:
+    """The directory to resume from, or None for a fresh start (see the module docstring)."""
+    if not load:
+        return None
+    if checkpoint_iteration(load) is not None:
+        return load
+    if _same_directory(load, save):
+        _log.info(f"--load {load}: no checkpoint there yet ({_why_empty(load)}); it is also --save, so this run "
+                  f"starts from scratch")
+        return None
+    save_note = f"it is not --save {save}" if save else "there is no --save"
+    raise InputError(f"--load {load} holds no checkpoint ({_why_empty(load)}; {save_note}); check the path, or "
+                     f"drop --load to start from scratch")
+
+
+def check_no_rollback(save: Optional[str], start_iteration: int, load: Optional[str]) -> None:
+    """Refuse a --save whose checkpoint is newer than this run's start: saving there would overwrite it."""
+    saved = checkpoint_iteration(save)
+    if saved is None or saved <= start_iteration:
+        return
+    start = (f"iteration {start_iteration} of --load {load}" if load and start_iteration else
+             "scratch (no checkpoint loaded)")
+    raise InputError(f"--save {save} holds a checkpoint of iteration {saved} ({os.path.join(save, LATEST_TAG_FILE)})"
+                     f", newer than this run's start from {start}: saving would overwrite that run's checkpoints "
+                     f"and roll '{LATEST_TAG_FILE}' back from {saved}; to continue it pass --load {save}, or save "
+                     f"to another directory")
+
+
+def check_writable_directory(save: str) -> None:
+    """Create --save if needed and prove a file can be written there."""
+    try:
+        os.makedirs(save, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(dir=save, prefix=".write-test.", suffix=".tmp")
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as err:
+        raise InputError(f"--save {save} is not a writable directory ({err.strerror or err}); fix its "
+                         f"permissions or free its file system, or choose another --save") from err
+
+
+def check_files_whole(step_dir: str) -> None:
+    """Each zip-format file of a checkpoint (torch.save's format) still has its closing directory, which a
+    truncated copy or an interrupted write lacks."""
+    for name in sorted(os.listdir(step_dir)):
+        path = os.path.join(step_dir, name)
+        if not (name.endswith(".pt") and os.path.isfile(path)):
+            continue
+        with open(path, "rb") as handle:
+            head = handle.read(len(_ZIP_MAGIC))
+        if not head or (head == _ZIP_MAGIC and not zipfile.is_zipfile(path)):
+            latest = os.path.join(os.path.dirname(step_dir), LATEST_TAG_FILE)
+            raise InputError(f"checkpoint file {path} is truncated ({os.path.getsize(path)} bytes, no end of "
+                             f"archive): the save or a copy of it was interrupted; restore the file, or write an "
+                             f"older complete global_stepN into {latest}")
+
+
+def check_checkpoint_directories(load: Optional[str], save: Optional[str]) -> Optional[str]:
+    """Every start-up check of --load and --save; returns the directory to resume from (None: fresh)."""
+    resume = resume_directory(load, save)
+    if resume:
+        check_files_whole(os.path.join(resume, latest_tag(resume)))
+    if save:
+        check_no_rollback(save, checkpoint_iteration(resume) or 0, resume)
+        check_writable_directory(save)
+    return resume
