@@ -11,6 +11,7 @@ import math
 import os
 from types import MappingProxyType
 
+from megatron import flags
 from megatron.errors import InputError, require_divisible
 from megatron.learning_rates import DECAY_STYLES
 from megatron.presets import get_preset, preset_names
@@ -219,13 +220,23 @@ def _add_distributed_args(parser):
                             "(needs --pipeline-model-parallel-size 1).")
     group.add_argument("--distributed-backend", choices=DISTRIBUTED_BACKENDS,
                        help="Default: chosen by the device (nccl, hccl or gloo).")
-    group.add_argument("--deepspeed", action="store_true", help="Train with DeepSpeed.")
-    group.add_argument("--deepspeed_config",
+    group.add_argument("--deepspeed", "--deepscale", action="store_true",
+                       help="Accepted; training always runs on DeepSpeed.")
+    group.add_argument("--deepspeed_config", "--deepscale_config",
                        help="DeepSpeed JSON; default: generated from these flags.")
-    group.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=1,
-                       help="ZeRO stage (Megatron-DeepSpeed's default 1).")
+    group.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3),
+                       help="ZeRO stage. Default: the --deepspeed_config JSON's zero_optimization.stage, "
+                            "else 1 (Megatron-DeepSpeed's default).")
     group.add_argument("--local_rank", "--local-rank", type=int,
-                       help="Passed by launchers; ignored (the environment says the same).")
+                       help="Passed by the deepspeed launcher: becomes LOCAL_RANK when the environment has "
+                            "none, and must agree with it otherwise.")
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """A malformed command line is an InputError (one line, exit 2 through run_cli), not a usage dump."""
+
+    def error(self, message):
+        raise InputError(f"{message} (see {self.prog} --help)")
 
 
 def _number_above(minimum, kind):
@@ -252,11 +263,12 @@ def _add_stopping_args(parser):
 
 
 def _build_parser():
-    parser = argparse.ArgumentParser(description="GPT pre-training (Megatron-DeepSpeed flags)",
-                                     allow_abbrev=False)
+    parser = _OneLineErrorParser(description="GPT pre-training (Megatron-DeepSpeed flags)",
+                                 allow_abbrev=False)
     for add_group in (_add_model_args, _add_training_args, _add_learning_rate_args,
                       _add_mixed_precision_args, _add_data_args,
-                      _add_checkpoint_and_logging_args, _add_distributed_args, _add_stopping_args):
+                      _add_checkpoint_and_logging_args, _add_distributed_args, _add_stopping_args,
+                      flags.add_flags):
         add_group(parser)
     return parser
 
@@ -279,10 +291,12 @@ def parse_args(argv=None, extra_args_provider=None):
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
     args = parser.parse_args(argv)
+    flags.after_parse(args)
     _apply_preset(args)
     for dest, value in _DEFAULTS_AFTER_PRESET.items():
         if getattr(args, dest) is None:
             setattr(args, dest, value)
+    flags.reject_unsupported(args)
     return args
 
 
@@ -557,6 +571,7 @@ def validate_args(args, world_size, device_name):
     _set_parallel_sizes(args, world_size)
     _set_model_shape(args)
     _set_batch_sizes(args)
+    flags.validate(args)
     _set_precision(args, device_name)
     _check_training_length(args)
     _check_learning_rate(args)

@@ -116,11 +116,12 @@ def _save_failure(save_dir: str, tag: str, error: BaseException, parameters_here
 
 def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: int, consumed_train_samples: int,
                     rng_tracker, padded_vocab_size: int, tokenizer_vocab_size: Optional[int] = None,
-                    save_optimizer: bool = True) -> str:
+                    save_optimizer: bool = True, save_rng: bool = True) -> str:
     """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir.
     `flags` (the job's flags as plain values) are recorded with the padded and the tokenizer's vocabulary
     sizes, so the checkpoint can be read (and exported) without this code base. Without save_optimizer
-    (--no-save-optim) the optimizer state DeepSpeed wrote is removed again."""
+    (--no-save-optim) the optimizer state DeepSpeed wrote is removed again; without save_rng (--no-save-rng)
+    no random state is recorded (a resume then keeps its own seeding)."""
     import torch.distributed as dist
 
     tag = checkpoint_tag(iteration)
@@ -131,8 +132,9 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
                     "args": {**flags, "padded_vocab_size": padded_vocab_size,
                              "tokenizer_vocab_size": tokenizer_vocab_size},
-                    "rng_state": _rng_state(), "tensor_parallel_rng_state": rng_tracker.get_states(),
                     OPTIMIZER_SAVED: save_optimizer}
+    if save_rng:
+        client_state.update(rng_state=_rng_state(), tensor_parallel_rng_state=rng_tracker.get_states())
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
         if dist.get_rank() == 0:
@@ -173,7 +175,8 @@ def load_options(config: JobConfig) -> LoadOptions:
     checkpoint = config.checkpoint
     return LoadOptions(finetune=checkpoint.finetune, no_load_optim=checkpoint.no_load_optim,
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
-                       use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler)
+                       use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
+                       reset_iteration=checkpoint.reset_iteration)
 
 
 def plan_load(config: JobConfig) -> Optional[ResumePlan]:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 import torch
 
+from megatron.batch_schedule import BatchSchedule
 from megatron.learning_rates import schedule_samples
 
 
@@ -30,6 +31,25 @@ class ModelConfig:
     openai_gelu: bool
     checkpoint_activations: bool
     seed: int
+    layernorm_epsilon: float
+    checkpoint_num_layers: int  # layers per recomputed chunk
+    init_method_xavier_uniform: bool
+    fp32_residual_connection: bool
+    masked_softmax_fusion: bool  # False: Megatron's unfused attention, where the next two apply
+    apply_query_key_layer_scaling: bool
+    attention_softmax_in_fp32: bool
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    """How --checkpoint-activations recomputes: torch.utils.checkpoint, or deepspeed.checkpointing with these
+    options of deepspeed.checkpointing.configure."""
+    deepspeed: bool  # --deepspeed-activation-checkpointing
+    partition_activations: bool
+    contiguous_checkpointing: bool  # upstream's --contigious-checkpointing
+    checkpoint_in_cpu: bool
+    synchronize: bool  # --synchronize-each-layer
+    profile: bool  # --profile-backward
 
 
 @dataclass(frozen=True)
@@ -42,13 +62,26 @@ class ParallelConfig:
     pipeline_engine: bool  # DeepSpeed's pipeline engine (the default, as upstream) or its plain engine
     zero_stage: int
     distributed_backend: str
+    # ZeRO flags that become DeepSpeed config keys when given (0 / False / "none": DeepSpeed's default).
+    zero_reduce_scatter: bool
+    zero_contigious_gradients: bool
+    zero_reduce_bucket_size: int
+    zero_allgather_bucket_size: int
+    remote_device: str
+    use_pin_memory: bool
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     micro_batch_size: int
     global_batch_size: int
-    num_micro_batches: int  # gradient-accumulation steps per optimizer step
+    num_micro_batches: int  # gradient-accumulation steps per optimizer step (once any ramp-up is over)
+    rampup: Optional[Tuple[int, int, int]]  # --rampup-batch-size START INCREMENT SAMPLES
+
+    @property
+    def schedule(self) -> BatchSchedule:
+        """The global batch size of every iteration."""
+        return BatchSchedule(self.global_batch_size, self.global_batch_size // self.num_micro_batches, self.rampup)
 
 
 @dataclass(frozen=True)
@@ -61,9 +94,13 @@ class ScheduleConfig:
     decay_style: str
     warmup_samples: float
     decay_samples: int
+    train_tokens: Optional[int]  # also stop once this many tokens are consumed
+    tokens_per_sample: int  # --seq-length
+    warmup_tokens: Optional[int]  # --lr-warmup-tokens: replaces the sample warmup
+    decay_tokens: Optional[int]  # --lr-decay-tokens: replaces the sample decay
 
-    def total_iterations(self, global_batch_size: int) -> int:
-        return self.train_iters or self.train_samples // global_batch_size
+    def total_iterations(self, batch: "BatchConfig") -> int:
+        return self.train_iters or batch.schedule.iterations(self.train_samples)
 
     def total_samples(self, global_batch_size: int) -> int:
         return self.train_samples or self.train_iters * global_batch_size
@@ -78,6 +115,8 @@ class OptimizerConfig:
     adam_eps: float
     clip_grad: float
     cpu_optimizer: bool  # ZeRO keeps the optimizer state (and steps it) on the CPU
+    optimizer: str  # "adam" (AdamW) or "sgd"
+    sgd_momentum: float
 
 
 @dataclass(frozen=True)
@@ -117,6 +156,7 @@ class DataConfig:
     reset_position_ids: bool
     reset_attention_mask: bool
     eod_mask_loss: bool
+    dataloader_type: str  # "single" or "cyclic"
 
 
 @dataclass(frozen=True)
@@ -130,6 +170,8 @@ class CheckpointConfig:
     no_save_optim: bool
     override_lr_scheduler: bool
     use_checkpoint_lr_scheduler: bool
+    reset_iteration: bool  # restore everything but the iteration and sample counts
+    no_save_rng: bool
 
 
 @dataclass(frozen=True)
@@ -139,6 +181,18 @@ class LoggingConfig:
     eval_iters: int
     tensorboard_dir: Optional[str]
     exit_interval: Optional[int]
+    log_params_norm: bool
+    log_num_zeros_in_grad: bool
+    timing_log_level: int
+    tensorboard_log_interval: int
+    tensorboard_queue_size: int
+    log_timers_to_tensorboard: bool
+    log_batch_size_to_tensorboard: bool
+    log_learning_rate_to_tensorboard: bool
+    log_loss_scale_to_tensorboard: bool
+    log_validation_ppl_to_tensorboard: bool
+    log_optimizer_states_to_tensorboard: bool
+    log_memory_to_tensorboard: bool
     skip_train: bool  # evaluate the loaded checkpoint instead of training
 
 
@@ -154,6 +208,7 @@ class StoppingConfig:
 @dataclass(frozen=True)
 class JobConfig:
     model: ModelConfig
+    activation_checkpointing: ActivationCheckpointingConfig
     parallel: ParallelConfig
     batch: BatchConfig
     schedule: ScheduleConfig
@@ -185,17 +240,22 @@ def job_config(args: argparse.Namespace) -> JobConfig:
     warmup_samples, decay_samples = schedule_samples(args)
     return JobConfig(
         model=_section(ModelConfig, args),
+        activation_checkpointing=ActivationCheckpointingConfig(
+            deepspeed=args.deepspeed_activation_checkpointing, partition_activations=args.partition_activations,
+            contiguous_checkpointing=args.contigious_checkpointing, checkpoint_in_cpu=args.checkpoint_in_cpu,
+            synchronize=args.synchronize_each_layer, profile=args.profile_backward),
         parallel=_section(ParallelConfig, args, tensor=args.tensor_model_parallel_size,
                           pipeline=args.pipeline_model_parallel_size, data=args.data_parallel_size,
                           pipeline_engine=args.ds_pipeline_enabled),
-        batch=_section(BatchConfig, args),
+        batch=_section(BatchConfig, args, rampup=tuple(args.rampup_batch_size) if args.rampup_batch_size else None),
         schedule=_section(ScheduleConfig, args, decay_style=args.lr_decay_style, warmup_samples=warmup_samples,
-                          decay_samples=decay_samples),
+                          decay_samples=decay_samples, tokens_per_sample=args.seq_length,
+                          warmup_tokens=args.lr_warmup_tokens, decay_tokens=args.lr_decay_tokens),
         optimizer=_section(OptimizerConfig, args),
         precision=_section(PrecisionConfig, args),
         tokenizer=_section(TokenizerConfig, args),
         data=_section(DataConfig, args, data_path=tuple(args.data_path or ())),
-        checkpoint=_section(CheckpointConfig, args),
+        checkpoint=_section(CheckpointConfig, args, no_save_rng=bool(args.no_save_rng)),
         logging=_section(LoggingConfig, args),
         stopping=_section(StoppingConfig, args),
         deepspeed_config=args.deepspeed_config,

@@ -44,6 +44,18 @@ def local_rank() -> int:
                          "unset it or let torchrun / the deepspeed launcher set it") from None
 
 
+def use_local_rank_flag(flag_value) -> None:
+    """Honour `--local_rank N` / `--local-rank N`, which the deepspeed launcher (and torch.distributed.launch)
+    pass on the command line: it becomes LOCAL_RANK when the environment lacks one; a contradiction is an
+    error. None (flag absent) changes nothing."""
+    if flag_value is None:
+        return
+    if "LOCAL_RANK" in os.environ and local_rank() != flag_value:
+        raise InputError(f"--local_rank {flag_value} contradicts environment variable LOCAL_RANK={local_rank()}; "
+                         "launch through one launcher, which sets both the same")
+    os.environ["LOCAL_RANK"] = str(flag_value)
+
+
 def device_count() -> int:
     """Accelerators visible to this process (DeepSpeed's count; not meaningful on CPU)."""
     return accelerator().device_count()

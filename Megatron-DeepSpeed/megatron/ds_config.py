@@ -7,12 +7,39 @@ something other than what either says, so a contradiction is an error naming bot
 import json
 import math
 
-from megatron.config import JobConfig
+from megatron.config import JobConfig, ParallelConfig
 from megatron.errors import InputError
 from megatron.json_files import read_json_object
 
 # DeepSpeed's own step printing is off: the training loop logs in Megatron's format.
 STEPS_PER_PRINT_NEVER = 10 ** 12
+
+# Sections of a user's JSON that switch on DeepSpeed features this trainer does not drive, with their names.
+_UNSUPPORTED_SECTIONS = {"curriculum_learning": "curriculum learning", "data_efficiency": "data efficiency "
+                         "(curriculum learning / random layer-token drop)", "compression_training":
+                         "compression training"}
+
+
+def _zero_flag_keys(parallel: ParallelConfig):
+    """(key under zero_optimization, value, what the flag says) for each ZeRO flag the user gave."""
+    keys = []
+    if parallel.zero_reduce_scatter:
+        keys.append(("reduce_scatter", True, "--zero-reduce-scatter is on"))
+    if parallel.zero_contigious_gradients:
+        keys.append(("contiguous_gradients", True, "--zero-contigious-gradients is on"))
+    for flag, key, value in (("--zero-reduce-bucket-size", "reduce_bucket_size", parallel.zero_reduce_bucket_size),
+                             ("--zero-allgather-bucket-size", "allgather_bucket_size",
+                              parallel.zero_allgather_bucket_size)):
+        if value:
+            keys.append((key, value, f"{flag} is {value}"))
+    return keys
+
+
+def _offload_param(parallel: ParallelConfig):
+    """zero_optimization.offload_param of --remote-device / --use-pin-memory, or None."""
+    if parallel.remote_device == "none":
+        return None
+    return {"device": parallel.remote_device, "pin_memory": parallel.use_pin_memory}
 
 
 def build_deepspeed_config(job: JobConfig):
@@ -37,6 +64,11 @@ def build_deepspeed_config(job: JobConfig):
         "steps_per_print": STEPS_PER_PRINT_NEVER,
         "wall_clock_breakdown": False,
     }
+    zero.update({key: value for key, value, _ in _zero_flag_keys(job.parallel)})
+    if _offload_param(job.parallel):
+        zero["offload_param"] = _offload_param(job.parallel)
+    if job.optimizer.optimizer == "sgd" and job.parallel.zero_stage > 0:
+        config["zero_allow_untested_optimizer"] = True  # ZeRO steps torch's SGD like any torch optimizer
     if job.optimizer.cpu_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
         # The offloaded state is stepped by torch's AdamW on the CPU (megatron.optimizer), which DeepSpeed
@@ -55,7 +87,17 @@ def _flag_values(job: JobConfig):
     cpu_optimizer_keys = ((("zero_force_ds_cpu_optimizer",), False,
                            "--cpu-optimizer steps torch's AdamW on the CPU, not DeepSpeedCPUAdam"),
                           ) if cpu_optimizer else ()
-    return cpu_optimizer_keys + (
+    parallel = job.parallel
+    zero_keys = tuple((("zero_optimization", key), value, says) for key, value, says in _zero_flag_keys(parallel))
+    if _offload_param(parallel):
+        zero_keys += tuple((("zero_optimization", "offload_param", key), value,
+                            f"--remote-device {parallel.remote_device} / --use-pin-memory "
+                            f"{'on' if parallel.use_pin_memory else 'off'} give {key} {value}")
+                           for key, value in _offload_param(parallel).items())
+    if job.optimizer.optimizer == "sgd" and parallel.zero_stage > 0:
+        zero_keys += ((("zero_allow_untested_optimizer",), True,
+                       "--optimizer sgd under ZeRO needs DeepSpeed to accept torch's SGD"),)
+    return cpu_optimizer_keys + zero_keys + (
         (("train_batch_size",), batch.global_batch_size,
          f"--global-batch-size is {batch.global_batch_size}"),
         (("train_micro_batch_size_per_gpu",), batch.micro_batch_size,
@@ -106,11 +148,26 @@ _SECTIONS_THE_FLAGS_OWN = {
 }
 
 
+def _without_unsupported_sections(user, path):
+    """The user's JSON minus switched-off sections of features this trainer does not drive (upstream's GPT
+    templates carry a disabled top-level curriculum_learning block, a key current DeepSpeed refuses even when
+    disabled); an enabled one is an InputError."""
+    kept = dict(user)
+    for section, feature in _UNSUPPORTED_SECTIONS.items():
+        if section not in kept:
+            continue
+        if isinstance(kept[section], dict) and kept[section].get("enabled"):
+            raise InputError(f"--deepspeed_config {path}: {section}: Megatron-DeepSpeed's {feature} is not "
+                             f"supported by this trainer; set {section}.enabled to false or remove the section")
+        del kept[section]
+    return kept
+
+
 def merge_with_user_config(user_json, job: JobConfig, path):
     """The user's DeepSpeed config with omitted keys filled from the flags; InputError if a key it
-    sets contradicts a flag, or if it has a section the flags own. `path` names the file in messages.
-    "bfloat16" is DeepSpeed's alias of "bf16"."""
-    user = dict(user_json)
+    sets contradicts a flag, if it has a section the flags own, or if it turns on a feature this trainer
+    does not drive. `path` names the file in messages. "bfloat16" is DeepSpeed's alias of "bf16"."""
+    user = _without_unsupported_sections(user_json, path)
     for section, owner in _SECTIONS_THE_FLAGS_OWN.items():
         if user.get(section) is not None:
             raise InputError(f"--deepspeed_config {path} has an {section!r} section, which would be ignored: {owner}; "

@@ -11,20 +11,33 @@ DECAY_STYLES = ("constant", "linear", "cosine")
 
 
 def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_samples,
-                  decay_style):
+                  decay_style, tokens_per_sample=1, warmup_tokens=None, decay_tokens=None):
     """The rate after `consumed_samples`: linear warmup from 0 to max_lr, then the decay style
-    down to min_lr at decay_samples, min_lr after that."""
+    down to min_lr at decay_samples, min_lr after that.
+
+    Token-based variants (--lr-warmup-tokens, --lr-decay-tokens; upstream's AnnealingLR) count
+    consumed_samples x tokens_per_sample instead: a token warmup replaces the sample warmup, a token
+    decay replaces the sample decay and starts where the warmup ended, whichever unit that was in."""
     if decay_style not in DECAY_STYLES:
         raise InputError(f"--lr-decay-style {decay_style!r} is unknown; use one of "
                          f"{', '.join(DECAY_STYLES)}")
-    if warmup_samples > 0 and consumed_samples <= warmup_samples:
-        return max_lr * consumed_samples / warmup_samples
+    consumed_tokens = consumed_samples * tokens_per_sample
+    if warmup_tokens is None:
+        if warmup_samples > 0 and consumed_samples <= warmup_samples:
+            return max_lr * consumed_samples / warmup_samples
+    elif warmup_tokens > 0 and consumed_tokens <= warmup_tokens:
+        return max_lr * consumed_tokens / warmup_tokens
     if decay_style == "constant":
         return max_lr
-    if consumed_samples > decay_samples:
+    if decay_tokens is None:
+        position, start, end = consumed_samples, warmup_samples, decay_samples
+    else:
+        position, end = consumed_tokens, decay_tokens
+        start = warmup_tokens if warmup_tokens is not None else warmup_samples * tokens_per_sample
+    if position > end:
         return min_lr
-    # Here warmup_samples < consumed_samples <= decay_samples, so the span is positive.
-    ratio = (consumed_samples - warmup_samples) / (decay_samples - warmup_samples)
+    # Here start < position <= end, so the span is positive.
+    ratio = (position - start) / (end - start)
     if decay_style == "linear":
         coeff = 1.0 - ratio
     else:

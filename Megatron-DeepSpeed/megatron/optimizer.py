@@ -1,4 +1,5 @@
-"""The AdamW optimizer with Megatron's parameter groups."""
+"""The optimizer of --optimizer (AdamW or SGD) with Megatron's parameter groups."""
+import torch
 from torch import nn
 
 from megatron.config import OptimizerConfig
@@ -17,9 +18,13 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig, device_kernels: Kernels):
-    """AdamW over `model`, with the kernel of the device that will hold its state: the CPU's with
-    --cpu-optimizer (ZeRO moves the state there, where an accelerator's fused kernel cannot step it), else
-    the run's device kernel. Its learning rate is set before every step by the loop."""
+    """--optimizer over `model`: AdamW (Megatron's "adam", decoupled weight decay) with the kernel of the
+    device that will hold its state: the CPU's with --cpu-optimizer (ZeRO moves the state there, where an
+    accelerator's fused kernel cannot step it), else the run's device kernel; or torch's SGD with
+    --sgd-momentum and L2 weight decay, as upstream. The learning rate is set before every step by the loop."""
+    groups = parameter_groups(model, config.weight_decay)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.sgd_momentum, weight_decay=config.weight_decay)
     adam = select_kernels("cpu").adam if config.cpu_optimizer else device_kernels.adam
-    return adam(parameter_groups(model, config.weight_decay), lr=config.lr,
-                betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps, weight_decay=config.weight_decay)
+    return adam(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                weight_decay=config.weight_decay)

@@ -37,14 +37,17 @@ from megatron.errors import InputError
 from megatron.exit_requests import ExitRequests
 from megatron.kernels import Kernels, select_kernels
 from megatron.learning_rates import learning_rate
+from megatron.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
+from megatron.tensor_parallel.deepspeed_checkpointing import deepspeed_checkpointing_rng_tracker
 from megatron.tokenizer import build_tokenizer
-from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
-from megatron.training_log import exit_line, final_evaluation_lines, iteration_line, perplexity, validation_lines
+from megatron.training_log import exit_line, final_evaluation_lines, parameter_count_line
+from megatron.training_metrics import (counted_once_per_replica, optimizer_state_statistics, parameters_norm,
+                                       stepped_optimizer, zeros_among)
 from megatron.watchdog import Watchdog
 
 _log = logging.getLogger(__name__)
@@ -124,25 +127,23 @@ class Fp32GradientClipping:
     gradients are dropped, and the torch optimizer leaves every parameter without a gradient, and its state,
     untouched. The norm is the same on every rank, so every rank skips."""
 
-    def __init__(self, model: torch.nn.Module, parallel: ParallelState, max_norm: float):
-        self.model, self.parallel, self.max_norm = model, parallel, max_norm
+    def __init__(self, model: torch.nn.Module, parallel: ParallelState, max_norm: float, count_zeros: bool = False):
+        self.model, self.parallel, self.max_norm, self.count_zeros = model, parallel, max_norm, count_zeros
         self.norm: Optional[float] = None  # of the last step, before clipping
+        self.num_zeros: Optional[float] = None  # zero gradient entries of the last step, with count_zeros
         self.skipped_steps = 0
-
-    def _counted_here(self, parameter) -> bool:
-        if getattr(parameter, "ds_pipe_replicated", False):
-            return False
-        return self.parallel.tp_rank == 0 or getattr(parameter, "tensor_model_parallel", False)
 
     def __call__(self, optimizer, args, kwargs) -> None:
         gradients = [p.grad for p in self.model.parameters() if p.grad is not None]
-        squares = torch.zeros((), dtype=torch.float32, device=device.current_device())
-        for parameter in self.model.parameters():
-            if parameter.grad is not None and self._counted_here(parameter):
-                squares += parameter.grad.detach().float().pow(2).sum()
-        dist.all_reduce(squares, group=self.parallel.get_model_parallel_group())
-        norm = squares.sqrt()
+        counted = [p.grad.detach() for p in self.model.parameters()
+                   if p.grad is not None and counted_once_per_replica(p, self.parallel.tp_rank)]
+        squares = sum((gradient.float().pow(2).sum() for gradient in counted),
+                      torch.zeros((), dtype=torch.float32, device=device.current_device()))
+        figures = torch.stack([squares, zeros_among(counted) if self.count_zeros else torch.zeros_like(squares)])
+        dist.all_reduce(figures, group=self.parallel.get_model_parallel_group())
+        norm = figures[0].sqrt()
         self.norm = norm.item()
+        self.num_zeros = figures[1].item() if self.count_zeros else None
         if not math.isfinite(self.norm):
             for parameter in self.model.parameters():
                 parameter.grad = None
@@ -155,12 +156,15 @@ class Fp32GradientClipping:
 
 
 def train_step(engine, batches: Batches, num_micro_batches: int, parallel: ParallelState) -> float:
-    """One optimizer step over `num_micro_batches` micro-batches; returns the loss averaged over them and over
-    the data-parallel ranks."""
+    """One optimizer step over `num_micro_batches` micro-batches (the engine's gradient accumulation steps);
+    returns the loss averaged over them and over the data-parallel ranks."""
     if isinstance(engine, PipelineEngine):  # train_batch does the averaging itself
         return engine.train_batch(map(pipeline_micro_batch, batches)).item()
     total = torch.zeros((), device=device.current_device())
-    for _ in range(num_micro_batches):
+    for index in range(num_micro_batches):
+        # The boundary is set explicitly: DeepSpeed would count it from its running micro-step total, which a
+        # --rampup-batch-size change of accumulation steps can leave out of step with the iteration.
+        engine.set_gradient_accumulation_boundary(index == num_micro_batches - 1)
         batch = next(batches)
         loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                       labels=batch["labels"], loss_mask=batch["loss_mask"])
@@ -170,10 +174,15 @@ def train_step(engine, batches: Batches, num_micro_batches: int, parallel: Paral
     return data_parallel_mean(total / num_micro_batches, parallel)
 
 
-def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, parallel: ParallelState) -> float:
-    """Mean validation loss over `eval_iters` global batches."""
+def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, parallel: ParallelState,
+             deepspeed_checkpointing: bool = False) -> float:
+    """Mean validation loss over `eval_iters` global batches of `num_micro_batches` micro-batches (the full
+    --global-batch-size, also while it ramps up)."""
     if isinstance(engine, PipelineEngine):  # eval_batch averages over micro-batches and data-parallel ranks
-        losses = [engine.eval_batch(map(pipeline_micro_batch, batches)).item() for _ in range(eval_iters)]
+        losses = [engine.eval_batch(map(pipeline_micro_batch, batches), num_micro_batches=num_micro_batches).item()
+                  for _ in range(eval_iters)]
+        if deepspeed_checkpointing:  # the pipeline recomputes without grad too: drop what DeepSpeed kept
+            deepspeed.checkpointing.reset()
         return sum(losses) / eval_iters
     engine.eval()
     total = torch.zeros((), device=device.current_device())
@@ -189,68 +198,20 @@ def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, 
 
 def learning_rate_schedule(schedule: ScheduleConfig) -> Callable[[int], float]:
     """Megatron's schedule as a function of consumed samples: stateless, so a resumed run continues it."""
+    if schedule.decay_tokens is not None and schedule.warmup_tokens is None and \
+            schedule.warmup_samples * schedule.tokens_per_sample >= schedule.decay_tokens:
+        raise InputError(f"--lr-decay-tokens {schedule.decay_tokens} ends before the warmup of "
+                         f"{schedule.warmup_samples:g} samples x --seq-length {schedule.tokens_per_sample} tokens "
+                         "does; lengthen the decay or shorten the warmup")
     return functools.partial(learning_rate, max_lr=schedule.lr, min_lr=schedule.min_lr,
                              warmup_samples=schedule.warmup_samples, decay_samples=schedule.decay_samples,
-                             decay_style=schedule.decay_style)
+                             decay_style=schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
+                             warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens)
 
 
 def set_learning_rate(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-
-class MetricsLog:
-    """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
-
-    def __init__(self, config: JobConfig, model: GPTConfig, train_iters: int):
-        self.config, self.model, self.train_iters = config, model, train_iters
-        self.writer = None
-        if config.logging.tensorboard_dir and is_last_rank():
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(log_dir=config.logging.tensorboard_dir)
-        self.losses, self.interval_start = [], time.perf_counter()
-        shape = (config.batch.global_batch_size, config.data.seq_length, model.num_layers, model.hidden_size,
-                 model.vocab_size)
-        # Logged TFLOPs count the recomputed forward as upstream's do; MFU counts the model's work only.
-        self.hardware_flops = flops_per_iteration(*shape, recompute=model.checkpoint_activations)
-        self.model_flops = flops_per_iteration(*shape, recompute=False)
-        precision = config.precision
-        self.peak = peak_tflops(device.device_model_name(),
-                                "fp16" if precision.fp16 else "bf16" if precision.bf16 else "fp32")
-
-    def iteration(self, state: TrainState, loss: float, grad_norm: float, lr: float, engine) -> None:
-        self.losses.append(loss)
-        if state.iteration % self.config.logging.log_interval:
-            return
-        device.synchronize()
-        seconds = (time.perf_counter() - self.interval_start) / len(self.losses)
-        mean_loss = sum(self.losses) / len(self.losses)
-        loss_scale = float(getattr(engine.optimizer, "cur_scale", 1.0))
-        global_batch_size, world_size = self.config.batch.global_batch_size, self.config.parallel.world_size
-        samples_per_second = global_batch_size / seconds
-        tflops = tflops_per_device(self.hardware_flops, seconds, world_size)
-        mfu = model_flops_utilization(tflops_per_device(self.model_flops, seconds, world_size), self.peak)
-        log_last_rank(iteration_line(
-            state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0, lr,
-            global_batch_size, mean_loss, loss_scale, grad_norm, state.skipped_iterations,
-            state.nan_iterations, samples_per_second, tflops, mfu))
-        if self.writer is not None:
-            for name, value in (("lm loss", mean_loss), ("learning-rate", lr), ("grad-norm", grad_norm),
-                                ("loss-scale", loss_scale), ("samples-per-second", samples_per_second)):
-                self.writer.add_scalar(name, value, state.iteration)
-        state.skipped_iterations = state.nan_iterations = 0
-        self.losses, self.interval_start = [], time.perf_counter()
-
-    def validation(self, iteration: int, loss: float) -> None:
-        log_last_rank(validation_lines(iteration, loss))
-        if self.writer is not None:
-            self.writer.add_scalar("validation loss", loss, iteration)
-            self.writer.add_scalar("validation ppl", perplexity(loss), iteration)
-            self.writer.flush()
-
-    def exclude_from_timing(self, seconds: float) -> None:
-        """Evaluation and checkpointing inside a log interval do not count as iteration time."""
-        self.interval_start += seconds
 
 
 @dataclass
@@ -309,7 +270,27 @@ def model_config_of(config: JobConfig, padded_vocab_size: int, kernels: Kernels)
         ffn_hidden_size=model.ffn_hidden_size, hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout, init_method_std=model.init_method_std,
         openai_gelu=model.openai_gelu, checkpoint_activations=model.checkpoint_activations, init_seed=model.seed,
-        kernels=kernels)
+        kernels=kernels, layernorm_epsilon=model.layernorm_epsilon, checkpoint_num_layers=model.checkpoint_num_layers,
+        init_method_xavier_uniform=model.init_method_xavier_uniform,
+        fp32_residual_connection=model.fp32_residual_connection, masked_softmax_fusion=model.masked_softmax_fusion,
+        apply_query_key_layer_scaling=model.apply_query_key_layer_scaling,
+        attention_softmax_in_fp32=model.attention_softmax_in_fp32)
+
+
+def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
+    """The tracker of the model-parallel random stream, which also provides activation recomputation:
+    DeepSpeed's with --deepspeed-activation-checkpointing (configured from its flags), else ours."""
+    if not config.activation_checkpointing.deepspeed:
+        return tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
+    chunks = -(-config.model.num_layers // config.model.checkpoint_num_layers)
+    return deepspeed_checkpointing_rng_tracker(config.model.seed, parallel, chunks, config.activation_checkpointing)
+
+
+def report_parameter_count(model: torch.nn.Module, parallel: ParallelState) -> None:
+    """Each data-parallel rank 0 prints its model piece's size, as upstream does."""
+    if parallel.dp_rank == 0:
+        count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+        _log.info(parameter_count_line(parallel.tp_rank, parallel.pp_rank, count))
 
 
 def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None) -> Trainer:
@@ -318,6 +299,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine).
     `adaptor_kernels` are a device adaptor's kernels (deepspeed_npu's), preferred over PyTorch's."""
     args = parse_args(argv)
+    device.use_local_rank_flag(args.local_rank)
     initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
     check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save)  # before any slow work
@@ -329,7 +311,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline,
                              timedelta(minutes=config.stopping.distributed_timeout_minutes))
     device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank
-    rng_tracker = tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
+    rng_tracker = model_parallel_rng_tracker(config, parallel)
 
     tokens = config.tokenizer
     tokenizer = build_tokenizer(tokens.tokenizer_type, vocab_file=tokens.vocab_file, merge_file=tokens.merge_file,
@@ -340,6 +322,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     model_config = model_config_of(config, padded_vocab, kernels)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
+    report_parameter_count(model, parallel)
     engine, clipping = build_engine(model, config, kernels, parallel, universal_load=bool(resume and resume.universal))
     return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, resume)
 
@@ -355,7 +338,8 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
     optimizer = build_optimizer(model, config.optimizer, kernels)
     clipping = None
     if config.parallel.zero_stage == 0 and not (config.precision.fp16 or config.precision.bf16):
-        clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad)
+        clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad,
+                                        count_zeros=config.logging.log_num_zeros_in_grad)
         optimizer.register_step_pre_hook(clipping)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(config, pipelined, clipping is not None,
@@ -369,7 +353,8 @@ def data_loader_factory(trainer: Trainer) -> Callable:
     parallel, batch = trainer.parallel, trainer.config.batch
     return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
                              num_workers=trainer.config.data.num_workers, data_parallel_rank=parallel.dp_rank,
-                             data_parallel_size=parallel.get_data_parallel_world_size())
+                             data_parallel_size=parallel.get_data_parallel_world_size(),
+                             dataloader_type=trainer.config.data.dataloader_type)
 
 
 def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
@@ -379,7 +364,8 @@ def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optiona
     data, logging_config, batch = config.data, config.logging, config.batch
     loader_of = data_loader_factory(trainer)
     train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
-    train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod)
+    train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod,
+                    restart=data.dataloader_type == "cyclic")
     if valid_set is None or not logging_config.eval_iters:
         return train, None
     consumed_valid = ((state.iteration // logging_config.eval_interval) * logging_config.eval_iters
@@ -400,7 +386,8 @@ def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -
         if datasets[split] is None or not eval_iters:
             continue
         batches = Batches(loader_of(datasets[split], 0), config.data, trainer.tokenizer.eod, restart=True)
-        losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel)
+        losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel,
+                                 deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
         log_last_rank(final_evaluation_lines(iteration, eval_iters * batch.global_batch_size, split, losses[split]))
     return losses
 
@@ -416,6 +403,29 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
     log_last_rank("skipping training (--skip-train is on) ...")
     losses = evaluate_splits(trainer, iteration, ("validation", "test"))
     return TrainingResult(iteration, [], [], losses.get("validation"), trainer.engine.module, trainer.parallel)
+
+
+def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool:
+    """--train-tokens: stop once that many tokens (samples x --seq-length) are consumed."""
+    return schedule.train_tokens is not None and consumed_samples * schedule.tokens_per_sample >= schedule.train_tokens
+
+
+def figures_of_step(trainer: Trainer, state: TrainState, loss: float, batch_size: int, lr: float) -> IterationFigures:
+    """The iteration's figures for the log; norms and statistics are collectives, so every rank computes them."""
+    config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
+    logging_config = config.logging
+    figures = IterationFigures(
+        loss=loss, learning_rate=lr, batch_size=batch_size,
+        loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)),
+        grad_norm=clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0),
+        num_zeros=clipping.num_zeros if clipping else None)
+    if logging_config.log_params_norm:
+        figures.params_norm = parameters_norm(engine.module, parallel)
+    if logging_config.log_optimizer_states_to_tensorboard and \
+            state.iteration % logging_config.tensorboard_log_interval == 0:
+        figures.optimizer_states = optimizer_state_statistics(stepped_optimizer(engine.optimizer), parallel,
+                                                              partitioned=config.parallel.zero_stage > 0)
+    return figures
 
 
 def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
@@ -445,24 +455,26 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
     schedule = learning_rate_schedule(config.schedule)
-    train_iters = config.schedule.total_iterations(batch.global_batch_size)
-    metrics = MetricsLog(config, trainer.model_config, train_iters)
+    train_iters = config.schedule.total_iterations(batch)
+    timers = StepTimers(logging_config.timing_log_level)
+    metrics = MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers)
     divergence = DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
                                    checkpoint.save)
 
     def save() -> None:
         if not divergence.may_save(state.iteration):
             return
-        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"):
+        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), timers.measure("save-checkpoint"):
             divergence.require_finite_weights(engine.module, state.iteration)
             save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
                             trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                            save_optimizer=not checkpoint.no_save_optim)
+                            save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng)
 
     def validate() -> float:
-        with watchdog.phase(f"the evaluation at iteration {state.iteration}"):
-            loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel)
-        metrics.validation(state.iteration, loss)
+        with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
+            loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel,
+                            deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
+        metrics.validation(state, loss)
         return loss
 
     def skipped_steps() -> int:  # DeepSpeed's skips, and ours on its plain fp32 path (Fp32GradientClipping)
@@ -470,23 +482,28 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
 
     validation_loss, losses, grad_norms = None, [], []
     skipped_before = skipped_steps()
-    while state.iteration < train_iters:
+    while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
         with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True):
+            batch_size = batch.schedule.batch_size(state.consumed_train_samples)
+            if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
+                engine.set_train_batch_size(batch_size)
             set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-            loss = train_step(engine, train_batches, batch.num_micro_batches, parallel)
-            grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
+            with timers.measure("train-step"):
+                loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
+                                  parallel)
             update_skipped = skipped_steps() > skipped_before
             bad = divergence.is_bad(loss, update_skipped)
             exit_reason = exits.reason()
-        losses.append(loss)
-        grad_norms.append(grad_norm)
         state.iteration += 1
-        state.consumed_train_samples += batch.global_batch_size
+        state.consumed_train_samples += batch_size
         state.skipped_iterations += skipped_steps() - skipped_before
         skipped_before = skipped_steps()
         state.nan_iterations += int(bad)
-        metrics.iteration(state, loss, grad_norm, schedule(state.consumed_train_samples), engine)
-        divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
+        figures = figures_of_step(trainer, state, loss, batch_size, schedule(state.consumed_train_samples))
+        losses.append(loss)
+        grad_norms.append(figures.grad_norm)
+        metrics.iteration(state, figures)
+        divergence.count(state.iteration, bad, loss, figures.grad_norm, update_skipped)
 
         paused = time.perf_counter()
         if valid is not None and state.iteration % logging_config.eval_interval == 0:
@@ -507,4 +524,5 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         if valid is not None and state.iteration % logging_config.eval_interval:
             validation_loss = validate()
         evaluate_splits(trainer, state.iteration, ("test",))
+    metrics.close()
     return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)

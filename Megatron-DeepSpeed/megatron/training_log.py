@@ -30,6 +30,8 @@ class IterationRecord:
     samples_per_second: float | None = None
     tflops: float | None = None
     mfu: float | None = None  # a fraction; None where the line says "n/a" (the device's peak is unknown)
+    num_zeros: float | None = None
+    params_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ _ITERATION_FIELDS = {
     "lm loss": ("lm_loss", float),
     "loss scale": ("loss_scale", float),
     "grad norm": ("grad_norm", float),
+    "num zeros": ("num_zeros", float),
+    "params norm": ("params_norm", float),
     "number of skipped iterations": ("skipped_iterations", int),
     "number of nan iterations": ("nan_iterations", int),
     "samples per second": ("samples_per_second", float),
@@ -87,11 +91,17 @@ def perplexity(loss):
 
 def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learning_rate,
                    global_batch_size, lm_loss, loss_scale, grad_norm, skipped_iterations,
-                   nan_iterations, samples_per_second, tflops, mfu=None):
+                   nan_iterations, samples_per_second, tflops, mfu=None, num_zeros=None, params_norm=None):
     """The periodic training line, byte for byte as Megatron-DeepSpeed prints it, plus model FLOPs
-    utilisation at the end (megatron/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
+    utilisation at the end (megatron/flops.py); num_zeros and params_norm (--log-num-zeros-in-grad,
+    --log-params-norm) appear only when given. TFLOPs below 0.01 (a tiny CPU model) keep two significant
     digits instead of rounding to 0.00."""
     tflops_text = f"{tflops:.2f}" if tflops >= 0.01 or tflops == 0 else f"{tflops:.1e}"
+    optional = ""
+    if num_zeros is not None:
+        optional += f" num zeros: {num_zeros:.1f} |"
+    if params_norm is not None:
+        optional += f" params norm: {params_norm:.3f} |"
     return (f" iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
@@ -99,12 +109,22 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
             f" global batch size: {global_batch_size:5d} |"
             f" lm loss: {lm_loss:.6E} |"
             f" loss scale: {loss_scale:.1f} |"
-            f" grad norm: {grad_norm:.3f} |"
+            f" grad norm: {grad_norm:.3f} |{optional}"
             f" number of skipped iterations: {skipped_iterations:3d} |"
             f" number of nan iterations: {nan_iterations:3d} |"
             f" samples per second: {samples_per_second:.3f} |"
             f" TFLOPs: {tflops_text} |"
             f" MFU: {format_mfu(mfu)} |")
+
+
+def parameter_count_line(tp_rank, pp_rank, count):
+    """What each data-parallel rank 0 prints about its model piece, as Megatron-DeepSpeed prints it."""
+    return f" > number of parameters on (tensor, pipeline) model parallel rank ({tp_rank}, {pp_rank}): {count}"
+
+
+def timers_line(milliseconds):
+    """Mean milliseconds per iteration of the --timing-log-level timers, in Megatron's timer-log layout."""
+    return "time (ms)" + "".join(f" | {name}: {value:.2f}" for name, value in milliseconds.items())
 
 
 def validation_lines(iteration, loss, prefix="validation"):

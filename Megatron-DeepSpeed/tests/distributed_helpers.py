@@ -13,7 +13,7 @@ import socket
 import time
 import traceback
 
-PRELOADED_MODULES = ["torch", "torch.distributed", "deepspeed"]
+PRELOADED_MODULES = ["torch", "torch.distributed", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer"]
 
 
 def free_port() -> int:

@@ -59,7 +59,7 @@ DEFAULTS = {
     "save_interval": None, "eval_interval": 1000, "eval_iters": 100, "log_interval": 100,
     "tensorboard_dir": None, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
     "sequence_parallel": False, "no_pipeline_parallel": False, "distributed_backend": None,
-    "deepspeed": False, "deepspeed_config": None, "zero_stage": 1, "local_rank": None,
+    "deepspeed": False, "deepspeed_config": None, "zero_stage": None, "local_rank": None,
 }
 
 
@@ -162,11 +162,10 @@ def test_flag_sets_attribute(flags, dest, expected):
 @pytest.mark.parametrize("flags", [["--num-layers", "two"], ["--zero-stage", "4"],
                                    ["--lr-decay-style", "exponential"],
                                    ["--model-size", "7B"], ["--num-layer", "2"]])
-def test_malformed_values_are_argparse_errors(flags, capsys):
-    with pytest.raises(SystemExit) as caught:
+def test_malformed_values_are_one_line_input_errors(flags):
+    with pytest.raises(InputError) as caught:
         parse_args(argv(*flags))
-    assert caught.value.code == 2
-    assert flags[0] in capsys.readouterr().err
+    assert flags[0] in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_extra_args_provider_adds_script_flags():

@@ -59,8 +59,8 @@ def test_tensorboard_scalars(straight_run):
     save, _ = straight_run
     events = EventAccumulator(os.path.join(save, "tensorboard"))
     events.Reload()
-    assert [event.step for event in events.Scalars("lm loss")] == list(range(1, 21))
-    assert [event.step for event in events.Scalars("validation ppl")] == [10, 20]
+    assert [event.step for event in events.Scalars("lm-loss-training/lm loss")] == list(range(1, 21))
+    assert [event.step for event in events.Scalars("lm-loss-validation/lm loss validation")] == [10, 20]
 
 
 def test_checkpoint_layout(straight_run):

@@ -88,7 +88,7 @@ def test_cpu_optimizer_uses_the_cpu_adam_kernel_beside_an_accelerator():
     accelerator_kernels = replace(PORTABLE_KERNELS, adam=AcceleratorAdam)
     model = torch.nn.Linear(4, 4)
     config = OptimizerConfig(lr=1e-2, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
-                             clip_grad=1.0, cpu_optimizer=False)
+                             clip_grad=1.0, cpu_optimizer=False, optimizer="adam", sgd_momentum=0.9)
     on_accelerator = build_optimizer(model, config, accelerator_kernels)
     offloaded = build_optimizer(model, replace(config, cpu_optimizer=True), accelerator_kernels)
     assert type(on_accelerator) is AcceleratorAdam

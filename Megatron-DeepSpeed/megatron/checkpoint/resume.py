@@ -34,6 +34,7 @@ class LoadOptions:
     no_load_rng: bool = False
     override_lr_scheduler: bool = False  # the command line's schedule, whatever the checkpoint's
     use_checkpoint_lr_scheduler: bool = False  # the checkpoint's schedule, whatever the command line's
+    reset_iteration: bool = False  # restore everything but the iteration and consumed-sample counts
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     args = state["args"]
     return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,
                       load_rng=not (options.finetune or options.no_load_rng)
-                      and "rng_state" in state, restore_progress=not options.finetune,
+                      and "rng_state" in state, restore_progress=not (options.finetune or options.reset_iteration),
                       padded_vocab_size=args.get("padded_vocab_size"),
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
 

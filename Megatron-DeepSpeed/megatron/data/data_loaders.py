@@ -7,15 +7,17 @@ from megatron.data.gpt_batch import collate
 from megatron.data.gpt_dataset import build_train_valid_test_datasets, parse_data_prefix
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.mock_dataset import MockGPTDataset
-from megatron.data.samplers import MegatronPretrainingSampler
+from megatron.data.samplers import MegatronPretrainingRandomSampler, MegatronPretrainingSampler
 from megatron.data.token_range import check_token_ids
 from megatron.errors import InputError
+
+SAMPLERS = {"single": MegatronPretrainingSampler, "cyclic": MegatronPretrainingRandomSampler}
 
 
 def train_valid_test_num_samples(config: JobConfig) -> list[int]:
     """Samples each split must provide over the whole run (Megatron's arithmetic)."""
     global_batch_size, eval_iters = config.batch.global_batch_size, config.logging.eval_iters
-    train_iters = config.schedule.total_iterations(global_batch_size)
+    train_iters = config.schedule.total_iterations(config.batch)
     evaluations = train_iters // config.logging.eval_interval + 1
     return [config.schedule.total_samples(global_batch_size), evaluations * eval_iters * global_batch_size,
             eval_iters * global_batch_size]
@@ -40,13 +42,14 @@ def build_datasets(config: JobConfig, vocab_size: int):
 
 
 def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, num_workers: int,
-                      data_parallel_rank: int, data_parallel_size: int):
-    """Micro-batches for this data-parallel rank, starting after `consumed_samples` (resume-safe)."""
+                      data_parallel_rank: int, data_parallel_size: int, dataloader_type: str = "single"):
+    """Micro-batches for this data-parallel rank, starting after `consumed_samples` (resume-safe), in the
+    order of --dataloader-type (single: one pass; cyclic: a new random order per epoch, each time the loader
+    is iterated again)."""
     if dataset is None:
         return None
-    sampler = MegatronPretrainingSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
-                                         micro_batch_size=micro_batch_size,
-                                         data_parallel_rank=data_parallel_rank,
-                                         data_parallel_size=data_parallel_size)
+    sampler = SAMPLERS[dataloader_type](total_samples=len(dataset), consumed_samples=consumed_samples,
+                                        micro_batch_size=micro_batch_size, data_parallel_rank=data_parallel_rank,
+                                        data_parallel_size=data_parallel_size)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
                       persistent_workers=num_workers > 0)

@@ -14,6 +14,7 @@ linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or
 (attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
 """
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -25,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from megatron.errors import InputError, require_divisible
 from megatron.kernels import PORTABLE_KERNELS, Kernels
+from megatron.model.unfused_attention import UnfusedAttention
 
 
 @dataclass
@@ -41,7 +43,14 @@ class GPTConfig:
     openai_gelu: bool = False
     layernorm_epsilon: float = 1e-5
     checkpoint_activations: bool = False
+    checkpoint_num_layers: int = 1  # layers per recomputed chunk
     init_seed: int = 1234  # with the piece index, decides every initial weight (see seeded_init)
+    init_method_xavier_uniform: bool = False  # weight matrices Xavier-uniform instead of normal(0, std)
+    fp32_residual_connection: bool = False  # under half precision, the residual stream stays fp32
+    # Attention: the kernel (kernels.attention), or Megatron's unfused math with its fp16 safeguards.
+    masked_softmax_fusion: bool = True
+    apply_query_key_layer_scaling: bool = True
+    attention_softmax_in_fp32: bool = False
     kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/kernels.py)
 
     def __post_init__(self):
@@ -85,8 +94,15 @@ def seeded_init(config: GPTConfig, piece_index: int):
         yield
 
 
-def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
-    nn.init.normal_(linear.weight, mean=0.0, std=std)
+def init_weight(weight: torch.Tensor, std: float, config: GPTConfig) -> None:
+    if config.init_method_xavier_uniform:
+        nn.init.xavier_uniform_(weight)
+    else:
+        nn.init.normal_(weight, mean=0.0, std=std)
+
+
+def init_linear(linear: nn.Linear, std: float, config: GPTConfig) -> nn.Linear:
+    init_weight(linear.weight, std, config)
     nn.init.zeros_(linear.bias)
     return linear
 
@@ -95,14 +111,24 @@ def layer_norm(config: GPTConfig) -> nn.Module:
     return config.kernels.layer_norm(config.hidden_size, eps=config.layernorm_epsilon)
 
 
+def normalize(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """norm(hidden) in the norm's dtype. An fp32 residual stream under half-precision weights is normalised in
+    fp32 (weights upcast) and only the result is rounded, so the stream itself never loses precision."""
+    if hidden.dtype == norm.weight.dtype:
+        return norm(hidden)
+    return F.layer_norm(hidden.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(),
+                        norm.eps).to(norm.weight.dtype)
+
+
 class Embedding(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        nn.init.normal_(self.word_embeddings.weight, mean=0.0, std=config.init_method_std)
-        nn.init.normal_(self.position_embeddings.weight, mean=0.0, std=config.init_method_std)
+        init_weight(self.word_embeddings.weight, config.init_method_std, config)
+        init_weight(self.position_embeddings.weight, config.init_method_std, config)
         self.dropout = nn.Dropout(config.hidden_dropout)
+        self.fp32_residual_connection = config.fp32_residual_connection
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         seq_length, max_positions = tokens.shape[1], self.position_embeddings.num_embeddings
@@ -111,11 +137,13 @@ class Embedding(nn.Module):
                              "lower --seq-length or raise --max-position-embeddings")
         if position_ids is None:
             position_ids = torch.arange(seq_length, device=tokens.device).unsqueeze(0)
-        return self.dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+        embedded = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
+        return self.dropout(embedded.float() if self.fp32_residual_connection else embedded)
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_number: int = 1):
+        """layer_number: 1-based, as Megatron counts (query-key layer scaling divides by it)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
@@ -123,9 +151,11 @@ class SelfAttention(nn.Module):
         # Output features ordered [heads, (q, k, v), head_dim]: splitting them across tensor-parallel ranks
         # hands each rank whole heads.
         self.query_key_value = init_linear(nn.Linear(config.hidden_size, 3 * config.hidden_size),
-                                           config.init_method_std)
-        self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std)
-        self.attend = config.kernels.attention
+                                           config.init_method_std, config)
+        self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std,
+                                 config)
+        self.attend = config.kernels.attention if config.masked_softmax_fusion else UnfusedAttention(
+            layer_number, config.apply_query_key_layer_scaling, config.attention_softmax_in_fp32)
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:
@@ -148,9 +178,9 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.dense_h_to_4h = init_linear(nn.Linear(config.hidden_size, config.ffn_hidden_size),
-                                         config.init_method_std)
+                                         config.init_method_std, config)
         self.dense_4h_to_h = init_linear(nn.Linear(config.ffn_hidden_size, config.hidden_size),
-                                         config.output_layer_init_std)
+                                         config.output_layer_init_std, config)
         self.gelu_approximation = "tanh" if config.openai_gelu else "none"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -158,18 +188,19 @@ class MLP(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer_number: int = 1):
         super().__init__()
         self.input_layernorm = layer_norm(config)
-        self.attention = SelfAttention(config)
+        self.attention = SelfAttention(config, layer_number)
         self.post_attention_layernorm = layer_norm(config)
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.attention(self.input_layernorm(hidden), attention_mask, kv_cache))
-        return hidden + self.dropout(self.mlp(self.post_attention_layernorm(hidden)))
+        hidden = hidden + self.dropout(self.attention(normalize(self.input_layernorm, hidden), attention_mask,
+                                                      kv_cache))
+        return hidden + self.dropout(self.mlp(normalize(self.post_attention_layernorm, hidden)))
 
 
 class LMHead(nn.Module):
@@ -208,6 +239,12 @@ def checkpoint_layer(layer: nn.Module, *args) -> torch.Tensor:
     return checkpoint(layer, *args, use_reentrant=False)
 
 
+def run_layers(layers, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    for layer in layers:
+        hidden = layer(hidden, attention_mask)
+    return hidden
+
+
 class GPTModel(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -217,7 +254,7 @@ class GPTModel(nn.Module):
         self.layers = nn.ModuleList()
         for layer_number in range(config.num_layers):
             with seeded_init(config, layer_piece(layer_number)):
-                self.layers.append(TransformerLayer(config))
+                self.layers.append(TransformerLayer(config, layer_number + 1))
         self.final_layernorm = layer_norm(config)
         self.lm_head = LMHead()
         self.loss = LanguageModelLoss()
@@ -234,10 +271,14 @@ class GPTModel(nn.Module):
         attention_mask: None for causal attention, else bool [batch, 1, seq, seq] with True = masked.
         """
         hidden = self.embedding(tokens, position_ids)
-        for layer in self.layers:
-            if self.config.checkpoint_activations and torch.is_grad_enabled():
-                hidden = self.checkpoint_layer(layer, hidden, attention_mask)
-            else:
-                hidden = layer(hidden, attention_mask)
-        logits = self.lm_head(self.final_layernorm(hidden), self.embedding.word_embeddings.weight)
+        if self.config.checkpoint_activations and torch.is_grad_enabled():
+            step = self.config.checkpoint_num_layers  # layers recomputed as one chunk
+            # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
+            masks = () if attention_mask is None else (attention_mask,)
+            for start in range(0, len(self.layers), step):
+                chunk = functools.partial(run_layers, self.layers[start:start + step])
+                hidden = self.checkpoint_layer(chunk, hidden, *masks)
+        else:
+            hidden = run_layers(self.layers, hidden, attention_mask)
+        logits = self.lm_head(normalize(self.final_layernorm, hidden), self.embedding.word_embeddings.weight)
         return logits if labels is None else self.loss(logits, labels, loss_mask)

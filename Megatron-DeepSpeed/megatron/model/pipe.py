@@ -28,7 +28,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
 from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
-                                layer_norm, layer_piece, seeded_init)
+                                layer_norm, layer_piece, normalize, seeded_init)
 from megatron.model.parallelize import apply_tensor_parallel
 
 _log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def lm_head_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tens
 class TransformerLayerPipe(TransformerLayer):
     def __init__(self, config: GPTConfig, layer_number: int, prepare):
         with seeded_init(config, layer_piece(layer_number)):
-            super().__init__(config)
+            super().__init__(config, layer_number + 1)
         self.gpt_model_path = f"layers.{layer_number}"
         prepare(self, self.gpt_model_path)
 
@@ -87,7 +87,7 @@ class FinalLayerNormPipe(nn.Module):
         self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
 
     def forward(self, inputs) -> torch.Tensor:
-        return self.final_layernorm(_as_tuple(inputs)[0])
+        return normalize(self.final_layernorm, _as_tuple(inputs)[0])
 
 
 class LanguageModelLossPipe(nn.Module):
@@ -143,7 +143,7 @@ class GPTPipe(PipelineModule):
                 specs, topology=PipeModelDataParallelTopology(num_pp=layout.pipeline, num_mp=layout.tensor,
                                                               num_dp=layout.data),
                 loss_fn=LanguageModelLossPipe(prepare), partition_method=f"type:{TransformerLayerPipe.__name__}",
-                activation_checkpoint_interval=int(config.checkpoint_activations),
+                activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
                 activation_checkpoint_func=rng_tracker.checkpoint,
                 checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
         self.num_transformer_layers = config.num_layers

@@ -11,6 +11,7 @@ def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, par
     if parallel_config.pipeline_engine:
         return GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
     model = GPTModel(model_config)
+    model.checkpoint_layer = rng_tracker.checkpoint  # recomputation that rewinds the tracker's streams too
     if parallel_config.tensor > 1:
         apply_tensor_parallel(model, parallel_state, parallel_config.sequence_parallel, rng_tracker=rng_tracker)
     return model

@@ -1,0 +1,154 @@
+"""What the training loop reports: Megatron's iteration and validation lines, the optional timer line, and
+TensorBoard scalars under upstream's tags (megatron/tensorboard_log.py).
+
+Only the last rank prints and writes; every figure that needs a collective (norms, zero counts, optimizer
+statistics) is computed by the loop on all ranks and handed in.
+"""
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron import device
+from megatron.config import JobConfig, LoggingConfig
+from megatron.model.gpt import GPTConfig
+from megatron.tensorboard_log import TensorBoardLog, TensorBoardOptions
+from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
+from megatron.training_log import iteration_line, perplexity, timers_line, validation_lines
+
+_log = logging.getLogger(__name__)
+
+
+class StepTimers:
+    """--timing-log-level 1/2: wall time of named phases (train-step, evaluate, save-checkpoint), measured
+    between device synchronisations. DeepSpeed's engines run forward, backward and the optimizer step
+    internally; its own wall_clock_breakdown splits them further. Level 0 measures nothing."""
+
+    PHASES = ("train-step", "evaluate", "save-checkpoint")  # the order of the timer line
+
+    def __init__(self, level: int):
+        self.level = level
+        self.totals: dict = {}
+
+    @contextlib.contextmanager
+    def measure(self, name: str):
+        if name not in self.PHASES:
+            raise ValueError(f"unknown timed phase {name!r}; add it to StepTimers.PHASES")
+        if not self.level:
+            yield
+            return
+        device.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            device.synchronize()
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
+
+    def take_means(self, iterations: int) -> dict:
+        """Milliseconds per iteration of each phase since the last call."""
+        means = {name: self.totals[name] * 1000.0 / iterations for name in self.PHASES if name in self.totals}
+        self.totals = {}
+        return means
+
+
+@dataclass
+class IterationFigures:
+    """One iteration's figures, as the loop measured them."""
+    loss: float
+    learning_rate: float
+    batch_size: int
+    loss_scale: float
+    grad_norm: float
+    num_zeros: Optional[float] = None
+    params_norm: Optional[float] = None
+    optimizer_states: Optional[dict] = None
+
+
+def tensorboard_options(logging_config: LoggingConfig) -> TensorBoardOptions:
+    return TensorBoardOptions(
+        log_interval=logging_config.tensorboard_log_interval, queue_size=logging_config.tensorboard_queue_size,
+        learning_rate=logging_config.log_learning_rate_to_tensorboard,
+        loss_scale=logging_config.log_loss_scale_to_tensorboard,
+        batch_size=logging_config.log_batch_size_to_tensorboard, timers=logging_config.log_timers_to_tensorboard,
+        validation_ppl=logging_config.log_validation_ppl_to_tensorboard,
+        memory=logging_config.log_memory_to_tensorboard)
+
+
+class MetricsLog:
+    """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
+
+    def __init__(self, config: JobConfig, model: GPTConfig, train_iters: int, last_rank: bool, timers: StepTimers):
+        self.config, self.model, self.train_iters, self.last_rank = config, model, train_iters, last_rank
+        self.timers = timers
+        self.tensorboard = None
+        if config.logging.tensorboard_dir and last_rank:
+            self.tensorboard = TensorBoardLog(config.logging.tensorboard_dir, tensorboard_options(config.logging))
+        self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+        # Per sample (the batch may ramp up). Logged TFLOPs count the recomputed forward, as upstream's do; MFU
+        # counts the model's work only (megatron/flops.py).
+        shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
+        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations)
+        self.model_flops_per_sample = flops_per_iteration(1, *shape)
+        precision = config.precision
+        self.peak = peak_tflops(device.device_model_name(),
+                                "fp16" if precision.fp16 else "bf16" if precision.bf16 else "fp32")
+
+    def _print(self, text: str) -> None:
+        if self.last_rank:
+            _log.info(text)
+
+    def iteration(self, state, figures: IterationFigures) -> None:
+        """After iteration `state.iteration` (state: training.TrainState, already advanced)."""
+        config, tensorboard = self.config, self.tensorboard
+        tokens = state.consumed_train_samples * config.data.seq_length
+        self.losses.append(figures.loss)
+        self.samples += figures.batch_size
+        if tensorboard is not None and tensorboard.due(state.iteration):
+            tensorboard.training(state.iteration, state.consumed_train_samples, tokens, loss=figures.loss,
+                                 learning_rate=figures.learning_rate, batch_size=figures.batch_size,
+                                 loss_scale=figures.loss_scale, grad_norm=figures.grad_norm,
+                                 num_zeros=figures.num_zeros, params_norm=figures.params_norm)
+            if figures.optimizer_states is not None:
+                tensorboard.optimizer_states(state.iteration, tokens, figures.optimizer_states)
+            if tensorboard.options.memory:
+                tensorboard.memory(state.iteration, device.memory_stats()["allocated_bytes"])
+        if state.iteration % config.logging.log_interval:
+            return
+        device.synchronize()
+        iterations = len(self.losses)
+        seconds = (time.perf_counter() - self.interval_start) / iterations
+        mean_batch = self.samples / iterations
+        world_size = config.parallel.world_size
+        tflops = tflops_per_device(self.hardware_flops_per_sample * mean_batch, seconds, world_size)
+        mfu = model_flops_utilization(
+            tflops_per_device(self.model_flops_per_sample * mean_batch, seconds, world_size), self.peak)
+        self._print(iteration_line(
+            state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
+            figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,
+            figures.grad_norm, state.skipped_iterations, state.nan_iterations, self.samples / (seconds * iterations),
+            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm))
+        timer_means = self.timers.take_means(iterations)
+        if timer_means:
+            self._print(timers_line(timer_means))
+        if tensorboard is not None and tensorboard.options.timers:
+            tensorboard.iteration_time(state.iteration, state.consumed_train_samples, tokens, seconds)
+            tensorboard.timers(state.iteration, timer_means)
+        state.skipped_iterations = state.nan_iterations = 0
+        self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+
+    def validation(self, state, loss: float) -> None:
+        self._print(validation_lines(state.iteration, loss))
+        if self.tensorboard is not None:
+            self.tensorboard.validation(state.iteration, state.consumed_train_samples,
+                                        state.consumed_train_samples * self.config.data.seq_length, loss,
+                                        perplexity(loss))
+
+    def exclude_from_timing(self, seconds: float) -> None:
+        """Evaluation and checkpointing inside a log interval do not count as iteration time."""
+        self.interval_start += seconds
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
