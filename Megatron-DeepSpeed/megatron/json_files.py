@@ -1,9 +1,19 @@
-"""Reading a JSON object from a file a user gave us: the one place that turns every way it can be wrong
-(missing, unreadable, not UTF-8, not JSON, not an object) into an InputError naming the file, the line and
-what to do about it."""
+"""Reading files a user gave us (a JSON object; the lines of a text or JSONL file): the one place that turns
+every way they can be wrong (missing, unreadable, not UTF-8, not JSON, not an object) into an InputError naming
+the file, the line and what to do about it."""
 import json
+from typing import List
 
 from megatron.errors import InputError
+
+
+def read_text_lines(path: str, what: str, fix: str) -> List[str]:
+    """The lines of the UTF-8 text file `path`; `what` names it in messages (e.g. "--prompt-file p.txt")."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{what}: cannot read it as UTF-8 text ({err}); {fix}") from None
 
 
 def read_json_object(path: str, what: str, fix: str) -> dict:

@@ -11,6 +11,7 @@ from typing import List
 import torch
 
 from megatron.errors import InputError
+from megatron.json_files import read_text_lines
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,7 @@ def split_target(tokenizer, text: str, strict: bool) -> ClozeExample:
 
 def read_lambada(path: str, tokenizer, strict: bool, max_positions: int) -> List[ClozeExample]:
     """The examples of a LAMBADA JSONL file (one {"text": ...} per line; blank lines skipped)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"--valid-data {path}: cannot read it as UTF-8 text ({err}); give LAMBADA's JSONL "
-                         "file") from None
+    lines = read_text_lines(path, f"--valid-data {path}", "give LAMBADA's JSONL file")
     examples = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

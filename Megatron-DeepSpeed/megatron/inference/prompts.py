@@ -3,17 +3,13 @@ import json
 from typing import List, Optional, Sequence
 
 from megatron.errors import InputError
+from megatron.json_files import read_text_lines
 
 
 def read_prompt_file(path: str) -> List[str]:
     """Prompts of a file: JSONL with a "text" field per line (when its first non-blank line is a JSON object),
     else one prompt per line. Blank lines are skipped."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"--prompt-file {path}: cannot read it as UTF-8 text ({err}); give a text or JSONL "
-                         "file") from None
+    lines = read_text_lines(path, f"--prompt-file {path}", "give a text or JSONL file")
     numbered = [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
     if not numbered:
         raise InputError(f"--prompt-file {path} contains no prompts; write one prompt per line, or JSONL lines "
