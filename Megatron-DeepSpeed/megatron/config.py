@@ -181,6 +181,7 @@ class LoggingConfig:
     eval_iters: int
     tensorboard_dir: Optional[str]
     exit_interval: Optional[int]
+    skip_train: bool  # evaluate the loaded checkpoint instead of training
     log_params_norm: bool
     log_num_zeros_in_grad: bool
     timing_log_level: int
@@ -193,7 +194,6 @@ class LoggingConfig:
     log_validation_ppl_to_tensorboard: bool
     log_optimizer_states_to_tensorboard: bool
     log_memory_to_tensorboard: bool
-    skip_train: bool  # evaluate the loaded checkpoint instead of training
 
 
 @dataclass(frozen=True)

@@ -141,10 +141,10 @@ def _fill_missing(user, generated, path, where):
 # Sections DeepSpeed would silently ignore or override: the loop passes its own optimizer and sets the
 # learning rate itself before every step.
 _SECTIONS_THE_FLAGS_OWN = {
-    "optimizer": "the optimizer is AdamW from the flags (--lr, --weight-decay, --adam-beta1, --adam-beta2, "
-                 "--adam-eps)",
+    "optimizer": "the optimizer comes from the flags (--optimizer, --lr, --weight-decay, --adam-beta1, "
+                 "--adam-beta2, --adam-eps, --sgd-momentum)",
     "scheduler": "the learning-rate schedule comes from the flags (--lr, --min-lr, --lr-decay-style, "
-                 "--lr-warmup-iters / -samples / -fraction, --lr-decay-iters / -samples)",
+                 "--lr-warmup-iters / -samples / -tokens / -fraction, --lr-decay-iters / -samples / -tokens)",
 }
 
 
@@ -165,8 +165,8 @@ def _without_unsupported_sections(user, path):
 
 def merge_with_user_config(user_json, job: JobConfig, path):
     """The user's DeepSpeed config with omitted keys filled from the flags; InputError if a key it
-    sets contradicts a flag, if it has a section the flags own, or if it turns on a feature this trainer
-    does not drive. `path` names the file in messages. "bfloat16" is DeepSpeed's alias of "bf16"."""
+    sets contradicts a flag, if it has a section the flags own, or if it turns on a feature this trainer does
+    not drive. `path` names the file in messages. "bfloat16" is DeepSpeed's alias of "bf16"."""
     user = _without_unsupported_sections(user_json, path)
     for section, owner in _SECTIONS_THE_FLAGS_OWN.items():
         if user.get(section) is not None:

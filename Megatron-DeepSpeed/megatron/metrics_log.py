@@ -12,9 +12,9 @@ from typing import Optional
 
 from megatron import device
 from megatron.config import JobConfig, LoggingConfig
+from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
 from megatron.model.gpt import GPTConfig
 from megatron.tensorboard_log import TensorBoardLog, TensorBoardOptions
-from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
 from megatron.training_log import iteration_line, perplexity, timers_line, validation_lines
 
 _log = logging.getLogger(__name__)
@@ -86,11 +86,11 @@ class MetricsLog:
         if config.logging.tensorboard_dir and last_rank:
             self.tensorboard = TensorBoardLog(config.logging.tensorboard_dir, tensorboard_options(config.logging))
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
-        # Per sample (the batch may ramp up). Logged TFLOPs count the recomputed forward, as upstream's do; MFU
-        # counts the model's work only (megatron/flops.py).
         shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
+        # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
+        # MFU counts the model's work only.
         self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations)
-        self.model_flops_per_sample = flops_per_iteration(1, *shape)
+        self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False)
         precision = config.precision
         self.peak = peak_tflops(device.device_model_name(),
                                 "fp16" if precision.fp16 else "bf16" if precision.bf16 else "fp32")
@@ -119,11 +119,10 @@ class MetricsLog:
         device.synchronize()
         iterations = len(self.losses)
         seconds = (time.perf_counter() - self.interval_start) / iterations
-        mean_batch = self.samples / iterations
-        world_size = config.parallel.world_size
+        mean_batch, world_size = self.samples / iterations, config.parallel.world_size
         tflops = tflops_per_device(self.hardware_flops_per_sample * mean_batch, seconds, world_size)
-        mfu = model_flops_utilization(
-            tflops_per_device(self.model_flops_per_sample * mean_batch, seconds, world_size), self.peak)
+        mfu = model_flops_utilization(tflops_per_device(self.model_flops_per_sample * mean_batch, seconds, world_size),
+                                      self.peak)
         self._print(iteration_line(
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
             figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,

@@ -405,29 +405,6 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
     return TrainingResult(iteration, [], [], losses.get("validation"), trainer.engine.module, trainer.parallel)
 
 
-def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool:
-    """--train-tokens: stop once that many tokens (samples x --seq-length) are consumed."""
-    return schedule.train_tokens is not None and consumed_samples * schedule.tokens_per_sample >= schedule.train_tokens
-
-
-def figures_of_step(trainer: Trainer, state: TrainState, loss: float, batch_size: int, lr: float) -> IterationFigures:
-    """The iteration's figures for the log; norms and statistics are collectives, so every rank computes them."""
-    config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
-    logging_config = config.logging
-    figures = IterationFigures(
-        loss=loss, learning_rate=lr, batch_size=batch_size,
-        loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)),
-        grad_norm=clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0),
-        num_zeros=clipping.num_zeros if clipping else None)
-    if logging_config.log_params_norm:
-        figures.params_norm = parameters_norm(engine.module, parallel)
-    if logging_config.log_optimizer_states_to_tensorboard and \
-            state.iteration % logging_config.tensorboard_log_interval == 0:
-        figures.optimizer_states = optimizer_state_statistics(stepped_optimizer(engine.optimizer), parallel,
-                                                              partitioned=config.parallel.zero_stage > 0)
-    return figures
-
-
 def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
     """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
     started = time.monotonic()  # --exit-duration-in-mins counts from here, start-up included
@@ -442,6 +419,28 @@ def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[obje
     finally:
         exits.close()
         watchdog.close()
+
+
+def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool:
+    """--train-tokens: stop once that many tokens (samples x --seq-length) are consumed."""
+    return schedule.train_tokens is not None and consumed_samples * schedule.tokens_per_sample >= schedule.train_tokens
+
+
+def figures_of_step(trainer: Trainer, state: TrainState, loss: float, grad_norm: float, batch_size: int,
+                    lr: float) -> IterationFigures:
+    """The iteration's figures for the log; norms and statistics are collectives, so every rank computes them."""
+    config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
+    logging_config = config.logging
+    figures = IterationFigures(loss=loss, learning_rate=lr, batch_size=batch_size,
+                               loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)), grad_norm=grad_norm,
+                               num_zeros=clipping.num_zeros if clipping else None)
+    if logging_config.log_params_norm:
+        figures.params_norm = parameters_norm(engine.module, parallel)
+    if logging_config.log_optimizer_states_to_tensorboard and \
+            state.iteration % logging_config.tensorboard_log_interval == 0:
+        figures.optimizer_states = optimizer_state_statistics(stepped_optimizer(engine.optimizer), parallel,
+                                                              partitioned=config.parallel.zero_stage > 0)
+    return figures
 
 
 def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:
@@ -464,7 +463,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     def save() -> None:
         if not divergence.may_save(state.iteration):
             return
-        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), timers.measure("save-checkpoint"):
+        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), \
+                timers.measure("save-checkpoint"):
             divergence.require_finite_weights(engine.module, state.iteration)
             save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
                             trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
@@ -483,27 +483,27 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     validation_loss, losses, grad_norms = None, [], []
     skipped_before = skipped_steps()
     while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
-        with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True):
-            batch_size = batch.schedule.batch_size(state.consumed_train_samples)
+        batch_size = batch.schedule.batch_size(state.consumed_train_samples)
+        with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
             if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
                 engine.set_train_batch_size(batch_size)
             set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-            with timers.measure("train-step"):
-                loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
-                                  parallel)
+            loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
+                              parallel)
+            grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
             update_skipped = skipped_steps() > skipped_before
             bad = divergence.is_bad(loss, update_skipped)
             exit_reason = exits.reason()
+        losses.append(loss)
+        grad_norms.append(grad_norm)
         state.iteration += 1
         state.consumed_train_samples += batch_size
         state.skipped_iterations += skipped_steps() - skipped_before
         skipped_before = skipped_steps()
         state.nan_iterations += int(bad)
-        figures = figures_of_step(trainer, state, loss, batch_size, schedule(state.consumed_train_samples))
-        losses.append(loss)
-        grad_norms.append(figures.grad_norm)
-        metrics.iteration(state, figures)
-        divergence.count(state.iteration, bad, loss, figures.grad_norm, update_skipped)
+        metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
+                                                 schedule(state.consumed_train_samples)))
+        divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
 
         paused = time.perf_counter()
         if valid is not None and state.iteration % logging_config.eval_interval == 0:

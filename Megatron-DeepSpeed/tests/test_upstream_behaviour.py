@@ -109,6 +109,14 @@ def test_unfused_attention_equals_the_fused_kernel_in_fp32(scaling, fp32):
                                    sdpa_attention(query, key, value, attention_mask, 0.0))
 
 
+def test_unfused_causal_mask_aligns_new_queries_with_the_last_keys():
+    # As with a KV cache: the last 3 queries against all 8 keys give the last 3 rows of the full attention.
+    query, key, value = qkv()
+    unfused = UnfusedAttention(2, apply_query_key_layer_scaling=True, softmax_in_fp32=False)
+    torch.testing.assert_close(unfused(query[:, :, -3:], key, value, None, 0.0),
+                               unfused(query, key, value, None, 0.0)[:, :, -3:])
+
+
 def test_query_key_layer_scaling_keeps_large_fp16_scores_finite():
     # q.k = 16 x 300 x 300 = 1.44e6: beyond fp16 (max 65504) even after 1/sqrt(16), within it after 1/(4 x 64).
     query = key = value = torch.full((1, 1, 4, 16), 300.0, dtype=torch.float16)

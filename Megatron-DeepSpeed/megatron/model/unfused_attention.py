@@ -31,8 +31,8 @@ class UnfusedAttention:
             scores = scores.float()
         if self.coefficient is not None:
             scores = scores * self.coefficient
-        if attention_mask is None:
-            seq_length = scores.shape[-1]
-            attention_mask = torch.ones(seq_length, seq_length, dtype=torch.bool, device=scores.device).triu(1)
+        if attention_mask is None:  # causal; the queries are the last of the keys' positions
+            queries, keys = scores.shape[-2:]
+            attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=scores.device).triu(keys - queries + 1)
         probabilities = torch.softmax(scores.masked_fill(attention_mask, MASKED_SCORE), dim=-1).to(value.dtype)
         return torch.matmul(F.dropout(probabilities, p=dropout_p), value)
