@@ -34,6 +34,8 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                             "layout load as they are).")
     group.add_argument("--distributed-backend", choices=DISTRIBUTED_BACKENDS,
                        help="Default: chosen by the device (nccl, hccl or gloo).")
+    group.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
+                       help="A collective that waits longer than this for a peer rank ends the run.")
     group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, help="Default: as the model was trained.")
     group.add_argument("--vocab-file", help="GPT-2 vocab.json. Default: as the model was trained.")
     group.add_argument("--merge-file", help="GPT-2 merges.txt. Default: as the model was trained.")
@@ -79,6 +81,8 @@ def check_checkpoint_args(args) -> None:
                          "trained with pipeline parallelism loads directly, whatever its layout)")
     if args.micro_batch_size < 1:
         raise InputError(f"--micro-batch-size {args.micro_batch_size} must be at least 1")
+    if not args.distributed_timeout_minutes > 0:
+        raise InputError(f"--distributed-timeout-minutes {args.distributed_timeout_minutes:g} must be greater than 0")
 
 
 def tokenizer_from_flags(args):
@@ -98,7 +102,7 @@ def load_from_flags(args, tokenizer, adaptor_kernels: Optional[object] = None) -
     from megatron.training import initialize_distributed  # imports DeepSpeed: only once the flags are checked
 
     dtype = _dtype(args)
-    initialize_distributed(args.distributed_backend or device.communication_backend())
+    initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
     parallel = ParallelState(args.tensor_model_parallel_size, 1)
     model, checkpoint = load_model(args.load, iteration=args.iteration, tokenizer_vocab_size=tokenizer.vocab_size,
                                    parallel_state=parallel, dtype=dtype, device=device.current_device(),
