@@ -1,19 +1,20 @@
 """GPT-2 byte-level BPE from vocab.json + merges.txt, with ids identical to OpenAI's reference encoder.
 
 The engine is tiktoken's Rust BPE, built in memory from the two files: it splits text with GPT-2's
-pattern and merges byte pairs in Rust with the GIL released, several times faster than the Python or
-HF `tokenizers` encoders. tiktoken ranks a merge by the bytes of the token it creates, so each merge's
+pattern and merges byte pairs in Rust, several times faster than the Python or HF `tokenizers` encoders.
+In front of it a per-word cache (word_cache.py) answers the words it has already encoded, which in natural
+text is almost all of them. tiktoken ranks a merge by the bytes of the token it creates, so each merge's
 rank is its position in merges.txt; where vocab.json numbers tokens in that same order (GPT-2's own
 files, files from train_bpe_vocab) the ranks are the vocab ids, otherwise ranks are mapped to ids
 after encoding.
 """
-
 import numpy as np
 import tiktoken
 
 from megatron.errors import InputError
 from megatron.json_files import read_json_object
-from megatron.tokenizer import pack_token_arrays, read_user_file, replace_lone_surrogates
+from megatron.tokenizer import read_user_file, replace_lone_surrogates
+from megatron.tokenizer.word_cache import WordCache
 
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOD_TOKEN = "<|endoftext|>"
@@ -49,26 +50,26 @@ class GPT2BPETokenizer:
         # stops at every character, which halves throughput.
         self._encoding = tiktoken.Encoding("gpt2-bpe", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
                                            special_tokens={EOD_TOKEN: max(ranks.values()) + 1})
+        self._words = WordCache(self._encode, np.array([len(b) for b in self._id_to_bytes], dtype=np.int64))
 
     def tokenize(self, text):
         return self.tokenize_batch([text])[0].tolist()
 
     def tokenize_batch(self, texts):
-        """(ids of all texts concatenated, int64 length per text). Thread-safe; tiktoken encodes with the
-        GIL released, so callers get parallelism by calling this from several threads."""
-        ids, lengths = pack_token_arrays([self._encode(text) for text in texts])
-        if self._rank_to_id is not None:
-            ids = self._rank_to_id[ids]
-        return ids, lengths
+        """(int32 ids of all texts concatenated, int64 length per text). Thread-safe, one batch at a time:
+        for parallelism use processes (the cache's look-ups hold the GIL)."""
+        return self._words.encode_batch(texts)
 
     def detokenize(self, ids):
         return b"".join([self._id_to_bytes[i] for i in ids]).decode("utf-8", errors="replace")
 
     def _encode(self, text):
+        """Vocab ids of `text` straight from tiktoken (no cache)."""
         try:
-            return self._encoding.encode_to_numpy(text, disallowed_special=())
+            ranks = self._encoding.encode_to_numpy(text, disallowed_special=())
         except UnicodeEncodeError:
-            return self._encoding.encode_to_numpy(replace_lone_surrogates(text), disallowed_special=())
+            ranks = self._encoding.encode_to_numpy(replace_lone_surrogates(text), disallowed_special=())
+        return ranks if self._rank_to_id is None else self._rank_to_id[ranks]
 
 
 def load_vocab(vocab_file):
