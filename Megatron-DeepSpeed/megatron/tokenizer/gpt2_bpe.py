@@ -40,11 +40,10 @@ class GPT2BPETokenizer:
             raise InputError(f"--vocab-file {vocab_file}: has no {EOD_TOKEN!r} token, which GPT-2 uses as the "
                              f"end-of-document id; add it to the vocab (train_bpe_vocab does)")
         merged_tokens = load_merges(merge_file, vocab, vocab_file)
-        char_to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
         self.vocab_size = len(vocab)
         self.eod = vocab[EOD_TOKEN]
-        self._id_to_bytes = _bytes_of_every_id(vocab, char_to_byte)
-        ranks, self._rank_to_id = _merge_ranks(vocab, merged_tokens, char_to_byte)
+        self._id_to_bytes = _bytes_of_every_id(vocab)
+        ranks, self._rank_to_id = _merge_ranks(vocab, merged_tokens)
         # EOD is registered as a special token but never allowed, so its literal stays text. It is there for
         # speed: tiktoken's numpy path first scans for special tokens, and with none registered that scan
         # stops at every character, which halves throughput.
@@ -127,28 +126,34 @@ def load_merges(merge_file, vocab, vocab_file):
     return list(line_of_token)
 
 
-def _merge_ranks(vocab, merged_tokens, char_to_byte):
+def _merge_ranks(vocab, merged_tokens):
     """(token bytes -> tiktoken rank, rank -> vocab id array or None when ranks already are vocab ids)."""
     byte_chars = [char for _, char in sorted(bytes_to_unicode().items())]
     tokens = byte_chars + merged_tokens
     merged_ids = [vocab[token] for token in merged_tokens]
     if all(earlier < later for earlier, later in zip(merged_ids, merged_ids[1:])):
-        return {_to_bytes(token, char_to_byte): vocab[token] for token in tokens}, None
-    ranks = {_to_bytes(token, char_to_byte): rank for rank, token in enumerate(tokens)}
+        return {_to_bytes(token): vocab[token] for token in tokens}, None
+    ranks = {_to_bytes(token): rank for rank, token in enumerate(tokens)}
     return ranks, np.array([vocab[token] for token in tokens], dtype=np.int32)
 
 
-def _bytes_of_every_id(vocab, char_to_byte):
+def _bytes_of_every_id(vocab):
     """id -> the bytes it stands for. A token with characters outside the byte-level alphabet (one added
     to the vocab by hand) stands for its UTF-8 text, as the reference decoder cannot map it at all."""
     id_to_bytes = [b""] * len(vocab)
     for token, token_id in vocab.items():
-        if all(char in char_to_byte for char in token):
-            id_to_bytes[token_id] = _to_bytes(token, char_to_byte)
+        if _BYTE_LEVEL_CHARS.issuperset(token):
+            id_to_bytes[token_id] = _to_bytes(token)
         else:
             id_to_bytes[token_id] = token.encode("utf-8", errors="replace")
     return id_to_bytes
 
 
-def _to_bytes(token, char_to_byte):
-    return bytes([char_to_byte[char] for char in token])
+_BYTE_LEVEL_CHARS = frozenset(bytes_to_unicode().values())
+_CHAR_TO_LATIN1 = {ord(char): byte for byte, char in bytes_to_unicode().items()}  # str.translate table
+
+
+def _to_bytes(token):
+    """The bytes a token of byte-level characters stands for (each character becomes the Latin-1 character of
+    its byte, so the C codec does the conversion)."""
+    return token.translate(_CHAR_TO_LATIN1).encode("latin-1")

@@ -155,7 +155,7 @@ class WordCache:
         data = np.frombuffer(joined, dtype=np.uint8)
         starts = word_starts(data, text_starts, text_ends)
         lengths = np.diff(starts, append=data.size)
-        keyed = lengths <= KEY_BYTES
+        keyed = np.flatnonzero(lengths <= KEY_BYTES)
         keys = word_keys(data, starts[keyed], lengths[keyed])
         hashes = key_hashes(keys, lengths[keyed])
         with self._lock:
@@ -163,13 +163,13 @@ class WordCache:
                 self._clear()
             entries = np.full(len(starts), -1, dtype=np.int64)
             entries[keyed] = self._look_up(keys, lengths[keyed], hashes)
-            missing = np.flatnonzero(entries[keyed] < 0)
-            if missing.size:
-                self._cache(joined, starts[keyed], lengths[keyed], keys, hashes, missing, entries, keyed)
-            long_words = np.flatnonzero(~keyed)
+            new = np.flatnonzero(entries[keyed] < 0)
+            if new.size:
+                entries[keyed[new]] = self._cache(joined, data, starts[keyed[new]], lengths[keyed[new]], keys[new],
+                                                  hashes[new])
+            long_words = np.flatnonzero(lengths > KEY_BYTES)
             if long_words.size:
-                entries[long_words] = self._encode_words(joined, starts[long_words], lengths[long_words],
-                                                         self._entry_of_long_word)
+                entries[long_words] = self._entries_by_dict(joined, data, starts[long_words], lengths[long_words])
             counts = self._id_counts.values[entries]
             ends = np.cumsum(counts)
             first_id = np.repeat(self._id_starts.values[entries] - (ends - counts), counts)
@@ -201,63 +201,103 @@ class WordCache:
             slots = (slots[probe_on] + 1) & self._slot_mask
         return found
 
-    def _encode_words(self, joined: bytes, starts, lengths, entry_of_word: dict) -> np.ndarray:
-        """The entry of each word given: from `entry_of_word` (bytes -> entry), or a new entry (without key or
-        slot) for each distinct word not in it, which is added there."""
-        first_entry, new_words = self._id_starts.size, []
-        entries = np.empty(len(starts), dtype=np.int64)
-        for index, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
-            word = joined[start:start + length]
-            entry = entry_of_word.get(word)
-            if entry is None:
-                entry = entry_of_word[word] = first_entry + len(new_words)
-                new_words.append(word)
-            entries[index] = entry
-        if not new_words:
-            return entries
-        new_ids = self._encode_new_words(new_words)
-        counts = np.fromiter(map(len, new_ids), dtype=np.int64, count=len(new_ids))
-        self._id_starts.extend(self._ids.size + np.cumsum(counts) - counts)
-        self._id_counts.extend(counts)
-        self._ids.extend(np.concatenate(new_ids).astype(np.int32, casting="same_kind", copy=False))
-        self._keys.extend(np.zeros((len(new_ids), _KEY_WORDS), dtype=np.uint64))
-        self._lengths.extend(np.full(len(new_ids), -1, dtype=np.int64))
+    def _cache(self, joined, data, starts, lengths, keys, hashes) -> np.ndarray:
+        """Entries for keyed words not cached yet: each distinct one is encoded, recorded with its key and put in
+        a slot. (Distinct words whose hashes collide within the batch go through the dict instead.)"""
+        _, first, same_hash_as = np.unique(hashes, return_index=True, return_inverse=True)
+        same_hash_as = same_hash_as.reshape(-1)
+        representative = first[same_hash_as]
+        collides = (lengths != lengths[representative]) | (keys != keys[representative]).any(axis=1)
+        new_entries = self._new_entries(joined, data, starts[first], lengths[first])
+        self._keys.values[new_entries] = keys[first]
+        self._lengths.values[new_entries] = lengths[first]
+        self._put_in_slots(hashes[first], new_entries)
+        entries = new_entries[same_hash_as]
+        if collides.any():
+            entries[collides] = self._entries_by_dict(joined, data, starts[collides], lengths[collides])
         return entries
 
-    def _encode_new_words(self, words: list[bytes]) -> list[np.ndarray]:
-        """The ids of each word. The engine has a cost per call, so the words that begin with a cut (b) (a space
-        before a non-whitespace character; most words do) are encoded together in one call, which gives the
-        same ids, and cut apart where the bytes of the ids reach each word's end."""
-        ids_of_word = [None] * len(words)
-        together = [index for index, word in enumerate(words)
-                    if word[0] == 0x20 and len(word) > 1 and word[1] in _BYTES_STARTING_NON_WHITESPACE
-                    and 0xED not in word]  # 0xED: surrogates, whose replacement may change byte counts
-        if together:
-            ids = self._encode(b"".join([words[index] for index in together]).decode("utf-8"))
-            byte_ends = np.cumsum(self._token_byte_counts[ids])
-            word_ends = np.cumsum([len(words[index]) for index in together])
-            token_ends = np.searchsorted(byte_ends, word_ends) + 1
-            if np.array_equal(byte_ends[np.minimum(token_ends, len(ids)) - 1], word_ends):
-                for index, word_ids in zip(together, np.split(ids, token_ends[:-1])):
-                    ids_of_word[index] = word_ids
-        for index, word in enumerate(words):
-            if ids_of_word[index] is None:
-                ids_of_word[index] = self._encode(word.decode("utf-8", "surrogatepass"))
-        return ids_of_word
+    def _put_in_slots(self, hashes, entries) -> None:
+        """Linear-probing insertion, all words at once: each round, words whose slot is free claim it (one per
+        slot), the others move on to the next slot. Once a quarter of the slots are taken, the remaining words
+        stay uncached until the cache starts afresh."""
+        room = max(0, (self._slot_mask + 1) // 4 - self._slots_used)
+        hashes, entries = hashes[:room], entries[:room]
+        slots = (hashes >> np.uint64(64 - self._slots_log2)).astype(np.int64)
+        values = ((hashes & np.uint64(_FINGERPRINT_MASK)).astype(np.int64) << 32) | entries
+        waiting = np.arange(len(hashes))
+        while waiting.size:
+            free = self._slots[slots[waiting]] < 0
+            claimed_slots, first_claim = np.unique(slots[waiting[free]], return_index=True)
+            winners = waiting[free][first_claim]
+            self._slots[claimed_slots] = values[winners]
+            waiting = np.setdiff1d(waiting, winners, assume_unique=True)
+            slots[waiting] = np.where(self._slots[slots[waiting]] >= 0, (slots[waiting] + 1) & self._slot_mask,
+                                      slots[waiting])
+        self._slots_used += len(hashes)
 
-    def _cache(self, joined, starts, lengths, keys, hashes, missing, entries, keyed) -> None:
-        """Encode the keyed words at `missing` (indices among the keyed ones), record them with their keys and
-        put them in slots; fill in their entries."""
-        new_entries = self._encode_words(joined, starts[missing], lengths[missing], {})
-        entries[np.flatnonzero(keyed)[missing]] = new_entries
-        first = np.unique(new_entries, return_index=True)[1]  # one word of each new entry
-        self._keys.values[new_entries[first]] = keys[missing[first]]
-        self._lengths.values[new_entries[first]] = lengths[missing[first]]
-        for entry, word_hash in zip(new_entries[first].tolist(), hashes[missing[first]].tolist()):
-            if 4 * self._slots_used >= self._slot_mask:
-                break  # a quarter of the slots are taken: more words stay uncached until the cache starts afresh
-            slot = word_hash >> (64 - self._slots_log2)
-            while self._slots[slot] >= 0:
-                slot = (slot + 1) & self._slot_mask
-            self._slots[slot] = ((word_hash & _FINGERPRINT_MASK) << 32) | entry
-            self._slots_used += 1
+    def _entries_by_dict(self, joined: bytes, data, starts, lengths) -> np.ndarray:
+        """Entries of words too long to key, found (or added) through a dict of their bytes."""
+        entries = np.empty(len(starts), dtype=np.int64)
+        new = []
+        for index, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            entry = self._entry_of_long_word.get(joined[start:start + length])
+            if entry is None:
+                new.append(index)
+            entries[index] = -1 if entry is None else entry
+        if new:
+            new = np.array(new)
+            words = [joined[start:start + length] for start, length in zip(starts[new].tolist(), lengths[new].tolist())]
+            first_of_word = {}
+            for index, word in zip(new.tolist(), words):
+                first_of_word.setdefault(word, index)
+            distinct = np.array(list(first_of_word.values()))
+            new_entries = self._new_entries(joined, data, starts[distinct], lengths[distinct])
+            self._entry_of_long_word.update(zip(first_of_word, new_entries.tolist()))
+            entries[new] = [self._entry_of_long_word[word] for word in words]
+        return entries
+
+    def _new_entries(self, joined: bytes, data, starts, lengths) -> np.ndarray:
+        """Encode distinct words and append them as entries (no key yet); returns each one's entry. The engine has
+        a cost per call, so the words that begin with a cut (b) (a space before a non-whitespace character: most
+        words) are encoded together in one call, which gives the same ids, and cut apart where the bytes of the
+        ids reach each word's end. The others are encoded one by one."""
+        entries = np.empty(len(starts), dtype=np.int64)
+        second = data[np.minimum(starts + 1, max(data.size - 1, 0))]
+        surrogates = np.concatenate([[0], np.cumsum(data == 0xED)])  # replaced by the engine: byte counts change
+        together = ((data[starts] == 0x20) & (lengths > 1) & _byte_classes(second)[2]
+                    & (surrogates[starts + lengths] == surrogates[starts]))
+        if together.any():
+            word_ids, counts = self._encode_together(data, starts[together], lengths[together])
+            if word_ids is not None:
+                entries[together] = self._append(word_ids, counts)
+            else:
+                together[:] = False
+        alone = np.flatnonzero(~together)
+        if alone.size:
+            encoded = [self._encode(joined[start:start + length].decode("utf-8", "surrogatepass"))
+                       for start, length in zip(starts[alone].tolist(), lengths[alone].tolist())]
+            counts = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+            entries[alone] = self._append(np.concatenate(encoded), counts)
+        return entries
+
+    def _encode_together(self, data, starts, lengths):
+        """(ids of the words run together, id count of each word), or (None, None) if the ids do not end exactly
+        at the words' ends (which the cut rules rule out; checked all the same)."""
+        ends = np.cumsum(lengths)
+        positions = np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1])
+        ids = self._encode(data[positions].tobytes().decode("utf-8"))
+        id_ends = np.searchsorted(np.cumsum(self._token_byte_counts[ids]), ends) + 1
+        if id_ends[-1] != len(ids) or not np.array_equal(np.cumsum(self._token_byte_counts[ids])[id_ends - 1], ends):
+            return None, None
+        return ids, np.diff(id_ends, prepend=0)
+
+    def _append(self, ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """New entries for words whose ids are `ids`, back to back, `counts` of them each."""
+        first_entry = self._id_starts.size
+        self._id_starts.extend(self._ids.size + np.cumsum(counts) - counts)
+        self._id_counts.extend(counts)
+        self._ids.extend(ids.astype(np.int32, casting="same_kind", copy=False))
+        self._keys.extend(np.zeros((len(counts), _KEY_WORDS), dtype=np.uint64))
+        self._lengths.extend(np.full(len(counts), -1, dtype=np.int64))
+        return np.arange(first_entry, first_entry + len(counts))
