@@ -129,7 +129,8 @@ class WordCache:
     def _clear(self):
         # Entry e is one encoded word: ids _ids[_id_starts[e]:][:_id_counts[e]], key _keys[e] of _lengths[e] bytes.
         # Each slot of the hash table holds a keyed word's entry and 31 bits of its hash (linear probing). Words
-        # longer than KEY_BYTES (rare: URLs, long identifiers) are found through a dict of their bytes instead.
+        # longer than KEY_BYTES (rare: URLs, long identifiers), and the rarer new words whose hashes collide within
+        # a batch, are found through a dict of their bytes instead.
         self._ids = _GrowingArray(np.int32)
         self._id_starts = _GrowingArray(np.int64)
         self._id_counts = _GrowingArray(np.int64)
@@ -137,7 +138,7 @@ class WordCache:
         self._lengths = _GrowingArray(np.int64)
         self._slots = np.full(1 << self._slots_log2, -1, dtype=np.int64)
         self._slots_used = 0
-        self._entry_of_long_word = {}
+        self._entry_of_word_bytes = {}
 
     @property
     def cached_words(self) -> int:
@@ -237,11 +238,12 @@ class WordCache:
         self._slots_used += len(hashes)
 
     def _entries_by_dict(self, joined: bytes, data, starts, lengths) -> np.ndarray:
-        """Entries of words too long to key, found (or added) through a dict of their bytes."""
+        """Entries of words found (or added) through the dict of their bytes: words too long to key, and new words
+        whose hashes collide within a batch."""
         entries = np.empty(len(starts), dtype=np.int64)
         new = []
         for index, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
-            entry = self._entry_of_long_word.get(joined[start:start + length])
+            entry = self._entry_of_word_bytes.get(joined[start:start + length])
             if entry is None:
                 new.append(index)
             entries[index] = -1 if entry is None else entry
@@ -253,8 +255,8 @@ class WordCache:
                 first_of_word.setdefault(word, index)
             distinct = np.array(list(first_of_word.values()))
             new_entries = self._new_entries(joined, data, starts[distinct], lengths[distinct])
-            self._entry_of_long_word.update(zip(first_of_word, new_entries.tolist()))
-            entries[new] = [self._entry_of_long_word[word] for word in words]
+            self._entry_of_word_bytes.update(zip(first_of_word, new_entries.tolist()))
+            entries[new] = [self._entry_of_word_bytes[word] for word in words]
         return entries
 
     def _new_entries(self, joined: bytes, data, starts, lengths) -> np.ndarray:
