@@ -2,7 +2,8 @@
 
 Correctness: the model's fp32 logits and loss on the device against the CPU's for the same weights and batch;
 short bf16 and fp16 (DeepSpeed's dynamic loss scaling) runs against the fp32 loss curve; activation
-recomputation against none. Speed: a small grid of settings for each model size on ONE device, each timed
+recomputation against none. Kernels: which scaled-dot-product-attention kernel PyTorch really dispatches the
+causal path to (flash, where the device has it). Speed: a small grid of settings for each model size on ONE device, each timed
 after warm-up from the trainer's own log lines (samples/s, TFLOPs, MFU) with the device's peak memory.
 Every run goes through training.pretrain on synthetic tokens (--mock-data), so no data files are needed.
 On a CPU the same report runs at toy sizes: that is how CI keeps this code working.
@@ -17,6 +18,7 @@ import torch
 
 from megatron import device
 from megatron.flops import format_mfu
+from megatron.kernels import sdpa_attention
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.training_log import parse_log
 
@@ -56,6 +58,18 @@ def logits_match_cpu(name: str, layers: int, hidden: int, heads: int, seq: int) 
     logit_error = ((got_logits - cpu_logits).abs().max() / cpu_logits.abs().max()).item()
     loss_error = abs(got_loss.item() - cpu_loss.item()) / abs(cpu_loss.item())
     return max(logit_error, loss_error)
+
+
+def attention_kernel(attention: Callable, heads: int, seq: int, head_dim: int) -> str:
+    """The ATen operator PyTorch dispatches `attention` to on the causal path (no mask) in bf16 with its default
+    backend choice, e.g. aten::_scaled_dot_product_flash_attention: the kernel that really runs in training.
+    Read from the profiler's operator names, so it works on any device; 'not an SDPA kernel' for an adaptor's own
+    attention."""
+    query = torch.randn(2, heads, seq, head_dim, dtype=torch.bfloat16, device=device.current_device())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        attention(query, query, query, None, 0.0)
+    kernels = [event.name for event in profile.events() if event.name.startswith("aten::_scaled_dot_product_")]
+    return kernels[-1] if kernels else "not an SDPA kernel"
 
 
 def shape_flags(layers: int, hidden: int, heads: int, seq: int) -> List[str]:
@@ -113,9 +127,13 @@ def speed_grid(on_accelerator: bool) -> List[tuple]:
     return grid
 
 
-def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None]) -> List[SpeedRow]:
-    """Run every check, saying each result as it comes; returns the speed rows (best first per shape)."""
+def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None],
+           attention: Callable = sdpa_attention) -> List[SpeedRow]:
+    """Run every check, saying each result as it comes; returns the speed rows (best first per shape).
+    `attention` is the kernel training uses on this device (select_kernels')."""
     say(f"device: {device.device_model_name()} ({device.device_name()})")
+    for name, layers, hidden, heads, seq in ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES:
+        say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
     for shape in CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU:
         if on_accelerator:
             say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")

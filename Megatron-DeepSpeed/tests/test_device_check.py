@@ -1,16 +1,26 @@
 """tools/device_check.sh: the accelerator report, run for real in its reduced CPU mode, and its one-line refusal
-on an Ascend host whose torch_npu is missing."""
+on an Ascend host whose torch_npu is missing; the attention-kernel probe it reports."""
 import os
 import re
 import subprocess
 
 import pytest
 
-pytestmark = pytest.mark.full  # whole training runs
+from megatron.device_check import attention_kernel
+from megatron.kernels import sdpa_attention
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "device_check.sh")
 
 
+def test_attention_kernel_names_the_sdpa_kernel_that_runs():
+    # The causal path passes no mask, so PyTorch may pick its flash kernel: on CPU, the CPU flash kernel.
+    assert attention_kernel(sdpa_attention, heads=4, seq=64, head_dim=16) == (
+        "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert attention_kernel(lambda q, k, v, mask, dropout: q @ k.transpose(-1, -2) @ v, 4, 64, 16) == (
+        "not an SDPA kernel")
+
+
+@pytest.mark.full  # whole training runs
 def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     report = tmp_path / "report.md"
     done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report)],
@@ -18,6 +28,7 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     text = report.read_text()
     assert "device: cpu (cpu)" in text
+    assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
     recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
     assert recompute < 1e-6  # recomputation repeats the same arithmetic
     bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap (\S+)", text).group(1))
@@ -26,6 +37,7 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
 
 
+@pytest.mark.full
 def test_npu_requested_without_torch_npu_is_one_line():
     done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "DS_ACCELERATOR": "npu"})

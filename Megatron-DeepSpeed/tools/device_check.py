@@ -22,6 +22,7 @@ def main(argv=None):
 
     from megatron import device
     from megatron.device_check import report
+    from megatron.kernels import select_kernels
     from megatron.model.provider import model_provider
     from megatron.training import pretrain
 
@@ -35,7 +36,7 @@ def main(argv=None):
 
     say(f"NPU adaptor: {npu.summary}")
     report(on_accelerator, lambda argv: pretrain(model_provider, argv, adaptor_kernels=npu.kernels), iterations,
-           say)
+           say, select_kernels(device.device_name(), npu.kernels).attention)
     if options.output:
         write_text_atomically(options.output, "\n".join(lines) + "\n")
 

@@ -79,6 +79,12 @@ def parse_args(argv):
     return args, passthrough
 
 
+def bf16_supported() -> bool:
+    import torch
+    from megatron import device
+    return device.supports_dtype(torch.bfloat16)
+
+
 def detect_device(requested: str) -> tuple[str, int]:
     """(device name, devices on this node) — NPU when torch_npu and devices are present, else CUDA, else CPU."""
     if requested == "cpu":
@@ -99,6 +105,16 @@ def detect_device(requested: str) -> tuple[str, int]:
         raise InputError(f"--device={requested}: DeepSpeed selected '{name}' but sees no {name} device here; check "
                          f"the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use --device=cpu")
     return name, count
+
+
+def precision_flags(device_name: str, bf16_supported: bool, passthrough: list[str]) -> list[str]:
+    """--bf16 on an accelerator that supports it (the fast default: tensor-core bf16 with fp32 master weights),
+    unless the user chose a precision with --fp16, --bf16 or a --deepspeed_config (whose fp16 / bf16 sections
+    decide). CPU runs stay fp32 unless asked."""
+    chosen = {"--fp16", "--bf16", "--deepspeed_config", "--deepscale_config"}
+    if device_name == "cpu" or not bf16_supported or any(arg.split("=")[0] in chosen for arg in passthrough):
+        return []
+    return ["--bf16"]
 
 
 def demo_data() -> tuple[str, str, str]:
@@ -199,7 +215,8 @@ def main(argv=None):
     run_dir = os.path.abspath(args.output_dir or os.path.join(REPO_ROOT, "test", "output", run_name))
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
-             "--tensorboard-dir", os.path.join(run_dir, "tensorboard")]
+             "--tensorboard-dir", os.path.join(run_dir, "tensorboard"),
+             *precision_flags(device_name, device_name != "cpu" and bf16_supported(), passthrough)]
     if args.run == "full":
         checkpoints = os.path.join(run_dir, "checkpoints")
         flags += ["--save", checkpoints, *resume_flags(checkpoints)]

@@ -1,19 +1,20 @@
 """GPT-2 byte-level BPE from vocab.json + merges.txt, with ids identical to OpenAI's reference encoder.
 
 The engine is tiktoken's Rust BPE, built in memory from the two files: it splits text with GPT-2's
-pattern and merges byte pairs in Rust with the GIL released, several times faster than the Python or
-HF `tokenizers` encoders. tiktoken ranks a merge by the bytes of the token it creates, so each merge's
+pattern and merges byte pairs in Rust, several times faster than the Python or HF `tokenizers` encoders.
+In front of it a per-word cache (word_cache.py) answers the words it has already encoded, which in natural
+text is almost all of them. tiktoken ranks a merge by the bytes of the token it creates, so each merge's
 rank is its position in merges.txt; where vocab.json numbers tokens in that same order (GPT-2's own
 files, files from train_bpe_vocab) the ranks are the vocab ids, otherwise ranks are mapped to ids
 after encoding.
 """
-
 import numpy as np
 import tiktoken
 
 from megatron.errors import InputError
 from megatron.json_files import read_json_object
-from megatron.tokenizer import pack_token_arrays, read_user_file, replace_lone_surrogates
+from megatron.tokenizer import read_user_file, replace_lone_surrogates
+from megatron.tokenizer.word_cache import WordCache
 
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 EOD_TOKEN = "<|endoftext|>"
@@ -39,36 +40,35 @@ class GPT2BPETokenizer:
             raise InputError(f"--vocab-file {vocab_file}: has no {EOD_TOKEN!r} token, which GPT-2 uses as the "
                              f"end-of-document id; add it to the vocab (train_bpe_vocab does)")
         merged_tokens = load_merges(merge_file, vocab, vocab_file)
-        char_to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
         self.vocab_size = len(vocab)
         self.eod = vocab[EOD_TOKEN]
-        self._id_to_bytes = _bytes_of_every_id(vocab, char_to_byte)
-        ranks, self._rank_to_id = _merge_ranks(vocab, merged_tokens, char_to_byte)
+        self._id_to_bytes = _bytes_of_every_id(vocab)
+        ranks, self._rank_to_id = _merge_ranks(vocab, merged_tokens)
         # EOD is registered as a special token but never allowed, so its literal stays text. It is there for
         # speed: tiktoken's numpy path first scans for special tokens, and with none registered that scan
         # stops at every character, which halves throughput.
         self._encoding = tiktoken.Encoding("gpt2-bpe", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
                                            special_tokens={EOD_TOKEN: max(ranks.values()) + 1})
+        self._words = WordCache(self._encode, np.array([len(b) for b in self._id_to_bytes], dtype=np.int64))
 
     def tokenize(self, text):
         return self.tokenize_batch([text])[0].tolist()
 
     def tokenize_batch(self, texts):
-        """(ids of all texts concatenated, int64 length per text). Thread-safe; tiktoken encodes with the
-        GIL released, so callers get parallelism by calling this from several threads."""
-        ids, lengths = pack_token_arrays([self._encode(text) for text in texts])
-        if self._rank_to_id is not None:
-            ids = self._rank_to_id[ids]
-        return ids, lengths
+        """(int32 ids of all texts concatenated, int64 length per text). Thread-safe, one batch at a time:
+        for parallelism use processes (the cache's look-ups hold the GIL)."""
+        return self._words.encode_batch(texts)
 
     def detokenize(self, ids):
         return b"".join([self._id_to_bytes[i] for i in ids]).decode("utf-8", errors="replace")
 
     def _encode(self, text):
+        """Vocab ids of `text` straight from tiktoken (no cache)."""
         try:
-            return self._encoding.encode_to_numpy(text, disallowed_special=())
+            ranks = self._encoding.encode_to_numpy(text, disallowed_special=())
         except UnicodeEncodeError:
-            return self._encoding.encode_to_numpy(replace_lone_surrogates(text), disallowed_special=())
+            ranks = self._encoding.encode_to_numpy(replace_lone_surrogates(text), disallowed_special=())
+        return ranks if self._rank_to_id is None else self._rank_to_id[ranks]
 
 
 def load_vocab(vocab_file):
@@ -126,28 +126,34 @@ def load_merges(merge_file, vocab, vocab_file):
     return list(line_of_token)
 
 
-def _merge_ranks(vocab, merged_tokens, char_to_byte):
+def _merge_ranks(vocab, merged_tokens):
     """(token bytes -> tiktoken rank, rank -> vocab id array or None when ranks already are vocab ids)."""
     byte_chars = [char for _, char in sorted(bytes_to_unicode().items())]
     tokens = byte_chars + merged_tokens
     merged_ids = [vocab[token] for token in merged_tokens]
     if all(earlier < later for earlier, later in zip(merged_ids, merged_ids[1:])):
-        return {_to_bytes(token, char_to_byte): vocab[token] for token in tokens}, None
-    ranks = {_to_bytes(token, char_to_byte): rank for rank, token in enumerate(tokens)}
+        return {_to_bytes(token): vocab[token] for token in tokens}, None
+    ranks = {_to_bytes(token): rank for rank, token in enumerate(tokens)}
     return ranks, np.array([vocab[token] for token in tokens], dtype=np.int32)
 
 
-def _bytes_of_every_id(vocab, char_to_byte):
+def _bytes_of_every_id(vocab):
     """id -> the bytes it stands for. A token with characters outside the byte-level alphabet (one added
     to the vocab by hand) stands for its UTF-8 text, as the reference decoder cannot map it at all."""
     id_to_bytes = [b""] * len(vocab)
     for token, token_id in vocab.items():
-        if all(char in char_to_byte for char in token):
-            id_to_bytes[token_id] = _to_bytes(token, char_to_byte)
+        if _BYTE_LEVEL_CHARS.issuperset(token):
+            id_to_bytes[token_id] = _to_bytes(token)
         else:
             id_to_bytes[token_id] = token.encode("utf-8", errors="replace")
     return id_to_bytes
 
 
-def _to_bytes(token, char_to_byte):
-    return bytes([char_to_byte[char] for char in token])
+_BYTE_LEVEL_CHARS = frozenset(bytes_to_unicode().values())
+_CHAR_TO_LATIN1 = {ord(char): byte for byte, char in bytes_to_unicode().items()}  # str.translate table
+
+
+def _to_bytes(token):
+    """The bytes a token of byte-level characters stands for (each character becomes the Latin-1 character of
+    its byte, so the C codec does the conversion)."""
+    return token.translate(_CHAR_TO_LATIN1).encode("latin-1")
