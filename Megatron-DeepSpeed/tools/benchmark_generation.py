@@ -9,7 +9,6 @@ tokens: with the cache the per-token cost stays nearly flat, without it it grows
   python tools/benchmark_generation.py [--layers 4 --hidden 384 --heads 6 --vocab 8192 --new-tokens 32]
 """
 import argparse
-import statistics
 import time
 
 import torch
