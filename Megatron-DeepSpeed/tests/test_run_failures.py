@@ -194,8 +194,8 @@ def test_a_diverged_job_reports_one_line_and_keeps_the_checkpoint_before_it(tmp_
     """The issue's run: lr 1e6 on 4 processes through the entry script (demo data, built if absent)."""
     repo = os.path.dirname(ROOT)
     result = subprocess.run(["bash", os.path.join(repo, "test", "train_full_8p.sh"), "--nproc=4", "--train_iters=12",
-                             f"--output_dir={tmp_path}", "--lr", "1e6", "--min-lr", "1e5", "--save-interval", "2",
-                             "--max-consecutive-nan-iterations", "3"],
+                             f"--output_dir={tmp_path}", f"--master_port={free_port()}", "--lr", "1e6", "--min-lr",
+                             "1e5", "--save-interval", "2", "--max-consecutive-nan-iterations", "3"],
                             capture_output=True, text=True, cwd=repo, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     error = re.fullmatch(r"error: training diverged at iteration (\d+): iterations \d+ to \d+ \(3 in a row, "
