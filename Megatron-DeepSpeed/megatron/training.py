@@ -7,6 +7,7 @@ consumed samples (so a resumed run sees exactly the samples an uninterrupted one
 lines.
 """
 import argparse
+import contextlib
 import functools
 import logging
 import math
@@ -111,6 +112,23 @@ class Batches:
                            reset_attention_mask=self.data.reset_attention_mask, eod_mask_loss=self.data.eod_mask_loss)
         target = device.current_device()
         return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
+
+    def release(self) -> None:
+        """Drop the loader: its worker processes end now (PyTorch stops them when the loader goes)."""
+        self.loader = self.iterator = None
+
+
+@contextlib.contextmanager
+def releasing(*all_batches: Optional[Batches]):
+    """Release the data loaders when their use ends, however it ends: their worker processes ignore SIGTERM
+    (data_loaders.py), so they must end with their loader, not be left to multiprocessing's exit handler,
+    which would send them SIGTERM and wait for them forever."""
+    try:
+        yield
+    finally:
+        for batches in all_batches:
+            if batches is not None:
+                batches.release()
 
 
 class Fp32GradientClipping:
@@ -386,8 +404,9 @@ def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -
         if datasets[split] is None or not eval_iters:
             continue
         batches = Batches(loader_of(datasets[split], 0), config.data, trainer.tokenizer.eod, restart=True)
-        losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel,
-                                 deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
+        with releasing(batches):
+            losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel,
+                                     deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
         log_last_rank(final_evaluation_lines(iteration, eval_iters * batch.global_batch_size, split, losses[split]))
     return losses
 
@@ -453,76 +472,77 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
             engine, checkpoint.load, trainer.rng_tracker, trainer.resume)
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
-    schedule = learning_rate_schedule(config.schedule)
-    train_iters = config.schedule.total_iterations(batch)
-    timers = StepTimers(logging_config.timing_log_level)
-    metrics = MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers)
-    divergence = DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
-                                   checkpoint.save)
+    with releasing(train_batches, valid):
+        schedule = learning_rate_schedule(config.schedule)
+        train_iters = config.schedule.total_iterations(batch)
+        timers = StepTimers(logging_config.timing_log_level)
+        metrics = MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers)
+        divergence = DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
+                                       checkpoint.save)
 
-    def save() -> None:
-        if not divergence.may_save(state.iteration):
-            return
-        with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), \
-                timers.measure("save-checkpoint"):
-            divergence.require_finite_weights(engine.module, state.iteration)
-            save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
-                            trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                            save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng)
+        def save() -> None:
+            if not divergence.may_save(state.iteration):
+                return
+            with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), \
+                    timers.measure("save-checkpoint"):
+                divergence.require_finite_weights(engine.module, state.iteration)
+                save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
+                                trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
+                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng)
 
-    def validate() -> float:
-        with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
-            loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel,
-                            deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
-        metrics.validation(state, loss)
-        return loss
+        def validate() -> float:
+            with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
+                loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel,
+                                deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
+            metrics.validation(state, loss)
+            return loss
 
-    def skipped_steps() -> int:  # DeepSpeed's skips, and ours on its plain fp32 path (Fp32GradientClipping)
-        return engine.skipped_steps + (clipping.skipped_steps if clipping else 0)
+        def skipped_steps() -> int:  # DeepSpeed's skips, and ours on its plain fp32 path (Fp32GradientClipping)
+            return engine.skipped_steps + (clipping.skipped_steps if clipping else 0)
 
-    validation_loss, losses, grad_norms = None, [], []
-    skipped_before = skipped_steps()
-    while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
-        batch_size = batch.schedule.batch_size(state.consumed_train_samples)
-        with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
-            if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
-                engine.set_train_batch_size(batch_size)
-            set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-            loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
-                              parallel)
-            grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
-            update_skipped = skipped_steps() > skipped_before
-            bad = divergence.is_bad(loss, update_skipped)
-            exit_reason = exits.reason()
-        losses.append(loss)
-        grad_norms.append(grad_norm)
-        state.iteration += 1
-        state.consumed_train_samples += batch_size
-        state.skipped_iterations += skipped_steps() - skipped_before
+        validation_loss, losses, grad_norms = None, [], []
         skipped_before = skipped_steps()
-        state.nan_iterations += int(bad)
-        metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
-                                                 schedule(state.consumed_train_samples)))
-        divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
+        while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
+            batch_size = batch.schedule.batch_size(state.consumed_train_samples)
+            with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
+                if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
+                    engine.set_train_batch_size(batch_size)
+                set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
+                loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
+                                  parallel)
+                grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
+                update_skipped = skipped_steps() > skipped_before
+                bad = divergence.is_bad(loss, update_skipped)
+                exit_reason = exits.reason()
+            losses.append(loss)
+            grad_norms.append(grad_norm)
+            state.iteration += 1
+            state.consumed_train_samples += batch_size
+            state.skipped_iterations += skipped_steps() - skipped_before
+            skipped_before = skipped_steps()
+            state.nan_iterations += int(bad)
+            metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
+                                                     schedule(state.consumed_train_samples)))
+            divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
 
-        paused = time.perf_counter()
-        if valid is not None and state.iteration % logging_config.eval_interval == 0:
-            validation_loss = validate()
-        exit_interval = logging_config.exit_interval
-        exiting = bool(exit_interval) and state.iteration % exit_interval == 0
-        if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason):
-            save()
-        metrics.exclude_from_timing(time.perf_counter() - paused)
-        if exiting or exit_reason:
-            saved = f"checkpoint saved to {checkpoint.save}" if checkpoint.save else "nothing saved (no --save)"
-            log_last_rank(exit_line(state.iteration, exit_reason and f"{exit_reason}; {saved}"))
-            break
-    else:
-        divergence.require_recovered(state.iteration)
-        if checkpoint.save and state.iteration % checkpoint.save_interval:
-            save()
-        if valid is not None and state.iteration % logging_config.eval_interval:
-            validation_loss = validate()
-        evaluate_splits(trainer, state.iteration, ("test",))
-    metrics.close()
-    return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)
+            paused = time.perf_counter()
+            if valid is not None and state.iteration % logging_config.eval_interval == 0:
+                validation_loss = validate()
+            exit_interval = logging_config.exit_interval
+            exiting = bool(exit_interval) and state.iteration % exit_interval == 0
+            if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason):
+                save()
+            metrics.exclude_from_timing(time.perf_counter() - paused)
+            if exiting or exit_reason:
+                saved = f"checkpoint saved to {checkpoint.save}" if checkpoint.save else "nothing saved (no --save)"
+                log_last_rank(exit_line(state.iteration, exit_reason and f"{exit_reason}; {saved}"))
+                break
+        else:
+            divergence.require_recovered(state.iteration)
+            if checkpoint.save and state.iteration % checkpoint.save_interval:
+                save()
+            if valid is not None and state.iteration % logging_config.eval_interval:
+                validation_loss = validate()
+            evaluate_splits(trainer, state.iteration, ("test",))
+        metrics.close()
+        return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)

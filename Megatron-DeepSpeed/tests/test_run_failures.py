@@ -62,17 +62,18 @@ def test_a_mistyped_load_stops_at_start_up_and_leaves_the_checkpoints_alone(data
 
 @pytest.fixture(scope="module")
 def stopped_by_sigterm(data_prefix, tmp_path_factory):
-    """A run with --exit-signal-handler that receives SIGTERM during its second iteration."""
+    """A run with --exit-signal-handler (and data-loader workers) whose processes all receive SIGTERM during its
+    second iteration, as torchrun and batch schedulers send it."""
     save = str(tmp_path_factory.mktemp("sigterm") / "ck")
-    process = subprocess.Popen(pretrain_command(data_prefix, "--train-iters", "1000", "--save", save,
-                                                "--save-interval", "1000", "--exit-signal-handler"),
+    process = subprocess.Popen(pretrain_command(data_prefix, "--train-iters", "1000", "--save", save, "--save-interval",
+                                                "1000", "--exit-signal-handler", "--num-workers", "2"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                               env=single_process_environment())
+                               env=single_process_environment(), start_new_session=True)
     lines = []
     for line in process.stdout:
         lines.append(line)
         if line.startswith(" iteration        1/"):
-            process.send_signal(signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGTERM)
     return save, process.wait(timeout=600), "".join(lines)
 
 
@@ -193,8 +194,8 @@ def test_a_diverged_job_reports_one_line_and_keeps_the_checkpoint_before_it(tmp_
     """The issue's run: lr 1e6 on 4 processes through the entry script (demo data, built if absent)."""
     repo = os.path.dirname(ROOT)
     result = subprocess.run(["bash", os.path.join(repo, "test", "train_full_8p.sh"), "--nproc=4", "--train_iters=12",
-                             f"--output_dir={tmp_path}", "--lr", "1e6", "--min-lr", "1e5", "--save-interval", "2",
-                             "--max-consecutive-nan-iterations", "3"],
+                             f"--output_dir={tmp_path}", f"--master_port={free_port()}", "--lr", "1e6", "--min-lr",
+                             "1e5", "--save-interval", "2", "--max-consecutive-nan-iterations", "3"],
                             capture_output=True, text=True, cwd=repo, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     error = re.fullmatch(r"error: training diverged at iteration (\d+): iterations \d+ to \d+ \(3 in a row, "

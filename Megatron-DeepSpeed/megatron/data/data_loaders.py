@@ -1,4 +1,6 @@
 """Train / validation / test data loaders from the job configuration: Megatron-format files, or synthetic tokens."""
+import signal
+
 from torch.utils.data import DataLoader
 
 from megatron.config import JobConfig
@@ -52,4 +54,11 @@ def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, 
                                         micro_batch_size=micro_batch_size, data_parallel_rank=data_parallel_rank,
                                         data_parallel_size=data_parallel_size)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, worker_init_fn=_outlive_sigterm)
+
+
+def _outlive_sigterm(worker_id: int) -> None:
+    """A loader worker ignores SIGTERM, which torchrun and batch schedulers send to every process of a rank:
+    its rank decides what SIGTERM means (--exit-signal-handler: finish the iteration and save, which needs the
+    workers), and a worker ends with its rank anyway (torch's DataLoader watches the parent)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
