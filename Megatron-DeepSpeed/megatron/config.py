@@ -130,8 +130,13 @@ class PrecisionConfig:
     hysteresis: int
 
     @property
+    def name(self) -> str:
+        """"fp16", "bf16" or "fp32": the dtype the run trains in."""
+        return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
+
+    @property
     def params_dtype(self) -> torch.dtype:
-        return torch.float16 if self.fp16 else torch.bfloat16 if self.bf16 else torch.float32
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[self.name]
 
 
 @dataclass(frozen=True)

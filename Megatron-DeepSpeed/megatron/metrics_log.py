@@ -91,9 +91,7 @@ class MetricsLog:
         # MFU counts the model's work only.
         self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations)
         self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False)
-        precision = config.precision
-        self.peak = peak_tflops(device.device_model_name(),
-                                "fp16" if precision.fp16 else "bf16" if precision.bf16 else "fp32")
+        self.peak = peak_tflops(device.device_model_name(), config.precision.name)
 
     def _print(self, text: str) -> None:
         if self.last_rank:

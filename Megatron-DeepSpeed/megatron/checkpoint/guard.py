@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from typing import Optional
 
-from megatron.checkpoint.reader import LATEST_TAG_FILE, TAG_PATTERN
+from megatron.checkpoint.reader import LATEST_TAG_FILE, TAG_PATTERN, read_latest_tag
 from megatron.errors import InputError
 
 _log = logging.getLogger(__name__)
@@ -25,18 +25,10 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format is a zip archive
 def latest_tag(directory: str) -> Optional[str]:
     """The checkpoint `latest` names in `directory`; None when there is no `latest` (no checkpoint yet).
     A `latest` that cannot be read or names no existing step is an InputError naming the file."""
-    path = os.path.join(directory, LATEST_TAG_FILE)
-    if not os.path.lexists(path):
+    tag = read_latest_tag(directory)
+    if tag is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            tag = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); it names the "
-                         f"checkpoint to resume: restore it, or point --load elsewhere") from err
-    if not TAG_PATTERN.fullmatch(tag):
-        raise InputError(f"{path} holds {tag!r}, not a checkpoint name like 'global_step1000'; write the name "
-                         f"of a complete checkpoint directory into it")
+    path = os.path.join(directory, LATEST_TAG_FILE)
     if not os.path.isdir(os.path.join(directory, tag)):
         raise InputError(f"{path} names {tag}, but {os.path.join(directory, tag)} does not exist (deleted or "
                          f"not copied?); restore it, or write the name of an existing global_stepN into {path}")

@@ -130,19 +130,35 @@ def checkpoint_directory(load_dir: str, iteration: Optional[int] = None) -> str:
             raise InputError(f"{load_dir} has no checkpoint of iteration {iteration} ({tag_dir} does not exist); "
                              f"it has: {', '.join(available_tags(load_dir)) or 'none'}")
         return tag_dir
-    latest = os.path.join(load_dir, LATEST_TAG_FILE)
-    if not os.path.isfile(latest):
+    tag = read_latest_tag(load_dir)
+    if tag is None:
         tags = available_tags(load_dir)
         hint = (f"it has {', '.join(tags)} but no '{LATEST_TAG_FILE}' file: pass --iteration N" if tags else
                 "give the --save directory of a training run")
         raise InputError(f"{load_dir} is not a checkpoint directory: {hint}")
-    with open(latest, encoding="utf-8") as handle:
-        tag = handle.read().strip()
-    tag_dir = os.path.join(load_dir, tag)
+    latest, tag_dir = os.path.join(load_dir, LATEST_TAG_FILE), os.path.join(load_dir, tag)
     if not os.path.isdir(tag_dir):
         raise InputError(f"{latest} names checkpoint '{tag}', but {tag_dir} does not exist; pass --iteration N "
                          f"for one that does ({', '.join(available_tags(load_dir)) or 'none found'})")
     return tag_dir
+
+
+def read_latest_tag(directory: str) -> Optional[str]:
+    """The checkpoint name `directory`'s `latest` file holds; None when there is no `latest`. A `latest` that
+    cannot be read, or holds no name like 'global_step1000', is an InputError naming the file."""
+    path = os.path.join(directory, LATEST_TAG_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tag = handle.read().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); it names the "
+                         f"checkpoint to resume: restore it, or point --load elsewhere") from err
+    if not TAG_PATTERN.fullmatch(tag):
+        raise InputError(f"{path} holds {tag!r}, not a checkpoint name like 'global_step1000'; write the name "
+                         f"of a complete checkpoint directory into it")
+    return tag
 
 
 def available_tags(load_dir: str) -> List[str]:
