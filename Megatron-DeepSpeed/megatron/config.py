@@ -38,6 +38,7 @@ class ModelConfig:
     masked_softmax_fusion: bool  # False: Megatron's unfused attention, where the next two apply
     apply_query_key_layer_scaling: bool
     attention_softmax_in_fp32: bool
+    torch_compile: bool  # each transformer layer through torch.compile
 
 
 @dataclass(frozen=True)

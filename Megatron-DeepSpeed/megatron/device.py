@@ -85,19 +85,30 @@ def synchronize() -> None:
 
 
 def memory_stats() -> dict:
-    """Bytes in use now and the peak, as {'allocated_bytes', 'peak_allocated_bytes'}.
+    """Bytes in use now and the peak, as {'allocated_bytes', 'peak_allocated_bytes'}, and what the allocator holds
+    ({'reserved_bytes', 'peak_reserved_bytes'}).
 
     On GPU/NPU these are the caching allocator's figures for tensors. On CPU there is no allocator to ask,
     so both are the process's resident set size (RSS, via psutil): the peak is the largest RSS DeepSpeed has
     sampled so far, i.e. only as fine-grained as the calls that sample it.
     """
     accel = accelerator()
-    return {"allocated_bytes": accel.memory_allocated(), "peak_allocated_bytes": accel.max_memory_allocated()}
+    return {"allocated_bytes": accel.memory_allocated(), "peak_allocated_bytes": accel.max_memory_allocated(),
+            "reserved_bytes": accel.memory_reserved(), "peak_reserved_bytes": accel.max_memory_reserved()}
 
 
 def reset_peak_memory() -> None:
     """Start a new peak for memory_stats (a no-op where the accelerator keeps none, e.g. on CPU)."""
     accelerator().reset_peak_memory_stats()
+
+
+def profiler_activities() -> list:
+    """What torch.profiler records here: host work, plus this device's kernels where torch's profiler has an
+    activity for it (CUDA; an adaptor's own profiler covers NPUs)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device_name() == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:

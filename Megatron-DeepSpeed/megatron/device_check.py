@@ -5,12 +5,16 @@ short bf16 and fp16 (DeepSpeed's dynamic loss scaling) runs against the fp32 los
 recomputation against none. Kernels: which scaled-dot-product-attention kernel PyTorch really dispatches the
 causal path to (flash, where the device has it). Speed: a small grid of settings for each model size on ONE device, each timed
 after warm-up from the trainer's own log lines (samples/s, TFLOPs, MFU) with the device's peak memory.
-Every run goes through training.pretrain on synthetic tokens (--mock-data), so no data files are needed.
+Every run trains on synthetic tokens (--mock-data), so no data files are needed: the correctness runs through
+training.pretrain in this process, each speed cell as pretrain_gpt.py in a process of its own.
 On a CPU the same report runs at toy sizes: that is how CI keeps this code working.
 """
 import copy
 import io
 import logging
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -34,11 +38,12 @@ VOCAB = 50257  # GPT-2's: the logit layer's share of the work is realistic
 class SpeedRow:
     shape: str
     settings: str
-    samples_per_second: float
-    tokens_per_second: float
-    tflops: float
-    mfu: Optional[float]
-    peak_memory_gib: float
+    samples_per_second: float = 0.0
+    tokens_per_second: float = 0.0
+    tflops: float = 0.0
+    mfu: Optional[float] = None
+    peak_memory_gib: float = 0.0
+    failure: Optional[str] = None  # why the run did not finish (e.g. out of memory); the figures are then empty
 
 
 def logits_match_cpu(name: str, layers: int, hidden: int, heads: int, seq: int) -> float:
@@ -101,66 +106,126 @@ def max_relative_gap(curve: Sequence[float], reference: Sequence[float]) -> floa
     return max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
 
 
-def speed_row(shape, settings: str, flags: Sequence[str], pretrain: Callable, iterations: int) -> SpeedRow:
+def speed_row(shape, settings: str, flags: Sequence[str], iterations: int,
+              train: Callable[[Sequence[str]], str]) -> SpeedRow:
+    """One grid cell, trained by `train` (argv -> log). A run that fails (out of device memory, a kernel the
+    device lacks) becomes a row that says why, so one bad setting does not cost the rest of the report."""
     name, layers, hidden, heads, seq = shape
-    device.reset_peak_memory()
-    log = run_training([*shape_flags(layers, hidden, heads, seq), *flags, "--train-iters", str(iterations)],
-                       pretrain)
-    timed = parse_log(log).iterations[max(1, iterations // 4):]  # warm-up excluded
+    try:
+        log = parse_log(train([*shape_flags(layers, hidden, heads, seq), *flags, "--train-iters", str(iterations)]))
+    except TrainingFailed as failure:
+        return SpeedRow(name, settings, failure=str(failure))
+    timed = log.iterations[max(1, iterations // 4):]  # warm-up excluded
     samples = sum(r.samples_per_second for r in timed) / len(timed)
     mfus = [r.mfu for r in timed]
     return SpeedRow(name, settings, samples, samples * seq, sum(r.tflops for r in timed) / len(timed),
-                    None if None in mfus else sum(mfus) / len(mfus),
-                    device.memory_stats()["peak_allocated_bytes"] / 2 ** 30)
+                    None if None in mfus else sum(mfus) / len(mfus), (log.peak_allocated_mb or 0.0) / 1024)
 
 
-def speed_grid(on_accelerator: bool) -> List[tuple]:
-    """(label, flags) of the settings tried per shape: micro batch, recomputation, ZeRO stage."""
-    precision = ["--bf16"] if on_accelerator else []
-    micro_batches = (8, 16) if on_accelerator else (2,)
+class TrainingFailed(Exception):
+    """A speed cell's training process failed; the message says why in a few words."""
+
+
+# Set by torchrun, the deepspeed launcher or an earlier in-process run: a fresh process must form its own group.
+_PROCESS_GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def train_in_fresh_process(argv: Sequence[str]) -> str:
+    """The log of `pretrain_gpt.py argv` run as its own process, as a real job runs: one cell's memory (or its
+    running out of it) and compiled kernels cannot touch the next."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pretrain_gpt.py")
+    environment = {key: value for key, value in os.environ.items() if key not in _PROCESS_GROUP_VARIABLES}
+    done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=environment)
+    output = done.stdout + done.stderr
+    if done.returncode == 0:
+        return output
+    if "out of memory" in output.lower():
+        raise TrainingFailed("out of device memory")
+    last = [line.strip() for line in output.splitlines() if line.strip()][-1:] or [f"exit status {done.returncode}"]
+    raise TrainingFailed(last[0][:160])
+
+
+# Speed grid cells per shape: (micro batch, recompute, ZeRO stage, torch.compile, pipeline engine). 1.3B at micro
+# batch 16 without recomputation does not fit 80 GB, so it is tried with recomputation only.
+SPEED_GRIDS = {
+    "345M": ((8, False, 1, False, False), (16, False, 1, False, False), (16, True, 1, False, False),
+             (16, False, 0, False, False), (16, False, 1, True, False), (16, False, 1, False, True)),
+    "1.3B": ((8, False, 1, False, False), (16, True, 1, False, False), (8, False, 1, True, False),
+             (8, False, 1, False, True)),
+    "toy": ((2, False, 1, False, False), (2, True, 1, False, False)),
+}
+
+
+def speed_grid(shape_name: str, on_accelerator: bool) -> List[tuple]:
+    """(label, flags) of the settings tried for a shape, with torch's fused AdamW throughout."""
     grid = []
-    for micro in micro_batches:
-        for recompute in (False, True):
-            label = f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO 1"
-            flags = [*precision, "--micro-batch-size", str(micro), "--no-pipeline-parallel", "--zero-stage", "1"]
-            grid.append((label, flags + (["--checkpoint-activations"] if recompute else [])))
+    for micro, recompute, zero, compiled, pipelined in SPEED_GRIDS[shape_name]:
+        label = (f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO {zero}"
+                 f"{', torch.compile' if compiled else ''}{', pipeline engine' if pipelined else ''}")
+        flags = [*(["--bf16"] if on_accelerator else []), "--micro-batch-size", str(micro), "--zero-stage", str(zero),
+                 *([] if pipelined else ["--no-pipeline-parallel"]), *(["--checkpoint-activations"] if recompute else []),
+                 *(["--torch-compile"] if compiled else [])]
+        grid.append((label, flags))
     return grid
 
 
+CHECKS = ("correctness", "speed")
+
+
 def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None],
-           attention: Callable = sdpa_attention) -> List[SpeedRow]:
-    """Run every check, saying each result as it comes; returns the speed rows (best first per shape).
-    `attention` is the kernel training uses on this device (select_kernels')."""
+           attention: Callable = sdpa_attention, checks: Sequence[str] = CHECKS,
+           shapes: Optional[Sequence[str]] = None) -> List[SpeedRow]:
+    """Run the `checks` (correctness, speed) on the `shapes` (by name; None = all), saying each result as it
+    comes; returns the speed rows (best first per shape). `attention` is the kernel training uses on this device
+    (select_kernels')."""
+    def chosen(candidates):
+        return [shape for shape in candidates if shapes is None or shape[0] in shapes]
+
     say(f"device: {device.device_model_name()} ({device.device_name()})")
-    for name, layers, hidden, heads, seq in ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES:
+    speed_shapes = chosen(ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES)
+    for name, layers, hidden, heads, seq in speed_shapes:
         say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
-    for shape in CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU:
-        if on_accelerator:
-            say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")
-        base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--train-iters", str(iterations),
-                "--no-pipeline-parallel", "--zero-stage", "1"]
-        reference = losses_of(run_training(base, pretrain))
-        recomputed = losses_of(run_training([*base, "--checkpoint-activations"], pretrain))
-        say(f"[{shape[0]}] recompute vs none, fp32: max relative loss gap {max_relative_gap(recomputed, reference):.2e}")
-        for dtype in (("--bf16", "--fp16") if on_accelerator else ("--bf16",)):
-            curve = losses_of(run_training([*base, dtype], pretrain))
-            say(f"[{shape[0]}] {dtype[2:]} vs fp32 over {iterations} iterations: max relative loss gap "
-                f"{max_relative_gap(curve, reference):.2e}")
+    if "correctness" in checks:
+        for shape in chosen(CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU):
+            check_correctness(shape, on_accelerator, pretrain, iterations, say)
     rows = []
-    for shape in ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES:
-        shape_rows = [speed_row(shape, label, flags, pretrain, iterations) for label, flags in speed_grid(on_accelerator)]
-        rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
-    say(speed_table(rows))
+    if "speed" in checks:
+        for shape in speed_shapes:
+            shape_rows = [speed_row(shape, label, flags, iterations, train_in_fresh_process)
+                          for label, flags in speed_grid(shape[0], on_accelerator)]
+            rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
+        say(speed_table(rows))
     return rows
 
 
+def check_correctness(shape, on_accelerator: bool, pretrain: Callable, iterations: int,
+                      say: Callable[[str], None]) -> None:
+    """fp32 against the CPU, recomputation against none, and each half precision against the fp32 curve."""
+    if on_accelerator:
+        say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")
+    base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--train-iters", str(iterations),
+            "--no-pipeline-parallel", "--zero-stage", "1"]
+    reference = losses_of(run_training(base, pretrain))
+    recomputed = losses_of(run_training([*base, "--checkpoint-activations"], pretrain))
+    say(f"[{shape[0]}] recompute vs none, fp32: max relative loss gap {max_relative_gap(recomputed, reference):.2e}")
+    for dtype in (("--bf16", "--fp16") if on_accelerator else ("--bf16",)):
+        curve = losses_of(run_training([*base, dtype], pretrain))
+        say(f"[{shape[0]}] {dtype[2:]} vs fp32 over {iterations} iterations: max relative loss gap "
+            f"{max_relative_gap(curve, reference):.2e}; final loss {curve[-1]:.4f} vs {reference[-1]:.4f}")
+
+
 def speed_table(rows: Sequence[SpeedRow]) -> str:
+    """Markdown table of the rows, the fastest finished row of each shape marked best."""
     lines = ["| shape | settings | samples/s | tokens/s | TFLOPs | MFU | peak memory (GiB) |",
              "|---|---|---|---|---|---|---|"]
     best = {}
     for row in rows:
-        best.setdefault(row.shape, row)
+        if row.failure is None:
+            best.setdefault(row.shape, row)
     for row in rows:
+        if row.failure is not None:
+            lines.append(f"| {row.shape} | {row.settings}: failed, {row.failure} | - | - | - | - | - |")
+            continue
         mark = " **best**" if best[row.shape] is row else ""
         lines.append(f"| {row.shape} | {row.settings}{mark} | {row.samples_per_second:.2f} | "
                      f"{row.tokens_per_second:.0f} | {row.tflops:.3g} | {format_mfu(row.mfu)} | "

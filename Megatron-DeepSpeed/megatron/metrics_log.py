@@ -10,12 +10,14 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import torch.distributed as dist
+
 from megatron import device
 from megatron.config import JobConfig, LoggingConfig
 from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
 from megatron.model.gpt import GPTConfig
 from megatron.tensorboard_log import TensorBoardLog, TensorBoardOptions
-from megatron.training_log import iteration_line, perplexity, timers_line, validation_lines
+from megatron.training_log import iteration_line, memory_line, perplexity, timers_line, validation_lines
 
 _log = logging.getLogger(__name__)
 
@@ -86,6 +88,8 @@ class MetricsLog:
         if config.logging.tensorboard_dir and last_rank:
             self.tensorboard = TensorBoardLog(config.logging.tensorboard_dir, tensorboard_options(config.logging))
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+        self.memory_reported_at: Optional[int] = None  # Megatron's memory line: after the first logged iteration
+        self.last_iteration = 0
         shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
         # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
         # MFU counts the model's work only.
@@ -102,6 +106,7 @@ class MetricsLog:
         config, tensorboard = self.config, self.tensorboard
         tokens = state.consumed_train_samples * config.data.seq_length
         self.losses.append(figures.loss)
+        self.last_iteration = state.iteration
         self.samples += figures.batch_size
         if tensorboard is not None and tensorboard.due(state.iteration):
             tensorboard.training(state.iteration, state.consumed_train_samples, tokens, loss=figures.loss,
@@ -126,6 +131,8 @@ class MetricsLog:
             figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,
             figures.grad_norm, state.skipped_iterations, state.nan_iterations, self.samples / (seconds * iterations),
             tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm))
+        if self.memory_reported_at is None:
+            self._report_memory(state.iteration)
         timer_means = self.timers.take_means(iterations)
         if timer_means:
             self._print(timers_line(timer_means))
@@ -146,6 +153,14 @@ class MetricsLog:
         """Evaluation and checkpointing inside a log interval do not count as iteration time."""
         self.interval_start += seconds
 
+    def _report_memory(self, iteration: int) -> None:
+        self._print(memory_line(dist.get_rank(), iteration, device.memory_stats()))
+        self.memory_reported_at = iteration
+
     def close(self) -> None:
+        """After the last iteration: the memory line again, its peak now the whole run's (the first one's comes
+        before steady state)."""
+        if self.memory_reported_at not in (None, self.last_iteration):
+            self._report_memory(self.last_iteration)
         if self.tensorboard is not None:
             self.tensorboard.close()

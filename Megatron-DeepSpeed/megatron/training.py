@@ -41,6 +41,7 @@ from megatron.learning_rates import learning_rate
 from megatron.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import pipeline_micro_batch
+from megatron.nonfinite_step_guard import NonFiniteStepGuard
 from megatron.optimizer import build_optimizer
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
@@ -242,14 +243,17 @@ class TrainingResult:
     parallel: ParallelState
 
 
-def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False) -> dict:
+def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False,
+                  guarding_steps_ourselves: bool = False) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
-    Fp32GradientClipping does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
+    Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
     (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe); the
     universal-checkpoint loader where --load holds a reshaped checkpoint (checkpoint/resume.py)."""
     engine = resolve_deepspeed_config(config)
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0
+    if guarding_steps_ourselves:
+        engine["bf16"] = {**engine.get("bf16", {}), "check_grad_overflow": False}
     if universal_load:
         engine["checkpoint"] = {**engine.get("checkpoint", {}), "load_universal": True}
     if pipelined:
@@ -276,6 +280,7 @@ class Trainer:
     rng_tracker: object
     tokenizer: object
     clipping: Optional[Fp32GradientClipping]
+    step_guard: Optional[NonFiniteStepGuard]
     resume: Optional[ResumePlan] = None  # what --load restores; None: a fresh run
 
 
@@ -292,7 +297,7 @@ def model_config_of(config: JobConfig, padded_vocab_size: int, kernels: Kernels)
         init_method_xavier_uniform=model.init_method_xavier_uniform,
         fp32_residual_connection=model.fp32_residual_connection, masked_softmax_fusion=model.masked_softmax_fusion,
         apply_query_key_layer_scaling=model.apply_query_key_layer_scaling,
-        attention_softmax_in_fp32=model.attention_softmax_in_fp32)
+        attention_softmax_in_fp32=model.attention_softmax_in_fp32, torch_compile=model.torch_compile)
 
 
 def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
@@ -341,8 +346,9 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
     report_parameter_count(model, parallel)
-    engine, clipping = build_engine(model, config, kernels, parallel, universal_load=bool(resume and resume.universal))
-    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, resume)
+    engine, clipping, step_guard = build_engine(model, config, kernels, parallel,
+                                                universal_load=bool(resume and resume.universal))
+    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, step_guard, resume)
 
 
 def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, parallel: ParallelState,
@@ -354,16 +360,19 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
                                                   config.batch.num_micro_batches)
     pipelined = isinstance(model, PipelineModule)
     optimizer = build_optimizer(model, config.optimizer, kernels)
-    clipping = None
+    clipping = step_guard = None
     if config.parallel.zero_stage == 0 and not (config.precision.fp16 or config.precision.bf16):
         clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad,
                                         count_zeros=config.logging.log_num_zeros_in_grad)
         optimizer.register_step_pre_hook(clipping)
+    if config.precision.bf16 and config.parallel.zero_stage in (1, 2) and not config.optimizer.cpu_optimizer:
+        step_guard = NonFiniteStepGuard()
+        optimizer.register_step_pre_hook(step_guard)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(config, pipelined, clipping is not None,
-                                                                universal_load),
+                                                                universal_load, step_guard is not None),
                                            dist_init_required=False)
-    return engine, clipping
+    return engine, clipping, step_guard
 
 
 def data_loader_factory(trainer: Trainer) -> Callable:
@@ -497,8 +506,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
             metrics.validation(state, loss)
             return loss
 
-        def skipped_steps() -> int:  # DeepSpeed's skips, and ours on its plain fp32 path (Fp32GradientClipping)
-            return engine.skipped_steps + (clipping.skipped_steps if clipping else 0)
+        def skipped_steps() -> int:  # DeepSpeed's skips, and ours (Fp32GradientClipping, NonFiniteStepGuard)
+            return engine.skipped_steps + sum(hook.skipped_steps for hook in (clipping, trainer.step_guard) if hook)
 
         validation_loss, losses, grad_norms = None, [], []
         skipped_before = skipped_steps()

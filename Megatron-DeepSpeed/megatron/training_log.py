@@ -50,6 +50,7 @@ class ParsedLog:
     validations: list[ValidationRecord] = field(default_factory=list)
     diverged_at: int | None = None  # the iteration a run stopped at for divergence
     stopped_on_request: bool = False  # it saved and stopped early for SIGTERM or --exit-duration-in-mins
+    peak_allocated_mb: float | None = None  # from the last memory line (memory_line)
 
 
 # Label in the line -> (record field, parser); labels and widths are those of docs/ARCHITECTURE.md, Log lines.
@@ -76,6 +77,7 @@ _VALIDATION_HEAD = re.compile(r"(?:^|\s)(\w+) loss at iteration (\d+)(?: on \d+-
 DIVERGED_FORMAT = "training diverged at iteration {iteration}"
 _DIVERGED = re.compile(r"training diverged at iteration (\d+)")
 _STOPPED_ON_REQUEST = re.compile(r"exiting program at iteration \d+: ")
+_PEAK_MEMORY = re.compile(r"\(after \d+ iterations\) memory \(MB\) \|.*\| max allocated: ([0-9.eE+-]+)")
 
 
 def exit_line(iteration, reason=None):
@@ -120,6 +122,15 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
 def parameter_count_line(tp_rank, pp_rank, count):
     """What each data-parallel rank 0 prints about its model piece, as Megatron-DeepSpeed prints it."""
     return f" > number of parameters on (tensor, pipeline) model parallel rank ({tp_rank}, {pp_rank}): {count}"
+
+
+def memory_line(rank, iteration, stats):
+    """Device memory after `iteration`, in Megatron's report_memory layout; `stats` as device.memory_stats()
+    gives them. Printed after the first logged iteration, as upstream, and again after the last one."""
+    megabytes = {key: value / 2 ** 20 for key, value in stats.items()}
+    return (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {megabytes['allocated_bytes']}"
+            f" | max allocated: {megabytes['peak_allocated_bytes']} | reserved: {megabytes['reserved_bytes']}"
+            f" | max reserved: {megabytes['peak_reserved_bytes']}")
 
 
 def timers_line(milliseconds):
@@ -197,6 +208,10 @@ def parse_log(lines):
         record = head and _parse_validation(head, line)
         if record:
             parsed.validations.append(record)
+            continue
+        memory = _PEAK_MEMORY.search(line)
+        if memory:
+            parsed.peak_allocated_mb = float(memory.group(1))
             continue
         diverged = _DIVERGED.search(line)
         if diverged and parsed.diverged_at is None:

@@ -48,9 +48,10 @@ def test_manual_seed_repeats_every_generator():
 @on_cpu_only
 def test_memory_stats_report_process_memory_on_cpu():
     stats = device.memory_stats()
-    assert set(stats) == {"allocated_bytes", "peak_allocated_bytes"}
+    assert set(stats) == {"allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes"}
     assert stats["allocated_bytes"] > 1_000_000  # a Python process with torch holds far more than 1 MB
     assert stats["peak_allocated_bytes"] >= stats["allocated_bytes"]
+    assert stats["peak_reserved_bytes"] >= stats["reserved_bytes"] > 1_000_000
 
 
 def test_synchronize_returns():

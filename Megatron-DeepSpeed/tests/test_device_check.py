@@ -6,8 +6,10 @@ import subprocess
 
 import pytest
 
-from megatron.device_check import attention_kernel
+from megatron.device_check import (SpeedRow, TrainingFailed, attention_kernel, speed_row, speed_table,
+                                   train_in_fresh_process)
 from megatron.kernels import sdpa_attention
+from megatron.training_log import iteration_line, memory_line
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "device_check.sh")
 
@@ -31,7 +33,7 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
     recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
     assert recompute < 1e-6  # recomputation repeats the same arithmetic
-    bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap (\S+)", text).group(1))
+    bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap ([^;\s]+)", text).group(1))
     assert 0 < bf16 < 1e-2
     rows = [line for line in text.splitlines() if line.startswith("| toy |")]
     assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
@@ -44,3 +46,34 @@ def test_npu_requested_without_torch_npu_is_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: DS_ACCELERATOR=npu asks for the NPUs, but torch_npu is not installed")
     assert "Traceback" not in done.stderr
+
+
+def fake_log(samples_per_second, peak_mib):
+    lines = [iteration_line(i, 4, 2 * i, 100.0, 1e-4, 2, 5.0, 1.0, 1.0, 0, 0, samples_per_second, 1.0, 0.25)
+             for i in range(1, 5)]
+    stats = {"allocated_bytes": 0, "peak_allocated_bytes": peak_mib * 2 ** 20, "reserved_bytes": 0,
+             "peak_reserved_bytes": 0}
+    return "\n".join(lines + [memory_line(0, 4, stats)])
+
+
+def test_speed_cells_average_after_warm_up_and_failed_cells_say_why():
+    shape = ("toy", 2, 64, 4, 64)
+
+    def out_of_memory(argv):
+        raise TrainingFailed("out of device memory")
+
+    finished = speed_row(shape, "mbs 2", [], 4, lambda argv: fake_log(10.0, 512))
+    assert finished == SpeedRow("toy", "mbs 2", 10.0, 640.0, 1.0, 0.25, 0.5)
+    failed = speed_row(shape, "mbs 64", [], 4, out_of_memory)
+    assert failed.failure == "out of device memory"
+    table = speed_table([failed, finished])
+    assert "| toy | mbs 64: failed, out of device memory | - |" in table
+    assert "| toy | mbs 2 **best** | 10.00 | 640 |" in table  # the best row is a finished one
+
+
+@pytest.mark.full  # starts a training process
+def test_a_failing_training_process_is_reported_by_its_error_line():
+    with pytest.raises(TrainingFailed, match="--hidden-size"):
+        train_in_fresh_process(["--num-layers", "2", "--hidden-size", "30", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                "--vocab-size", "100", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3"])

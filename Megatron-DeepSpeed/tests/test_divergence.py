@@ -55,7 +55,9 @@ def train_with_poisoned_iterations(argv, poisoned):
     ["--zero-stage", "0"],  # pipeline engine, fp32, no ZeRO: the loop's clipping drops the step
     ["--no-pipeline-parallel", "--zero-stage", "1"],  # DeepSpeed's ZeRO optimizer, fp32
     ["--no-pipeline-parallel", "--zero-stage", "0", "--bf16"],  # DeepSpeed's bf16 optimizer
-], ids=["pipeline-fp32-zero0", "plain-fp32-zero1", "plain-bf16-zero0"])
+    ["--no-pipeline-parallel", "--zero-stage", "1", "--bf16"],  # ZeRO's bf16 path: NonFiniteStepGuard skips
+    ["--zero-stage", "1", "--bf16"],  # the same on the pipeline engine
+], ids=["pipeline-fp32-zero0", "plain-fp32-zero1", "plain-bf16-zero0", "plain-bf16-zero1", "pipeline-bf16-zero1"])
 def test_a_non_finite_iteration_leaves_the_weights_alone(engine_flags, data_prefix):
     (losses, weights, finite), = run_on_ranks(train_with_poisoned_iterations, 1,
                                               [*FLAGS, "--data-path", data_prefix, *engine_flags], {POISONED})

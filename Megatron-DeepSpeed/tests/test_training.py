@@ -51,6 +51,10 @@ def test_loss_falls_and_logs_are_in_megatron_format(straight_run):
     assert [record.iteration for record in log.validations] == [10, 20]
     for record in log.validations:
         assert record.ppl == pytest.approx(np.exp(record.loss), rel=1e-5)
+    # Megatron's memory line after the first logged iteration, and ours again after the last one.
+    memory = re.findall(r"^\[Rank 0\] \(after (\d+) iterations\) memory \(MB\) \| allocated: [\d.]+ \| "
+                        r"max allocated: [\d.]+ \| reserved: [\d.]+ \| max reserved: [\d.]+$", stdout, re.MULTILINE)
+    assert memory == ["1", "20"] and log.peak_allocated_mb > 1
 
 
 def test_tensorboard_scalars(straight_run):

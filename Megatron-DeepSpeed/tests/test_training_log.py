@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from megatron.training_log import (
-    IterationRecord, ValidationRecord, final_evaluation_lines, iteration_line, parse_log, perplexity,
+    IterationRecord, ValidationRecord, final_evaluation_lines, iteration_line, memory_line, parse_log, perplexity,
     validation_lines)
 
 RECORD = IterationRecord(iteration=3, train_iters=100, consumed_samples=48, elapsed_ms=1234.56,
@@ -150,3 +150,14 @@ def test_round_trip_of_our_own_lines():
     parsed = parse_log("\n".join(text))
     assert parsed.iterations == exact
     assert parsed.validations == validations
+
+
+def test_memory_line_in_megatron_layout_and_the_parser_keeps_the_last_peak():
+    mib = 2 ** 20
+    first = memory_line(3, 1, {"allocated_bytes": 10 * mib, "peak_allocated_bytes": 12.5 * mib,
+                                "reserved_bytes": 16 * mib, "peak_reserved_bytes": 16 * mib})
+    assert first == ("[Rank 3] (after 1 iterations) memory (MB) | allocated: 10.0 | max allocated: 12.5 | "
+                     "reserved: 16.0 | max reserved: 16.0")
+    last = first.replace("after 1 iterations", "after 9 iterations").replace("max allocated: 12.5", "max allocated: 20.0")
+    assert parse_log(["noise", first, last]).peak_allocated_mb == 20.0
+    assert parse_log(["noise"]).peak_allocated_mb is None

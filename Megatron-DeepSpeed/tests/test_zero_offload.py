@@ -40,7 +40,7 @@ def offloaded_engine_facts(stage: str) -> dict:
     parallel = ParallelState()
     model = model_provider(model_config_of(config, 256, kernels), config.parallel, parallel,
                            tensor_parallel_rng_tracker(config.model.seed, 0))
-    engine, _ = build_engine(model, config, kernels, parallel)
+    engine, _, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, 200, (2, 33)), 200)
     engine.backward(engine(batch["tokens"], position_ids=batch["position_ids"],
                            attention_mask=batch["attention_mask"], labels=batch["labels"],

@@ -119,7 +119,7 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     kernels = select_kernels(device.device_name())
     model = model_provider(model_config_of(config, vocab, kernels), config.parallel, parallel,
                            tensor_parallel_rng_tracker(config.model.seed, 0))
-    engine, _ = build_engine(model, config, kernels, parallel)
+    engine, _, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, tokenizer.vocab_size, (1, config.data.seq_length + 1)), tokenizer.eod)
     training_step(engine, batch)
 

@@ -1,11 +1,13 @@
 """Correctness and speed report for the accelerator of this host (see megatron/device_check.py).
 
     bash Megatron-DeepSpeed/tools/device_check.sh [--cpu] [--iterations N] [--output report.md]
+        [--only correctness|speed] [--shapes 345M,1.3B]
 """
 import argparse
 import os
 
 from megatron.atomic_files import write_text_atomically
+from megatron.device_check import CHECKS, report
 from megatron.errors import run_cli
 
 
@@ -14,6 +16,9 @@ def main(argv=None):
     parser.add_argument("--cpu", action="store_true", help="run the reduced CPU check even beside an accelerator")
     parser.add_argument("--iterations", type=int, help="training iterations per run (default 50; 4 on CPU)")
     parser.add_argument("--output", help="also write the report to this file")
+    parser.add_argument("--only", choices=CHECKS, help="run only the correctness or only the speed checks")
+    parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B; tiny, toy on CPU); "
+                                         "default all")
     options = parser.parse_args(argv)
     if options.cpu:
         os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported: it picks its accelerator once
@@ -21,7 +26,6 @@ def main(argv=None):
     npu = activate()  # on an Ascend host: the NPU accelerator, or one line saying what is missing
 
     from megatron import device
-    from megatron.device_check import report
     from megatron.kernels import select_kernels
     from megatron.model.provider import model_provider
     from megatron.training import pretrain
@@ -36,7 +40,9 @@ def main(argv=None):
 
     say(f"NPU adaptor: {npu.summary}")
     report(on_accelerator, lambda argv: pretrain(model_provider, argv, adaptor_kernels=npu.kernels), iterations,
-           say, select_kernels(device.device_name(), npu.kernels).attention)
+           say, select_kernels(device.device_name(), npu.kernels).attention,
+           checks=[options.only] if options.only else CHECKS,
+           shapes=options.shapes.split(",") if options.shapes else None)
     if options.output:
         write_text_atomically(options.output, "\n".join(lines) + "\n")
 

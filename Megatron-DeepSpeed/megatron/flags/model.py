@@ -33,6 +33,9 @@ def add_flags(parser) -> None:
         "kernel switches", "Upstream's fusion switches. Where a fused kernel exists here (attention: PyTorch's "
         "scaled_dot_product_attention or the device's registered kernel) the switch selects the unfused path; "
         "the others name fusions this code base does not have, so they change nothing.")
+    kernels.add_argument("--torch-compile", action="store_true",
+                         help="Compile each transformer layer with torch.compile (fuses its elementwise work; "
+                              "the first iterations take longer while it compiles). Off by default.")
     kernels.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion",
                          help="Attention by explicit matmul, mask and softmax (honouring query-key layer scaling "
                               "and --attention-softmax-in-fp32) instead of the fused kernel.")

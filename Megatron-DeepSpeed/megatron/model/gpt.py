@@ -52,6 +52,7 @@ class GPTConfig:
     apply_query_key_layer_scaling: bool = True
     attention_softmax_in_fp32: bool = False
     kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/kernels.py)
+    torch_compile: bool = False  # model/provider.py compiles each layer (--torch-compile)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:

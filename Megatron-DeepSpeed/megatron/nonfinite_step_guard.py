@@ -1,0 +1,30 @@
+"""Skipping a bf16 ZeRO step whose gradients are not finite, with one fused check instead of DeepSpeed's.
+
+DeepSpeed's ZeRO-1/2 optimizer checks a bf16 step for inf/NaN gradients one tensor at a time: about seven
+small kernels per parameter, launched from Python, every step. On a GPU that host work alone outlasts the
+backward pass of a 345M model (56 ms of a 200 ms iteration on an H100). This guard does the same job as a step
+pre-hook of the torch optimizer DeepSpeed drives: the optimizer's parameters are ZeRO's flat fp32 partitions,
+so one fused norm over a few tensors and one all-reduce of a flag decide. A bad step is dropped on every rank:
+the gradients are discarded, and the torch optimizer leaves parameters without a gradient, and its state,
+untouched, so the weights DeepSpeed copies back are the old ones. DeepSpeed's own check is then switched off
+(bf16.check_grad_overflow false in its config).
+"""
+import torch
+import torch.distributed as dist
+
+
+class NonFiniteStepGuard:
+    def __init__(self):
+        self.skipped_steps = 0
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], error_if_nonfinite=False)
+        bad = (~torch.isfinite(norm)).float()
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips together: each holds only its partition
+        if bad.item():
+            for parameter in params:
+                parameter.grad = None
+            self.skipped_steps += 1
