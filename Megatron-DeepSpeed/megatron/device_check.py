@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from megatron import device
+from megatron.errors import InputError
 from megatron.flops import format_mfu
 from megatron.kernels import sdpa_attention
 from megatron.model.gpt import GPTConfig, GPTModel
@@ -163,8 +164,8 @@ def speed_grid(shape_name: str, on_accelerator: bool) -> List[tuple]:
         label = (f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO {zero}"
                  f"{', torch.compile' if compiled else ''}{', pipeline engine' if pipelined else ''}")
         flags = [*(["--bf16"] if on_accelerator else []), "--micro-batch-size", str(micro), "--zero-stage", str(zero),
-                 *([] if pipelined else ["--no-pipeline-parallel"]), *(["--checkpoint-activations"] if recompute else []),
-                 *(["--torch-compile"] if compiled else [])]
+                 *([] if pipelined else ["--no-pipeline-parallel"]),
+                 *(["--checkpoint-activations"] if recompute else []), *(["--torch-compile"] if compiled else [])]
         grid.append((label, flags))
     return grid
 
@@ -178,15 +179,22 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
     """Run the `checks` (correctness, speed) on the `shapes` (by name; None = all), saying each result as it
     comes; returns the speed rows (best first per shape). `attention` is the kernel training uses on this device
     (select_kernels')."""
+    speed_candidates = ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES
+    correctness_candidates = CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU
+    known = {shape[0] for shape in (*speed_candidates, *correctness_candidates)}
+    if shapes is not None and not set(shapes) <= known:
+        raise InputError(f"--shapes {','.join(shapes)}: {', '.join(sorted(set(shapes) - known))} unknown here; "
+                         f"choose from {', '.join(sorted(known))}")
+
     def chosen(candidates):
         return [shape for shape in candidates if shapes is None or shape[0] in shapes]
 
     say(f"device: {device.device_model_name()} ({device.device_name()})")
-    speed_shapes = chosen(ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES)
+    speed_shapes = chosen(speed_candidates)
     for name, layers, hidden, heads, seq in speed_shapes:
         say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
     if "correctness" in checks:
-        for shape in chosen(CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU):
+        for shape in chosen(correctness_candidates):
             check_correctness(shape, on_accelerator, pretrain, iterations, say)
     rows = []
     if "speed" in checks:

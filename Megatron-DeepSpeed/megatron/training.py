@@ -246,9 +246,10 @@ class TrainingResult:
 def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False,
                   guarding_steps_ourselves: bool = False) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
-    Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the pipeline engine, DeepSpeed's samples/sec line every --log-interval
-    (unless the user's JSON says otherwise) and stage outputs sent whole (see model/pipe.py's GPTPipe); the
-    universal-checkpoint loader where --load holds a reshaped checkpoint (checkpoint/resume.py)."""
+    Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the
+    pipeline engine, DeepSpeed's samples/sec line every --log-interval (unless the user's JSON says otherwise)
+    and stage outputs sent whole (see model/pipe.py's GPTPipe); the universal-checkpoint loader where --load
+    holds a reshaped checkpoint (checkpoint/resume.py)."""
     engine = resolve_deepspeed_config(config)
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0

@@ -10,45 +10,55 @@ from typing import Callable, Sequence
 import torch
 
 from megatron import device
+from megatron.atomic_files import write_directory_atomically
+from megatron.errors import InputError
+from megatron.training_log import parse_log
 
 
 class _StepOnIterationLines(logging.Handler):
     def __init__(self, profiler):
         super().__init__()
         self.profiler = profiler
+        self.iterations = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().lstrip().startswith("iteration "):
+        if parse_log(record.getMessage()).iterations:
             self.profiler.step()
+            self.iterations += 1
 
 
 def profile_training(pretrain: Callable, argv: Sequence[str], warmup_iterations: int, active_iterations: int,
                      output_dir: str, rows: int = 30) -> str:
     """Train with `argv` (which must log every iteration and train warmup + active iterations or more),
-    recording iterations warmup+1 .. warmup+active. Writes the operator tables (by device time and by host time)
-    and a Chrome trace into `output_dir`; returns the tables."""
-    os.makedirs(output_dir, exist_ok=True)
+    recording iterations warmup+1 .. warmup+active. Writes the operator tables (by device time and by host time,
+    operators.txt) and a Chrome trace (trace.json) into `output_dir`, which must not exist yet and appears only
+    complete; returns the tables."""
     schedule = torch.profiler.schedule(wait=max(warmup_iterations - 1, 0), warmup=min(warmup_iterations, 1),
                                        active=active_iterations, repeat=1)
+    device_sort = "self_device_time_total" if len(device.profiler_activities()) > 1 else "self_cpu_time_total"
     tables = []
 
-    def on_trace_ready(profiler):
-        averages = profiler.key_averages()
-        device_sort = "self_device_time_total" if len(device.profiler_activities()) > 1 else "self_cpu_time_total"
-        tables.append(averages.table(sort_by=device_sort, row_limit=rows))
-        tables.append(averages.table(sort_by="self_cpu_time_total", row_limit=rows))
-        profiler.export_chrome_trace(os.path.join(output_dir, "trace.json"))
+    def record(directory: str) -> None:
+        def on_trace_ready(profiler):
+            averages = profiler.key_averages()
+            tables.extend(averages.table(sort_by=key, row_limit=rows) for key in (device_sort, "self_cpu_time_total"))
+            profiler.export_chrome_trace(os.path.join(directory, "trace.json"))
 
-    ours = logging.getLogger("megatron")
-    with torch.profiler.profile(activities=device.profiler_activities(), schedule=schedule,
-                                on_trace_ready=on_trace_ready) as profiler:
-        handler = _StepOnIterationLines(profiler)
-        ours.addHandler(handler)
-        try:
-            pretrain(list(argv))
-        finally:
-            ours.removeHandler(handler)
-    text = "\n\n".join(tables)
-    with open(os.path.join(output_dir, "operators.txt"), "w") as out:
-        out.write(text + "\n")
-    return text
+        ours = logging.getLogger("megatron")
+        with torch.profiler.profile(activities=device.profiler_activities(), schedule=schedule,
+                                    on_trace_ready=on_trace_ready) as profiler:
+            handler = _StepOnIterationLines(profiler)
+            ours.addHandler(handler)
+            try:
+                pretrain(list(argv))
+            finally:
+                ours.removeHandler(handler)
+        if handler.iterations < warmup_iterations + active_iterations:  # the window would hold less than asked
+            raise InputError(f"the run logged {handler.iterations} iterations, fewer than the "
+                             f"{warmup_iterations + active_iterations} of --warmup and --active; raise --train-iters "
+                             "or lower --warmup / --active, and keep --log-interval 1")
+        with open(os.path.join(directory, "operators.txt"), "w") as out:
+            out.write("\n\n".join(tables) + "\n")
+
+    write_directory_atomically(output_dir, record)
+    return "\n\n".join(tables)

@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
-from megatron.device_check import (SpeedRow, TrainingFailed, attention_kernel, speed_row, speed_table,
+from megatron.device_check import (SpeedRow, TrainingFailed, attention_kernel, report, speed_row, speed_table,
                                    train_in_fresh_process)
+from megatron.errors import InputError
 from megatron.kernels import sdpa_attention
 from megatron.training_log import iteration_line, memory_line
 
@@ -77,3 +78,22 @@ def test_a_failing_training_process_is_reported_by_its_error_line():
         train_in_fresh_process(["--num-layers", "2", "--hidden-size", "30", "--num-attention-heads", "4",
                                 "--seq-length", "16", "--mock-data", "--tokenizer-type", "NullTokenizer",
                                 "--vocab-size", "100", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3"])
+
+
+def test_unknown_shapes_are_refused_before_any_work():
+    said = []
+    with pytest.raises(InputError, match="--shapes toy,345M: 345M unknown here; choose from toy"):
+        report(False, pretrain=None, iterations=1, say=said.append, shapes=["toy", "345M"])
+    assert said == []
+
+
+@pytest.mark.full  # starts the script
+def test_an_existing_report_file_is_refused_untouched(tmp_path):
+    report_file = tmp_path / "report.md"
+    report_file.write_text("the user's report")
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--output", str(report_file)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"error: --output {report_file} already exists; choose another file, or remove "
+                                   "it first")
+    assert report_file.read_text() == "the user's report"

@@ -8,7 +8,7 @@ import os
 
 from megatron.atomic_files import write_text_atomically
 from megatron.device_check import CHECKS, report
-from megatron.errors import run_cli
+from megatron.errors import InputError, run_cli
 
 
 def main(argv=None):
@@ -20,6 +20,8 @@ def main(argv=None):
     parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B; tiny, toy on CPU); "
                                          "default all")
     options = parser.parse_args(argv)
+    if options.output and os.path.exists(options.output):
+        raise InputError(f"--output {options.output} already exists; choose another file, or remove it first")
     if options.cpu:
         os.environ["DS_ACCELERATOR"] = "cpu"  # before DeepSpeed is imported: it picks its accelerator once
     from deepspeed_npu import activate

@@ -11,7 +11,7 @@ from megatron.errors import run_cli
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", required=True, help="where operators.txt and trace.json are written")
+    parser.add_argument("--output-dir", required=True, help="a new directory for operators.txt and trace.json")
     parser.add_argument("--warmup", type=int, default=5, help="iterations before recording (default 5)")
     parser.add_argument("--active", type=int, default=3, help="iterations recorded (default 3)")
     parser.add_argument("pretrain_flags", nargs=argparse.REMAINDER, help="after --: the training flags")
