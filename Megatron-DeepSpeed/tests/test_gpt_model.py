@@ -106,10 +106,10 @@ def test_loss_by_hand():
     # position 0: logits (0, 0), label 0 -> ln 2;  position 1: logits (ln 3, 0), label 1 -> ln 4
     logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]]])
     labels = torch.tensor([[0, 1]])
-    assert gpt.language_model_loss(logits, labels).item() == pytest.approx(1.5 * math.log(2.0))
-    assert gpt.language_model_loss(logits, labels, torch.tensor([[1, 0]])).item() == pytest.approx(math.log(2.0))
-    assert gpt.language_model_loss(logits, labels, torch.tensor([[0, 1]])).item() == pytest.approx(math.log(4.0))
-    bf16_loss = gpt.language_model_loss(logits.bfloat16(), labels)
+    assert gpt.LanguageModelLoss()(logits, labels).item() == pytest.approx(1.5 * math.log(2.0))
+    assert gpt.LanguageModelLoss()(logits, labels, torch.tensor([[1, 0]])).item() == pytest.approx(math.log(2.0))
+    assert gpt.LanguageModelLoss()(logits, labels, torch.tensor([[0, 1]])).item() == pytest.approx(math.log(4.0))
+    bf16_loss = gpt.LanguageModelLoss()(logits.bfloat16(), labels)
     assert bf16_loss.dtype == torch.float32
 
 

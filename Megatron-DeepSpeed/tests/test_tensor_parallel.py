@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from distributed_helpers import run_on_ranks
 from megatron import tensor_parallel as tp
+from megatron.cross_entropy import cross_entropy
 from megatron.errors import InputError
 from megatron.parallel_state import ParallelState
 from megatron.tokenizer import vocab_size_with_padding
@@ -93,9 +94,9 @@ def embedding_and_cross_entropy_on_this_rank(group):
     labels = torch.tensor([[0, 3, 4, 7], [5, 6, 2, 1]])  # 6 and 7 are padded rows
     loss_weights = torch.randn(2, 4, generator=generator)
     local_logits = logits[..., 4 * rank:4 * rank + 4].clone().requires_grad_(True)
-    losses = tp.vocab_parallel_cross_entropy(local_logits, labels, group)
+    losses = cross_entropy(local_logits, labels, group, chunk_bytes=4 * 4 * 3)  # 3 rows a chunk
     (losses * loss_weights).sum().backward()
-    bf16_losses = tp.vocab_parallel_cross_entropy(local_logits.detach().bfloat16(), labels, group)
+    bf16_losses = cross_entropy(local_logits.detach().bfloat16(), labels, group)
     return {"vocab": vocab, "embedding": (output.detach(), embedding.weight.grad),
             "cross_entropy": (losses.detach(), local_logits.grad), "bf16_dtype": bf16_losses.dtype,
             "inputs": (weight, ids, upstream, logits, labels, loss_weights)}

@@ -1,4 +1,5 @@
-"""--torch-compile: each transformer layer goes through torch.compile and computes what the eager layer does."""
+"""--torch-compile: each transformer layer and the loss's chunk math go through torch.compile and compute what
+the eager model does."""
 import copy
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from megatron.arguments import parse_args, validate_args
 from megatron.config import job_config
 from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.model.provider import compile_transformer_layers
+from megatron.model.provider import apply_torch_compile
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "2", "--mock-data", "--tokenizer-type",
@@ -26,9 +27,10 @@ def test_compiled_layers_give_the_eager_loss_and_gradients():
     torch.manual_seed(0)
     eager = GPTModel(config)
     compiled = copy.deepcopy(eager)
-    compile_transformer_layers(compiled)
+    apply_torch_compile(compiled)
     assert all(layer._compiled_call_impl is not None for layer in compiled.layers)
-    assert compiled.embedding._compiled_call_impl is None  # only the transformer layers
+    assert compiled.embedding._compiled_call_impl is None  # only the transformer layers, and the loss's chunk math
+    assert compiled.loss.chunk_kernels.gradient is not eager.loss.chunk_kernels.gradient
     tokens = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(1))
     losses = []
     for model in (eager, compiled):

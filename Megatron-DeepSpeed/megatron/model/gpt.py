@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from megatron.cross_entropy import EAGER_CHUNK_KERNELS, cross_entropy
 from megatron.errors import InputError, require_divisible
 from megatron.kernels import PORTABLE_KERNELS, Kernels
 from megatron.model.unfused_attention import UnfusedAttention
@@ -220,18 +221,20 @@ def masked_mean(token_losses: torch.Tensor, loss_mask: Optional[torch.Tensor] = 
     return (token_losses.flatten() * loss_mask).sum() / loss_mask.sum()
 
 
-def language_model_loss(logits: torch.Tensor, labels: torch.Tensor,
-                        loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16
-    logits do not lose precision in the softmax."""
-    token_losses = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none")
-    return masked_mean(token_losses, loss_mask)
-
-
 class LanguageModelLoss(nn.Module):
+    """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16 logits do
+    not lose precision in the softmax (megatron/cross_entropy.py: without an fp32 copy of them). Set from
+    outside: vocab_group, the ranks the vocabulary is split across (tensor parallelism), and chunk_kernels,
+    the compiled per-chunk math under --torch-compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_group = None
+        self.chunk_kernels = EAGER_CHUNK_KERNELS
+
     def forward(self, logits: torch.Tensor, labels: torch.Tensor,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return language_model_loss(logits, labels, loss_mask)
+        return masked_mean(cross_entropy(logits, labels, self.vocab_group, kernels=self.chunk_kernels), loss_mask)
 
 
 def checkpoint_layer(layer: nn.Module, *args) -> torch.Tensor:

@@ -25,8 +25,8 @@ import torch
 from deepspeed.pipe import PipelineModule
 from torch import nn
 
-from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, masked_mean
-from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, vocab_parallel_cross_entropy
+from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention
+from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
                                            join_shards, parallelize_module, partition_dim, require_divisible_by_tp)
@@ -55,17 +55,6 @@ class VocabParallelLMHead(nn.Module):
         return column_parallel_linear(hidden, word_embedding_weight, None, self.group, self.sequence_parallel)
 
 
-class VocabParallelLanguageModelLoss(nn.Module):
-    """LanguageModelLoss for vocab-split logits; the same value on every tensor-parallel rank."""
-
-    def __init__(self, group):
-        super().__init__()
-        self.group = group
-
-    def forward(self, logits, labels, loss_mask=None):
-        return masked_mean(vocab_parallel_cross_entropy(logits, labels, self.group), loss_mask)
-
-
 class HeadParallelAttention(ParallelStyle):
     """SelfAttention whose projections hand each rank whole heads."""
     expected_type = SelfAttention
@@ -91,7 +80,8 @@ class VocabParallelLoss(ParallelStyle):
     expected_type = LanguageModelLoss
 
     def apply(self, module, context):
-        return VocabParallelLanguageModelLoss(context.group)
+        module.vocab_group = context.group  # the loss is then the same on every tensor-parallel rank
+        return module
 
 
 class RecomputeWithTrackedStreams(ParallelStyle):

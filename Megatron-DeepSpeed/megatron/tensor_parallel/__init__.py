@@ -1,7 +1,6 @@
-"""Tensor and sequence parallelism: named communication functions, sharded layers, vocab-parallel cross
-entropy, the RNG streams dropout draws from under tensor parallelism, and the once-per-step sum of the
-sequence-parallel gradients."""
-from megatron.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+"""Tensor and sequence parallelism: named communication functions, sharded layers, the RNG streams dropout
+draws from under tensor parallelism, and the once-per-step sum of the sequence-parallel gradients. (The
+vocab-parallel cross entropy is megatron/cross_entropy.py, shared with the unsplit model.)"""
 from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDropout, RowParallelLinear,
                                              VocabParallelEmbedding, column_parallel_linear, shard_of, shard_parameter)
 from megatron.tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
@@ -13,7 +12,6 @@ from megatron.tensor_parallel.sequence_parallel_grads import (mark_sequence_para
                                                               sum_sequence_parallel_gradients_each_step)
 
 __all__ = [
-    "vocab_parallel_cross_entropy",
     "ColumnParallelLinear", "RNGForkedDropout", "RowParallelLinear", "VocabParallelEmbedding", "column_parallel_linear",
     "shard_of", "shard_parameter",
     "copy_to_tensor_parallel_region", "gather_from_sequence_parallel_region", "gather_from_tensor_parallel_region",
