@@ -1,7 +1,10 @@
 """The exception types a run reports to its user, and the command-line wrapper: logging set up once, and
 those exceptions (and Ctrl-C) turned into one line and an exit status instead of a traceback."""
+import hashlib
 import logging
+import os
 import sys
+import tempfile
 
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -44,5 +47,27 @@ def run_cli(main, argv=None):
 
 def _exit_with(message, status: int):
     sys.stdout.flush()
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    if _first_to_report(str(message)):
+        print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+def _first_to_report(message: str) -> bool:
+    """Whether this process is the first of its launch to report `message`. Under torchrun or the deepspeed
+    launcher every rank of a node usually fails alike (a flag each one validates) and would print the same line
+    N times. The ranks are children of one launcher process, so a marker file named after that process (its pid
+    and start time, unique on the host) and the message lets only the first say it; a message no other rank
+    has is always said."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) <= 1:
+        return True
+    try:
+        with open(f"/proc/{os.getppid()}/stat", encoding="ascii") as stat:
+            launcher_start = stat.read().rsplit(")", 1)[1].split()[19]  # field 22: start time after boot
+        key = hashlib.sha256(f"{os.getppid()} {launcher_start} {message}".encode()).hexdigest()[:24]
+        os.close(os.open(os.path.join(tempfile.gettempdir(), f"megatron-error-{key}"),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except (OSError, IndexError):  # no /proc (not Linux) or no writable temp dir: say it, perhaps more than once
+        return True
+    return True

@@ -1,0 +1,55 @@
+"""NonFiniteStepGuard on plain torch optimizers, one rank: a step with a non-finite gradient changes neither the
+weights nor the optimizer state, with the fused AdamW (skipped on the device through found_inf) and with an
+optimizer that has no such input (gradients dropped); finite steps go through. Inside DeepSpeed's ZeRO:
+test_divergence.py."""
+import functools
+
+import pytest
+import torch
+
+from distributed_helpers import run_on_ranks
+from megatron.nonfinite_step_guard import NonFiniteStepGuard
+
+OPTIMIZERS = {
+    "fused AdamW": functools.partial(torch.optim.AdamW, lr=0.1, fused=True),
+    "AdamW, not fused": functools.partial(torch.optim.AdamW, lr=0.1, foreach=False),
+    "SGD with momentum": functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+}
+
+
+def steps_with_one_bad_gradient(optimizer_name):
+    """Three steps, the second with a NaN gradient: the weights and state after each, and the skipped count."""
+    weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    optimizer = OPTIMIZERS[optimizer_name]([weight])
+    guard = NonFiniteStepGuard()
+    optimizer.register_step_pre_hook(guard)
+    history = []
+    for gradient in ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]):
+        weight.grad = torch.tensor(gradient)
+        optimizer.step()
+        state = {name: value.clone() for name, value in optimizer.state[weight].items() if torch.is_tensor(value)}
+        history.append((weight.detach().clone(), state))
+    return history, guard.skipped_steps
+
+
+def unguarded_steps(optimizer_name):
+    """What the optimizer does with the first and third gradients only."""
+    weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    optimizer = OPTIMIZERS[optimizer_name]([weight])
+    for gradient in ([0.5, 0.5, -1.0], [1.0, 0.0, 2.0]):
+        weight.grad = torch.tensor(gradient)
+        optimizer.step()
+    return weight.detach().clone()
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_a_non_finite_step_changes_nothing_and_the_others_go_through(optimizer_name):
+    [(history, skipped)] = run_on_ranks(steps_with_one_bad_gradient, 1, optimizer_name)
+    (after_first, state_first), (after_bad, state_bad), (after_third, _) = history
+    assert skipped == 1
+    assert torch.equal(after_bad, after_first)
+    assert state_bad.keys() == state_first.keys()
+    for name in state_first:
+        assert torch.equal(state_bad[name], state_first[name]), name
+    assert not torch.equal(after_third, after_bad)
+    assert torch.equal(after_third, unguarded_steps(optimizer_name))  # as if the bad step had never come
