@@ -49,7 +49,7 @@ def chunk_gradient(chunk, local_labels, elsewhere, row_scale, grad_loss, out):
 @dataclass(frozen=True)
 class ChunkKernels:
     """The per-chunk math, eager or through torch.compile (which fuses the fp32 conversions into the reductions:
-    the logits are then read once forward and twice backward, nothing else vocabulary-sized touches memory)."""
+    the logits are then only read, twice forward and three times backward, and the gradient written once)."""
     statistics: Callable = chunk_statistics
     gradient: Callable = chunk_gradient
 
