@@ -70,10 +70,11 @@ class _CrossEntropy(torch.autograd.Function):
         elsewhere = (local_labels < 0) | (local_labels >= local_vocab)  # the label's logit is on another rank
         local_labels = local_labels.masked_fill(elsewhere, 0)
 
-        row_max, shifted_lse, target_logit = (torch.cat(parts) for parts in zip(*(
-            kernels.statistics(logits[start:start + rows_per_chunk], local_labels[start:start + rows_per_chunk],
-                               elsewhere[start:start + rows_per_chunk])
-            for start in range(0, rows, rows_per_chunk))))
+        per_chunk = []
+        for start in range(0, rows, rows_per_chunk):
+            chunk = slice(start, start + rows_per_chunk)
+            per_chunk.append(kernels.statistics(logits[chunk], local_labels[chunk], elsewhere[chunk]))
+        row_max, shifted_lse, target_logit = (torch.cat(parts) for parts in zip(*per_chunk))
 
         max_logit, log_sum = row_max, shifted_lse  # the whole vocabulary's, relative to its largest logit
         if group is not None:
@@ -92,11 +93,10 @@ class _CrossEntropy(torch.autograd.Function):
         logits, local_labels, elsewhere, log_share = ctx.saved_tensors
         row_scale = log_share.exp() * grad_loss  # the local softmax times the share is the whole vocabulary's
         grad_logits = torch.empty_like(logits)
-        step = ctx.rows_per_chunk
-        for start in range(0, logits.shape[0], step):
-            rows = slice(start, start + step)
-            ctx.kernels.gradient(logits[rows], local_labels[rows], elsewhere[rows], row_scale[rows],
-                                 grad_loss[rows], grad_logits[rows])
+        for start in range(0, logits.shape[0], ctx.rows_per_chunk):
+            chunk = slice(start, start + ctx.rows_per_chunk)
+            ctx.kernels.gradient(logits[chunk], local_labels[chunk], elsewhere[chunk], row_scale[chunk],
+                                 grad_loss[chunk], grad_logits[chunk])
         return grad_logits, None, None, None, None
 
 

@@ -521,15 +521,16 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                 loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
                                   parallel)
                 grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
-                update_skipped = skipped_steps() > skipped_before
+                skipped_now = skipped_steps()
+                update_skipped = skipped_now > skipped_before
                 bad = divergence.is_bad(loss, update_skipped)
                 exit_reason = exits.reason()
             losses.append(loss)
             grad_norms.append(grad_norm)
             state.iteration += 1
             state.consumed_train_samples += batch_size
-            state.skipped_iterations += skipped_steps() - skipped_before
-            skipped_before = skipped_steps()
+            state.skipped_iterations += skipped_now - skipped_before
+            skipped_before = skipped_now
             state.nan_iterations += int(bad)
             metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
                                                      schedule(state.consumed_train_samples)))

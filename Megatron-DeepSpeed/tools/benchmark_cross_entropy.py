@@ -26,7 +26,7 @@ def torch_fp32_copy(logits, labels):
 
 
 def measure(loss_fn, logits, labels, repeats: int) -> tuple[float, float]:
-    """(median ms of forward + backward, peak bytes allocated above the inputs; nan where the device keeps none)."""
+    """(median ms of forward + backward, peak bytes allocated above the inputs; None where the device keeps none)."""
     times = []
     for _ in range(repeats + 2):  # the first two are warm-up (compilation, one per chunk shape)
         logits.grad = None
@@ -37,7 +37,7 @@ def measure(loss_fn, logits, labels, repeats: int) -> tuple[float, float]:
         loss_fn(logits, labels).mean().backward()
         device.synchronize()
         times.append(time.perf_counter() - start)
-    peak = device.memory_stats()["peak_allocated_bytes"] - baseline if device.device_name() != "cpu" else float("nan")
+    peak = device.memory_stats()["peak_allocated_bytes"] - baseline if device.device_name() != "cpu" else None
     return statistics.median(times[2:]) * 1e3, peak
 
 
@@ -48,6 +48,9 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
+    for flag, value in (("--tokens", args.tokens), ("--vocab", args.vocab), ("--repeats", args.repeats)):
+        if value < 1:
+            raise InputError(f"{flag} {value}: must be at least 1")
     dtype = DTYPES[args.dtype]
     if not device.supports_dtype(dtype):
         raise InputError(f"--dtype {args.dtype}: not supported on {device.device_name()}; pick another")
@@ -62,7 +65,8 @@ def main(argv=None):
                           ("megatron.cross_entropy", cross_entropy),
                           ("megatron.cross_entropy, compiled", compiled)):
         milliseconds, peak = measure(loss_fn, logits, labels, args.repeats)
-        print(f"  {name:34s} {milliseconds:8.1f} ms   peak above inputs {peak / 2 ** 30:6.2f} GiB")
+        memory = "n/a (CPU)" if peak is None else f"{peak / 2 ** 30:.2f} GiB"
+        print(f"  {name:34s} {milliseconds:8.1f} ms   peak above inputs {memory}")
 
 
 if __name__ == "__main__":
