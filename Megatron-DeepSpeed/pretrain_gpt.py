@@ -13,7 +13,7 @@ def main(argv=None):
     from deepspeed_npu import activate
     npu = activate()
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
     pretrain(model_provider, argv, adaptor_kernels=npu.kernels)
 
 

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from deepspeed_npu import accelerator_choice
-from deepspeed_npu.environment import (NOT_INSTALLED, NpuSetupError, find_devices, import_torch_npu,
-                                        installed_version)
+from deepspeed_npu.environment import NOT_INSTALLED, NpuSetupError, find_devices, import_torch_npu, installed_version
 
 
 @dataclass(frozen=True)
@@ -16,7 +15,7 @@ class Activation:
     active: bool  # True: DeepSpeed and the trainer run on the NPUs with the NPU kernels
     summary: str  # one line that says what was done, or why NPU support stays off
     # The NPU's fused kernels (attention / adam attributes, None where torch_npu lacks one) for the trainer's
-    # megatron.kernels.select_kernels; None when NPU support is off.
+    # megatron.model.kernels.select_kernels; None when NPU support is off.
     kernels: Optional[object] = None
 
 

@@ -1,4 +1,4 @@
-"""torch_npu's fused kernels, shaped to the contracts of the trainer's megatron/kernels.py.
+"""torch_npu's fused kernels, shaped to the contracts of the trainer's megatron/model/kernels.py.
 
 The model calls attention as (query, key, value, attention_mask, dropout_p) on [batch, heads, seq, dim]
 tensors with Megatron's mask (True = may not attend, None = causal). torch_npu.npu_fusion_attention uses

@@ -18,7 +18,7 @@ from deepspeed_npu import NpuSetupError, activate, explain_import_failure
 from deepspeed_npu.__main__ import main as diagnose
 from deepspeed_npu.fused_kernels import FusionAttention
 from megatron.errors import InputError
-from megatron.kernels import PORTABLE_KERNELS, select_kernels, sdpa_attention
+from megatron.model.kernels import PORTABLE_KERNELS, sdpa_attention, select_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATOR_SELECTOR = "deepspeed.accelerator.real_accelerator"  # DeepSpeed's module that caches its choice

@@ -8,6 +8,8 @@ DeepSpeed pipeline engine builds agree. Tensor-parallel neighbours are adjacent 
 One ParallelState object owns the groups (no module-level state) and is itself the `mpu` that
 deepspeed.initialize(mpu=...) expects.
 """
+import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import List, Optional, Tuple
@@ -167,3 +169,16 @@ class ParallelState:
     def __repr__(self) -> str:
         return (f"ParallelState(rank={self.rank}, tp={self.tp_rank}/{self.layout.tensor}, "
                 f"dp={self.dp_rank}/{self.layout.data}, pp={self.pp_rank}/{self.layout.pipeline})")
+
+
+def initialize_distributed(backend: str, timeout_minutes: float) -> None:
+    """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
+    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails."""
+    if "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free_port = probe.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
+    import deepspeed  # the engine only where a process group is joined: the rank arithmetic stays light
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))

@@ -4,8 +4,8 @@ import logging
 import pytest
 import torch
 
-from megatron.arguments import parse_args, validate_args
-from megatron.config import job_config
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.job import job_config
 from megatron.errors import InputError
 
 # A small valid command line; tests add flags or drop some of these.
@@ -385,7 +385,7 @@ def test_null_tokenizer_without_vocab_size():
 
 
 def test_sequence_parallel_with_tp1_warns_and_turns_off(caplog):
-    with caplog.at_level(logging.WARNING, logger="megatron.arguments"):
+    with caplog.at_level(logging.WARNING, logger="megatron.config.arguments"):
         args = validated("--sequence-parallel")
     assert args.sequence_parallel is False
     assert "--sequence-parallel" in caplog.text and "turning it off" in caplog.text

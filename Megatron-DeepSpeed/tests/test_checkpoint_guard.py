@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from megatron.checkpoint.guard import check_checkpoint_directories, latest_tag
-from megatron.checkpointing import publish_latest
+from megatron.checkpoint.save_load import publish_latest
 from megatron.errors import InputError
-from megatron.storage import write_failure_cause
+from megatron.files.storage import write_failure_cause
 
 
 def make_checkpoint(directory, iteration):

@@ -3,7 +3,6 @@ import os
 
 import pytest
 import torch
-
 from tests.distributed_helpers import run_on_ranks
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
@@ -29,7 +28,7 @@ class EngineThatSaves:
 
 
 def save_then_fail(save_dir):
-    from megatron.checkpointing import save_checkpoint
+    from megatron.checkpoint.save_load import save_checkpoint
     from megatron.errors import RunError
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
 

@@ -1,10 +1,10 @@
-"""megatron/cross_entropy.py against torch's fp32 cross entropy: same losses and gradients in every dtype and
+"""megatron/model/cross_entropy.py against torch's fp32 cross entropy: same losses and gradients in every dtype and
 chunking, no fp32 copy of the logits kept for backward. (Vocab-split across ranks: test_tensor_parallel.py.)"""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.cross_entropy import cross_entropy
+from megatron.model.cross_entropy import cross_entropy
 
 VOCAB = 101
 

@@ -4,14 +4,14 @@ import os
 
 import numpy as np
 import pytest
+from tests.training_helpers import TINY_FLAGS
 
-from megatron.arguments import parse_args, validate_args
-from megatron.config import job_config
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.job import job_config
 from megatron.data.data_loaders import build_datasets
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.data.token_range import check_token_ids, max_token_id
 from megatron.errors import InputError
-from tests.training_helpers import TINY_FLAGS
 
 
 def write_dataset(prefix, documents):

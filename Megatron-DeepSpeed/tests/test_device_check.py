@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
-from megatron.device_check import (SpeedRow, TrainingFailed, attention_kernel, report, speed_row, speed_table,
-                                   train_in_fresh_process)
 from megatron.errors import InputError
-from megatron.kernels import sdpa_attention
-from megatron.training_log import iteration_line, memory_line
+from megatron.model.kernels import sdpa_attention
+from megatron.reports.device_check import (SpeedRow, TrainingFailed, attention_kernel, report, speed_row, speed_table,
+                                           train_in_fresh_process)
+from megatron.training.log_lines import iteration_line, memory_line
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "device_check.sh")
 

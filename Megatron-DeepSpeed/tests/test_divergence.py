@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS
 
@@ -22,7 +21,7 @@ def train_with_poisoned_iterations(argv, poisoned):
     flat weights at the start of each iteration, and whether the final weights are finite."""
     from megatron.model.gpt import MLP
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     weights, forwards = {}, [0]
 

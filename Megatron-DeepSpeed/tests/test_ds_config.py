@@ -1,10 +1,10 @@
 """The generated DeepSpeed config follows the flags; a user's JSON may not contradict them."""
 import pytest
 
-from megatron.arguments import parse_args, validate_args
-from megatron.config import job_config
-from megatron.ds_config import (STEPS_PER_PRINT_NEVER, build_deepspeed_config, load_user_config,
-                                merge_with_user_config, resolve_deepspeed_config)
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.ds_config import (STEPS_PER_PRINT_NEVER, build_deepspeed_config, load_user_config,
+                                       merge_with_user_config, resolve_deepspeed_config)
+from megatron.config.job import job_config
 from megatron.errors import InputError
 
 # world 4, TP 1, PP 1 -> DP 4; micro 2 x DP 4 = 8 per step; global 16 -> 2 accumulation steps.
@@ -58,7 +58,7 @@ def test_zero_stage_and_cpu_offload():
     config = build_deepspeed_config(validated("--zero-stage", "3", "--no-pipeline-parallel",
                                               "--cpu-optimizer"))
     assert config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
-    # Offloaded state is stepped by torch's AdamW (megatron.optimizer), which DeepSpeed must be told to accept.
+    # Offloaded state is stepped by torch's AdamW (megatron.training.optimizer), which DeepSpeed must be told to accept.
     assert config["zero_force_ds_cpu_optimizer"] is False
 
 

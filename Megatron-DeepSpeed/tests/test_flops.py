@@ -1,8 +1,8 @@
-"""Megatron's FLOPs formula, the device peak table and MFU (megatron/flops.py)."""
+"""Megatron's FLOPs formula, the device peak table and MFU (megatron/training/flops.py)."""
 import pytest
 
-from megatron.flops import (flops_per_iteration, format_mfu, model_flops_utilization, peak_tflops,
-                            tflops_per_device)
+from megatron.training.flops import (flops_per_iteration, format_mfu, model_flops_utilization, peak_tflops,
+                                     tflops_per_device)
 
 SHAPE_345M = dict(global_batch_size=16, seq_length=1024, num_layers=24, hidden_size=1024, vocab_size=50304)
 

@@ -9,8 +9,7 @@ import torch
 
 from megatron.checkpoint.hf import to_hf_state_dict
 from megatron.errors import InputError
-from megatron import kernels
-from megatron.model import gpt
+from megatron.model import gpt, kernels
 from megatron.model.gpt import GPTConfig, GPTModel
 
 SMALL = dict(vocab_size=96, max_position_embeddings=16, num_layers=2, hidden_size=32, num_attention_heads=4,

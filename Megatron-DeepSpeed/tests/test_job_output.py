@@ -1,6 +1,6 @@
 """What the terminal shows of a failing multi-process job: its output up to the first failure, then the first
 failing rank's message once."""
-from megatron.job_output import FirstFailure
+from megatron.reports.job_output import FirstFailure
 
 FAILING_JOB = """\
  iteration        1/      12 | lm loss: 5.5E+00 |

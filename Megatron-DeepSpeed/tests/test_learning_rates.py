@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
+from megatron.config.learning_rates import learning_rate, schedule_samples
 from megatron.errors import InputError
-from megatron.learning_rates import learning_rate, schedule_samples
 
 # Peak 1.0, floor 0.1, warmup over 10 samples, decay until sample 110 (100 samples of decay).
 SCHEDULE = dict(max_lr=1.0, min_lr=0.1, warmup_samples=10, decay_samples=110)

@@ -6,9 +6,9 @@ import functools
 
 import pytest
 import torch
-
 from distributed_helpers import run_on_ranks
-from megatron.nonfinite_step_guard import NonFiniteStepGuard
+
+from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
 
 OPTIMIZERS = {
     "fused AdamW": functools.partial(torch.optim.AdamW, lr=0.1, fused=True),

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-
-from megatron.arguments import parse_args, validate_args
-from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig, GPTModel, TransformerLayer, layer_piece, seeded_init
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS
+
+from megatron.config.arguments import parse_args, validate_args
+from megatron.errors import InputError
+from megatron.model.gpt import GPTConfig, GPTModel, TransformerLayer, layer_piece, seeded_init
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
@@ -46,7 +46,7 @@ def train(argv):
 
     from megatron.model.parallelize import gather_full_state_dict
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     stdout = io.StringIO()
     ours = logging.getLogger("megatron")  # our log lines, as run_cli would show them
@@ -219,9 +219,9 @@ def test_uneven_layer_split_is_allowed():
 
 
 def test_engine_config_for_the_pipeline(tmp_path):
-    from megatron.config import job_config
-    from megatron.ds_config import STEPS_PER_PRINT_NEVER
-    from megatron.training import engine_config
+    from megatron.config.ds_config import STEPS_PER_PRINT_NEVER
+    from megatron.config.job import job_config
+    from megatron.training.loop import engine_config
 
     args = job_config(validated("--log-interval", "7", world_size=1))
     config = engine_config(args, pipelined=True, clipping_ourselves=True)

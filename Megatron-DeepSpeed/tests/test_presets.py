@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from megatron import presets
-from megatron.arguments import parse_args, validate_args
+from megatron.config import presets
+from megatron.config.arguments import parse_args, validate_args
 from megatron.errors import InputError
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,12 +116,12 @@ def test_cli_flags_leave_out_false_booleans(capsys):
 
 
 def run_module(*argv):
-    return subprocess.run([sys.executable, "-m", "megatron.presets", *argv], cwd=PACKAGE_ROOT,
+    return subprocess.run([sys.executable, "-m", "megatron.config.presets", *argv], cwd=PACKAGE_ROOT,
                           capture_output=True, text=True, check=False)
 
 
 def test_cli_shell_format_evaluates_in_bash():
-    script = ('eval "$(\"$PYTHON\" -m megatron.presets 345M --run performance)"; '
+    script = ('eval "$(\"$PYTHON\" -m megatron.config.presets 345M --run performance)"; '
               'if $CHECKPOINT_ACTIVATIONS && ! $NO_PIPELINE_PARALLEL; then ok=yes; fi; '
               'echo "$NUM_LAYERS $PIPELINE_MODEL_PARALLEL_SIZE $SPLIT $LR $TRAIN_ITERS $ok"')
     result = subprocess.run(["bash", "-c", script], cwd=PACKAGE_ROOT, capture_output=True,

@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
-from megatron.atomic_files import write_atomically
 from megatron.errors import InputError
-from megatron.results import (
-    format_parameter_count, gpt_parameter_count, markdown_table, read_run, steady_state_records,
-    summary_lines, table_rows, upstream_rows)
+from megatron.files.atomic import write_atomically
+from megatron.reports.results import (format_parameter_count, gpt_parameter_count, markdown_table, read_run,
+                                      steady_state_records, summary_lines, table_rows, upstream_rows)
 
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 sys.path.insert(0, TOOLS)
@@ -246,7 +245,7 @@ def test_output_into_a_missing_directory_is_an_input_error(tmp_path):
 
 
 def test_tflops_and_mfu_cells_are_means_after_warm_up(tmp_path):
-    from megatron.training_log import iteration_line
+    from megatron.training.log_lines import iteration_line
     lines = [iteration_line(i, 5, 8 * i, 100.0, 1e-4, 8, 3.0, 1.0, 1.0, 0, 0, 80.0, 100.0 * i, 0.1 * i)
              for i in range(1, 6)]
     run = read_run(make_run(tmp_path / "accelerated", "\n".join(lines) + "\n", dict(TINY_INFO, device="cuda")))

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from tests.distributed_helpers import free_port, run_on_ranks
 from tests.training_helpers import TINY_FLAGS
 
@@ -109,7 +108,7 @@ def exit_requests_seen(duration_minutes):
 
     import torch.distributed as dist
 
-    from megatron.exit_requests import ExitRequests
+    from megatron.training.exit_requests import ExitRequests
 
     rank = dist.get_rank()
     requests = ExitRequests(on_sigterm=True, duration_minutes=None, started=time.monotonic())
@@ -141,15 +140,15 @@ def train_beside_a_frozen_peer(argv, port):
 
     from megatron.errors import RunError
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     dist.destroy_process_group()  # pretrain makes its own, with the --distributed-timeout-minutes under test
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     heartbeats = []
     handler = logging.Handler()
     handler.emit = lambda record: heartbeats.append(record.getMessage())
-    logging.getLogger("megatron.watchdog").addHandler(handler)
-    logging.getLogger("megatron.watchdog").setLevel(logging.INFO)
+    logging.getLogger("megatron.training.watchdog").addHandler(handler)
+    logging.getLogger("megatron.training.watchdog").setLevel(logging.INFO)
     forwards = [0]
 
     def provider(*args):
@@ -181,7 +180,7 @@ def test_a_frozen_rank_ends_the_job_with_a_message_naming_where_its_peer_waited(
 
 
 def test_a_phase_past_its_deadline_ends_the_process_with_one_line():
-    hang = ("import time; from megatron.watchdog import Watchdog\n"
+    hang = ("import time; from megatron.training.watchdog import Watchdog\n"
             "with Watchdog(rank=3, timeout_minutes=0.01).phase('iteration 7', deadline=True): time.sleep(60)")
     result = subprocess.run([sys.executable, "-c", hang], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 1

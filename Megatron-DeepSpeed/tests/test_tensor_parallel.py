@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from distributed_helpers import run_on_ranks
+
 from megatron import tensor_parallel as tp
-from megatron.cross_entropy import cross_entropy
 from megatron.errors import InputError
+from megatron.model.cross_entropy import cross_entropy
 from megatron.parallel_state import ParallelState
 from megatron.tokenizer import vocab_size_with_padding
 

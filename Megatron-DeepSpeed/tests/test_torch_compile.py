@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
-from megatron.arguments import parse_args, validate_args
-from megatron.config import job_config
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.job import job_config
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.provider import apply_torch_compile
 

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
 
 from megatron.checkpoint.hf import hf_config, to_hf_state_dict
 from megatron.checkpoint.reader import model_config, read_checkpoint
@@ -17,11 +19,9 @@ from megatron.evaluation.zeroshot import wikitext_perplexity
 from megatron.inference.generation import generate_batch
 from megatron.inference.loading import load_model
 from megatron.inference.sampling import SamplingParams
-from megatron.kernels import PORTABLE_KERNELS
+from megatron.model.kernels import PORTABLE_KERNELS
 from megatron.tokenizer.null_tokenizer import NullTokenizer
-from megatron.training_log import parse_log
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
+from megatron.training.log_lines import parse_log
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
@@ -36,7 +36,7 @@ NEW_TOKENS = 12
 def pretrain_and_log(argv):
     """pretrain() on this rank; returns the lines it logged (the last rank logs them)."""
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     lines = []
     handler = logging.Handler(logging.INFO)

@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 import pytest
-
-from megatron.training_log import parse_log
 from tests.training_helpers import TINY_FLAGS
+
+from megatron.training.log_lines import parse_log
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 

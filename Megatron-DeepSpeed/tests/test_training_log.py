@@ -3,9 +3,8 @@ import dataclasses
 
 import pytest
 
-from megatron.training_log import (
-    IterationRecord, ValidationRecord, final_evaluation_lines, iteration_line, memory_line, parse_log, perplexity,
-    validation_lines)
+from megatron.training.log_lines import (IterationRecord, ValidationRecord, final_evaluation_lines, iteration_line,
+                                         memory_line, parse_log, perplexity, validation_lines)
 
 RECORD = IterationRecord(iteration=3, train_iters=100, consumed_samples=48, elapsed_ms=1234.56,
                          learning_rate=1.5e-4, global_batch_size=16, lm_loss=7.123456789,

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from megatron import device
-from megatron.batch_schedule import BatchSchedule
+from megatron.config.batch_schedule import BatchSchedule
+from megatron.config.learning_rates import learning_rate
 from megatron.data.samplers import MegatronPretrainingRandomSampler
 from megatron.errors import InputError
-from megatron.learning_rates import learning_rate
 from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.kernels import sdpa_attention
+from megatron.model.kernels import sdpa_attention
 from megatron.model.unfused_attention import UnfusedAttention
-from megatron.training_log import iteration_line, parse_log
+from megatron.training.log_lines import iteration_line, parse_log
 
 # --- --rampup-batch-size ---------------------------------------------------------------------------------
 

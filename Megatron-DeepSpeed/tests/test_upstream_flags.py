@@ -5,17 +5,17 @@ import os
 
 import pytest
 
-from megatron.arguments import parse_args, validate_args
-from megatron.config import job_config
-from megatron.ds_config import build_deepspeed_config, resolve_deepspeed_config
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.ds_config import build_deepspeed_config, resolve_deepspeed_config
+from megatron.config.flags.unsupported import UNSUPPORTED_FLAGS
+from megatron.config.job import job_config
 from megatron.errors import InputError, run_cli
-from megatron.flags.unsupported import UNSUPPORTED_FLAGS
 
 BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "16",
         "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "10", "--mock-data",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "100"]
 
-# Each flag of b4d4a0e's megatron/arguments.py (in its order) with a non-default sample value, and whether this
+# Each flag of b4d4a0e's megatron/config/arguments.py (in its order) with a non-default sample value, and whether this
 # trainer accepts it ("ok") or refuses it as not supported ("no"); then the four flags
 # deepspeed.add_config_arguments adds.
 B4D4A0E_FLAGS = """

@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 import pytest
-
-from megatron.learning_rates import learning_rate
-from megatron.training_log import parse_log
-from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, bytes_to_unicode
 from tests.distributed_helpers import free_port, run_on_ranks
+
+from megatron.config.learning_rates import learning_rate
+from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, bytes_to_unicode
+from megatron.training.log_lines import parse_log
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
@@ -149,7 +149,7 @@ def train_each(argvs):
     """pretrain() once per command line in this process; each run's log (ours, as run_cli shows it, and
     DeepSpeed's prints) and its losses."""
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     ours = logging.getLogger("megatron")
     ours.setLevel(logging.INFO)

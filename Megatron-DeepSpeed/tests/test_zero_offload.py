@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from megatron.arguments import parse_args
-from megatron.optimizer import build_optimizer
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, TINY_FLAGS, assert_same_training, train
+
+from megatron.config.arguments import parse_args
+from megatron.training.optimizer import build_optimizer
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
@@ -24,14 +24,14 @@ def test_dp2_with_offloaded_optimizer_equals_single_process(stage, data_prefix, 
 
 def offloaded_engine_facts(stage: str) -> dict:
     """Build the engine as pretrain() does, take one step, and describe where its optimizer state lives."""
-    from megatron.arguments import validate_args
-    from megatron.config import job_config
+    from megatron.config.arguments import validate_args
+    from megatron.config.job import job_config
     from megatron.data.gpt_batch import make_batch
-    from megatron.kernels import select_kernels
+    from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider
     from megatron.parallel_state import ParallelState
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
-    from megatron.training import build_engine, model_config_of
+    from megatron.training.loop import build_engine, model_config_of
 
     argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
             "--mock-data", "--zero-stage", stage, *OFFLOAD]
@@ -79,8 +79,8 @@ def test_engine_offloads_to_torch_adamw_stepping_cpu_master_copies():
 
 def test_cpu_optimizer_uses_the_cpu_adam_kernel_beside_an_accelerator():
     """The offloaded state is on the CPU, where an accelerator's own Adam kernel (an NPU one, say) cannot step it."""
-    from megatron.config import OptimizerConfig
-    from megatron.kernels import PORTABLE_KERNELS
+    from megatron.config.job import OptimizerConfig
+    from megatron.model.kernels import PORTABLE_KERNELS
 
     class AcceleratorAdam(torch.optim.AdamW):
         """Stands in for a device-specific fused kernel."""

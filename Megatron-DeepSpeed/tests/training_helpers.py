@@ -40,8 +40,8 @@ def train(argv):
     import torch.distributed as dist
 
     from megatron.model.parallelize import gather_full_state_dict
-    from megatron.training import pretrain
     from megatron.model.provider import model_provider
+    from megatron.training.loop import pretrain
 
     result = pretrain(model_provider, argv)
     with deepspeed.zero.GatheredParameters(list(result.model.parameters())):

@@ -1,5 +1,5 @@
 """Time and memory of the language-model loss, forward and backward, on this machine's device:
-megatron/cross_entropy.py, eager and with its chunk math compiled (--torch-compile), against torch's
+megatron/model/cross_entropy.py, eager and with its chunk math compiled (--torch-compile), against torch's
 F.cross_entropy on an fp32 copy of the logits (what the model did before, and what upstream does). Prints ms
 per step (the compiled row after its compilation) and, on an accelerator, the peak memory above the logits.
 
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from megatron import device
-from megatron.cross_entropy import compiled_chunk_kernels, cross_entropy
 from megatron.errors import InputError, run_cli
+from megatron.model.cross_entropy import compiled_chunk_kernels, cross_entropy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,8 +62,8 @@ def main(argv=None):
           f"{logits.numel() * logits.element_size() / 2 ** 30:.2f} GiB")
     compiled = functools.partial(cross_entropy, kernels=compiled_chunk_kernels())
     for name, loss_fn in (("F.cross_entropy(logits.float())", torch_fp32_copy),
-                          ("megatron.cross_entropy", cross_entropy),
-                          ("megatron.cross_entropy, compiled", compiled)):
+                          ("megatron.model.cross_entropy", cross_entropy),
+                          ("megatron.model.cross_entropy, compiled", compiled)):
         milliseconds, peak = measure(loss_fn, logits, labels, args.repeats)
         memory = "n/a (CPU)" if peak is None else f"{peak / 2 ** 30:.2f} GiB"
         print(f"  {name:34s} {milliseconds:8.1f} ms   peak above inputs {memory}")

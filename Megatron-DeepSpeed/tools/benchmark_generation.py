@@ -18,8 +18,8 @@ from megatron.checkpoint.hf import hf_config, to_hf_state_dict
 from megatron.errors import InputError, run_cli
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams
-from megatron.kernels import select_kernels
 from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.kernels import select_kernels
 
 GREEDY = SamplingParams()
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from megatron.errors import run_cli
-from megatron.training_log import parse_log
+from megatron.training.log_lines import parse_log
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP_ITERATIONS = 3

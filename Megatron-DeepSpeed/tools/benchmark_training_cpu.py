@@ -20,7 +20,7 @@ from torch import nn
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 
-from megatron.training_log import parse_log
+from megatron.training.log_lines import parse_log
 
 WARMUP_ITERATIONS = 5
 

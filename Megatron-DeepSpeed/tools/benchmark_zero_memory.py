@@ -97,14 +97,14 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     import deepspeed
 
     from megatron import device
-    from megatron.arguments import parse_args, validate_args
-    from megatron.config import job_config
+    from megatron.config.arguments import parse_args, validate_args
+    from megatron.config.job import job_config
     from megatron.data.gpt_batch import make_batch
-    from megatron.kernels import select_kernels
+    from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
-    from megatron.training import build_engine, model_config_of
+    from megatron.training.loop import build_engine, model_config_of
 
     argv = ["--num-layers", str(options.layers), "--hidden-size", str(options.hidden), "--num-attention-heads",
             str(options.heads), "--seq-length", str(options.seq), "--micro-batch-size", "1",

@@ -1,4 +1,4 @@
-"""Correctness and speed report for the accelerator of this host (see megatron/device_check.py).
+"""Correctness and speed report for the accelerator of this host (see megatron/reports/device_check.py).
 
     bash Megatron-DeepSpeed/tools/device_check.sh [--cpu] [--iterations N] [--output report.md]
         [--only correctness|speed] [--shapes 345M,1.3B]
@@ -6,9 +6,9 @@
 import argparse
 import os
 
-from megatron.atomic_files import write_text_atomically
-from megatron.device_check import CHECKS, report
 from megatron.errors import InputError, run_cli
+from megatron.files.atomic import write_text_atomically
+from megatron.reports.device_check import CHECKS, report
 
 
 def main(argv=None):
@@ -28,9 +28,9 @@ def main(argv=None):
     npu = activate()  # on an Ascend host: the NPU accelerator, or one line saying what is missing
 
     from megatron import device
-    from megatron.kernels import select_kernels
+    from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
+    from megatron.training.loop import pretrain
 
     on_accelerator = device.device_name() != "cpu"
     iterations = options.iterations or (50 if on_accelerator else 4)

@@ -12,8 +12,8 @@ import argparse
 import json
 import os
 
-from megatron.atomic_files import write_text_atomically
 from megatron.errors import InputError, run_cli
+from megatron.files.atomic import write_text_atomically
 from megatron.inference.command_line import add_checkpoint_args, load_from_flags, tokenizer_from_flags
 from megatron.inference.distributed import generate_for_prompts
 from megatron.inference.prompts import gather_prompts, tokenize_prompts

@@ -26,11 +26,11 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 
-from megatron.atomic_files import write_text_atomically
+from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError, RunError, run_cli
-from megatron.job_output import FirstFailure
-from megatron.presets import get_preset, preset_names
-from megatron.training_log import parse_log
+from megatron.files.atomic import write_text_atomically
+from megatron.reports.job_output import FirstFailure
+from megatron.training.log_lines import parse_log
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
 VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
@@ -81,6 +81,7 @@ def parse_args(argv):
 
 def bf16_supported() -> bool:
     import torch
+
     from megatron import device
     return device.supports_dtype(torch.bfloat16)
 
@@ -163,7 +164,8 @@ def resolve_data(args) -> tuple[str, list[str]]:
 def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) -> dict:
     """The shape figures of the results table, as pretrain_gpt.py will see them (preset plus user flags);
     a flag pretrain_gpt.py would reject is reported now, once, before any process starts."""
-    from megatron.arguments import parse_args as parse_pretrain_args, validate_args
+    from megatron.config.arguments import parse_args as parse_pretrain_args
+    from megatron.config.arguments import validate_args
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 
     flags = validate_args(parse_pretrain_args(pretrain_flags), world_size, device_name)
@@ -278,7 +280,7 @@ class Job:
 
 def run_job(command, environment, log_path) -> Job:
     """Run the job: every line to the log, and to the terminal until the first rank fails
-    (megatron/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
+    (megatron/reports/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
     --exit-signal-handler). Ctrl-C reaches every process of the terminal at once, so here it only waits for
     them to end, and then ends this one too."""
     job, interrupted = Job(0, FirstFailure()), []

@@ -1,4 +1,4 @@
-"""Profile a few iterations of a training run (see megatron/training_profile.py).
+"""Profile a few iterations of a training run (see megatron/training/profiler.py).
 
     python Megatron-DeepSpeed/tools/profile_training.py --output-dir DIR [--warmup N] [--active N] -- <pretrain_gpt.py flags>
 
@@ -21,8 +21,8 @@ def main(argv=None):
     from deepspeed_npu import activate
     npu = activate()
     from megatron.model.provider import model_provider
-    from megatron.training import pretrain
-    from megatron.training_profile import profile_training
+    from megatron.training.loop import pretrain
+    from megatron.training.profiler import profile_training
 
     print(profile_training(lambda args: pretrain(model_provider, args, adaptor_kernels=npu.kernels),
                            ["--log-interval", "1", *flags], options.warmup, options.active, options.output_dir))

@@ -8,12 +8,12 @@ has the seed project's columns, NAME (device) | params | PPL | samples/s | seq_l
 """
 import argparse
 
+from megatron.errors import run_cli
+from megatron.files.atomic import write_text_atomically
+from megatron.reports.results import machine_notes, markdown_table, plot_loss_curves, read_run, table_rows
+
 # Run from any working directory: the package lives one level above tools/.
 
-from megatron.atomic_files import write_text_atomically
-from megatron.errors import run_cli
-from megatron.results import (
-    machine_notes, markdown_table, plot_loss_curves, read_run, table_rows)
 
 
 def parse_args(argv):

@@ -8,10 +8,11 @@ Prints exactly `Final Performance samples/sec : X`, `Final Train lm loss PPL(acc
 import argparse
 import os
 
+from megatron.errors import run_cli
+from megatron.reports.results import LOSS_CURVE_FILE, plot_loss_curves, read_run, summary_lines
+
 # Run from any working directory: the package lives one level above tools/.
 
-from megatron.errors import run_cli
-from megatron.results import LOSS_CURVE_FILE, plot_loss_curves, read_run, summary_lines
 
 
 def main(argv=None):

@@ -1,3 +1,5 @@
-"""Checkpoints as portable artefacts, outside the trainer: read one written at any layout into the
-single-process GPTModel's state dict (reader), cut it into another layout (writer), and move it to and from
-Hugging Face's GPT2LMHeadModel (hf). Everything here runs in one CPU process without torch.distributed."""
+"""Everything about checkpoints. The trainer's side: save_load (DeepSpeed checkpoints plus our client state),
+guard (start-up checks of --load/--save), resume (what --load restores). The portable side, in one CPU process
+without torch.distributed: read one written at any layout into the single-process GPTModel's state dict (reader),
+cut it into another layout (writer), and move it to and from Hugging Face's GPT2LMHeadModel (hf). layout.py spells
+the names of a checkpoint's files and keys for both."""

@@ -6,13 +6,13 @@ import os
 import shutil
 from typing import Mapping, Optional
 
-from megatron.atomic_files import write_directory_atomically
 from megatron.checkpoint import hf
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, load_file, model_config, model_parallel_rank,
                                         model_states_file, read_checkpoint, read_client_state)
 from megatron.checkpoint.writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
+from megatron.files.atomic import write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.tokenizer import vocab_size_with_padding
 

@@ -14,7 +14,8 @@ import tempfile
 import zipfile
 from typing import Optional
 
-from megatron.checkpoint.reader import LATEST_TAG_FILE, TAG_PATTERN, read_latest_tag
+from megatron.checkpoint.layout import LATEST_TAG_FILE, TAG_PATTERN
+from megatron.checkpoint.reader import read_latest_tag
 from megatron.errors import InputError
 
 _log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
 
   ZeRO 0 (fp32)  torch's optimizer state_dict in each model-parallel rank's mp_rank file: state by parameter
                  index, counted over the parameter groups (decayed matrices, then vectors, see
-                 megatron/optimizer.py) in the order of that rank's module parameters; the master weights
+                 megatron/training/optimizer.py) in the order of that rank's module parameters; the master weights
                  are the weights.
   ZeRO 1 / 2     per data-parallel rank, the rank's slice of each group's flat fp32 buffer
                  (single_partition_of_fp32_groups, group padding stripped) and of the Adam state (padded);
@@ -22,9 +22,9 @@ from typing import Dict, List, Mapping
 
 import torch
 
-from megatron.checkpoint.reader import (UNIVERSAL_DIR, Checkpoint, Progress, _quiet, layer_file, load_file,
-                                        model_parallel_rank, model_states_file, piece_prefix, zero3_flat_params,
-                                        zero_optimizer_state)
+from megatron.checkpoint.layout import UNIVERSAL_DIR
+from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, layer_file, load_file, model_parallel_rank,
+                                        model_states_file, piece_prefix, zero3_flat_params, zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.gpt import layer_piece

@@ -11,27 +11,21 @@ mp = pp_rank * TP + tp_rank:
     ZeRO 1/2:         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 and Adam partitions
     ZeRO 3:           zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt  client state, empty module
                       zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 partitions: the weights
-The client state (trainer's checkpointing.py) holds iteration, consumed samples, the flags and RNG states.
+The client state (the trainer's checkpoint/save_load.py) holds iteration, consumed samples, the flags and RNG states.
 Tensor-parallel shards are joined with shards.join_shards; the result is keyed by the single-process
 GPTModel's parameter names, the tied word embedding once.
 """
 import os
-import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
+from megatron.checkpoint.layout import LATEST_TAG_FILE, OPTIMIZER_SAVED, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.gpt import EMBEDDING_PIECE, GPTConfig, layer_piece
-
-LATEST_TAG_FILE = "latest"
-UNIVERSAL_DIR = "zero"  # per-parameter state of a checkpoint written by writer.py (DeepSpeed's universal layout)
-UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of such a checkpoint: it loads at any DP and ZeRO stage
-OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim
-TAG_PATTERN = re.compile(r"global_step(\d+)")
 
 Progress = Callable[[str], None]
 

@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from megatron.checkpoint.reader import (LATEST_TAG_FILE, Layout, checkpoint_directory, holds_optimizer_state,
-                                        layout_of, read_client_state)
+from megatron.checkpoint.layout import LATEST_TAG_FILE
+from megatron.checkpoint.reader import Layout, checkpoint_directory, holds_optimizer_state, layout_of, read_client_state
 from megatron.errors import InputError
 
 # The flags that define the model: a checkpoint's weights fit only a run with the same.

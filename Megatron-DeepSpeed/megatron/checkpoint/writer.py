@@ -24,16 +24,15 @@ from typing import Dict, List, Mapping, Optional
 
 import torch
 
+from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR,
+                                        UNIVERSAL_MARK)
 from megatron.checkpoint.optimizer_state import (OptimizerState, decay_groups, model_name, pipeline_stage_pieces,
                                                  stage_name)
-from megatron.checkpoint.reader import (LATEST_TAG_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK, Progress, _quiet, layer_file,
-                                        model_parallel_rank, model_states_file, piece_prefix)
+from megatron.checkpoint.reader import (Progress, _quiet, layer_file, model_parallel_rank, model_states_file,
+                                        piece_prefix)
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, layer_piece
-
-LATEST_UNIVERSAL_FILE = "latest_universal"
-LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,7 @@ import signal
 
 from torch.utils.data import DataLoader
 
-from megatron.config import JobConfig
-
+from megatron.config.job import JobConfig
 from megatron.data.gpt_batch import collate
 from megatron.data.gpt_dataset import build_train_valid_test_datasets, parse_data_prefix
 from megatron.data.indexed_dataset import MMapIndexedDataset

@@ -11,9 +11,9 @@ import os
 import numpy as np
 import torch
 
-from megatron.atomic_files import write_atomically
 from megatron.data.index_building import SampleIndex
 from megatron.errors import InputError
+from megatron.files.atomic import write_atomically
 
 CACHE_DIR_NAME = "index-cache"
 

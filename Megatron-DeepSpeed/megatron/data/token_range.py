@@ -14,10 +14,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from megatron.atomic_files import write_text_atomically
 from megatron.data.index_cache import cache_directory
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path
 from megatron.errors import InputError
+from megatron.files.atomic import write_text_atomically
 
 _log = logging.getLogger(__name__)
 

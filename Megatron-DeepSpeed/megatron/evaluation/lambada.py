@@ -11,7 +11,7 @@ from typing import List
 import torch
 
 from megatron.errors import InputError
-from megatron.json_files import read_text_lines
+from megatron.files.user_json import read_text_lines
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ from typing import Optional
 import torch
 
 from megatron import device
-from megatron.arguments import DISTRIBUTED_BACKENDS
 from megatron.checkpoint.reader import Checkpoint
+from megatron.config.arguments import DISTRIBUTED_BACKENDS
 from megatron.errors import InputError
 from megatron.inference.loading import (TOKENIZER_FLAGS, build_checkpoint_tokenizer, check_vocabulary, load_model,
                                         recorded_flags)
-from megatron.kernels import select_kernels
 from megatron.model.gpt import GPTModel
+from megatron.model.kernels import select_kernels
 from megatron.parallel_state import ParallelState
 from megatron.tokenizer import TOKENIZER_TYPES
 
@@ -99,7 +99,7 @@ def tokenizer_from_flags(args):
 def load_from_flags(args, tokenizer, adaptor_kernels: Optional[object] = None) -> LoadedModel:
     """Join the process group (torchrun's, or one of a single process), then load the checkpoint of the flags
     sharded over this rank's tensor-parallel group. `adaptor_kernels`: a device adaptor's (deepspeed_npu's)."""
-    from megatron.training import initialize_distributed  # imports DeepSpeed: only once the flags are checked
+    from megatron.parallel_state import initialize_distributed  # imports DeepSpeed: only once the flags are checked
 
     dtype = _dtype(args)
     initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)

@@ -12,12 +12,12 @@ from typing import Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.reader import Checkpoint, checkpoint_directory, model_config, read_checkpoint, \
-    read_client_state
+from megatron.checkpoint.reader import (Checkpoint, checkpoint_directory, model_config, read_checkpoint,
+                                        read_client_state)
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
-from megatron.kernels import Kernels
 from megatron.model.gpt import GPTModel
+from megatron.model.kernels import Kernels
 from megatron.model.parallelize import apply_tensor_parallel
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding

@@ -3,7 +3,7 @@ import json
 from typing import List, Optional, Sequence
 
 from megatron.errors import InputError
-from megatron.json_files import read_text_lines
+from megatron.files.user_json import read_text_lines
 
 
 def read_prompt_file(path: str) -> List[str]:

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from megatron.cross_entropy import EAGER_CHUNK_KERNELS, cross_entropy
 from megatron.errors import InputError, require_divisible
-from megatron.kernels import PORTABLE_KERNELS, Kernels
+from megatron.model.cross_entropy import EAGER_CHUNK_KERNELS, cross_entropy
+from megatron.model.kernels import PORTABLE_KERNELS, Kernels
 from megatron.model.unfused_attention import UnfusedAttention
 
 
@@ -52,7 +52,7 @@ class GPTConfig:
     masked_softmax_fusion: bool = True
     apply_query_key_layer_scaling: bool = True
     attention_softmax_in_fp32: bool = False
-    kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/kernels.py)
+    kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/model/kernels.py)
     torch_compile: bool = False  # model/provider.py compiles each layer (--torch-compile)
 
     def __post_init__(self):
@@ -223,7 +223,7 @@ def masked_mean(token_losses: torch.Tensor, loss_mask: Optional[torch.Tensor] = 
 
 class LanguageModelLoss(nn.Module):
     """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16 logits do
-    not lose precision in the softmax (megatron/cross_entropy.py: without an fp32 copy of them). Set from
+    not lose precision in the softmax (megatron/model/cross_entropy.py: without an fp32 copy of them). Set from
     outside: vocab_group, the ranks the vocabulary is split across (tensor parallelism), and chunk_kernels,
     the compiled per-chunk math under --torch-compile."""
 

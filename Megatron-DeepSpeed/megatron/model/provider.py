@@ -1,8 +1,8 @@
 """This rank's part of the GPT, parallelised as the job says: what pretrain_gpt.py hands the training loop."""
 from torch import nn
 
-from megatron.config import ParallelConfig
-from megatron.cross_entropy import compiled_chunk_kernels
+from megatron.config.job import ParallelConfig
+from megatron.model.cross_entropy import compiled_chunk_kernels
 from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, TransformerLayer
 from megatron.model.parallelize import apply_tensor_parallel
 from megatron.model.pipe import GPTPipe

@@ -10,7 +10,7 @@ from typing import Dict
 import torch
 from deepspeed import checkpointing
 
-from megatron.config import ActivationCheckpointingConfig
+from megatron.config.job import ActivationCheckpointingConfig
 from megatron.tensor_parallel.random import MODEL_PARALLEL_RNG, MODEL_PARALLEL_SEED_OFFSET
 
 

@@ -10,7 +10,7 @@ boundary (its data-parallel reduction, clipping and the optimizer step). Both of
 reduction after autograd returns from the last micro-batch, and neither offers a hook in between, so the sum is
 triggered from autograd itself: when every sequence-parallel parameter has accumulated the gradient of its
 `micro_batches_per_step`-th backward pass. This needs DeepSpeed to leave gradients on the parameters until the
-boundary, which ZeRO stages 0 and 1 do (megatron.arguments refuses the combinations that do not).
+boundary, which ZeRO stages 0 and 1 do (megatron.config.arguments refuses the combinations that do not).
 """
 from typing import Iterable, List
 

@@ -12,7 +12,7 @@ import numpy as np
 import tiktoken
 
 from megatron.errors import InputError
-from megatron.json_files import read_json_object
+from megatron.files.user_json import read_json_object
 from megatron.tokenizer import read_user_file, replace_lone_surrogates
 from megatron.tokenizer.word_cache import WordCache
 

@@ -11,10 +11,10 @@ import math
 import os
 from types import MappingProxyType
 
-from megatron import flags
+from megatron.config import flags
+from megatron.config.learning_rates import DECAY_STYLES
+from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError, require_divisible
-from megatron.learning_rates import DECAY_STYLES
-from megatron.presets import get_preset, preset_names
 from megatron.tokenizer import SENTENCEPIECE_TYPES, TOKENIZER_TYPES
 
 DISTRIBUTED_BACKENDS = ("nccl", "hccl", "gloo", "ccl")
@@ -75,7 +75,7 @@ def _add_model_args(parser):
     group = parser.add_argument_group("model")
     group.add_argument("--model-size", choices=preset_names(), default=None,
                        help="Fill every model/batch/LR/parallel flag not given explicitly from "
-                            "this preset (megatron/presets.py).")
+                            "this preset (megatron/config/presets.py).")
     group.add_argument("--num-layers", type=int, help="Number of transformer layers.")
     group.add_argument("--hidden-size", type=int, help="Transformer hidden size.")
     group.add_argument("--num-attention-heads", type=int, help="Attention heads per layer.")

@@ -1,6 +1,6 @@
 """The typed configuration of a training job, built once from the validated flags and frozen.
 
-`megatron.arguments` keeps Megatron's command line (names, defaults, presets, validation and its error
+`megatron.config.arguments` keeps Megatron's command line (names, defaults, presets, validation and its error
 messages); `job_config` turns the validated Namespace into these dataclasses. From then on nothing changes
 them, and each part of the system takes only the section it needs: the data loaders a DataConfig, the
 optimizer an OptimizerConfig, and so on. `JobConfig.flags` keeps the flags as plain values: that is what a
@@ -13,8 +13,8 @@ from typing import Any, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.batch_schedule import BatchSchedule
-from megatron.learning_rates import schedule_samples
+from megatron.config.batch_schedule import BatchSchedule
+from megatron.config.learning_rates import schedule_samples
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def _section(cls, args: argparse.Namespace, **renamed):
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:
-    """The frozen configuration of flags already checked by megatron.arguments.validate_args."""
+    """The frozen configuration of flags already checked by megatron.config.arguments.validate_args."""
     warmup_samples, decay_samples = schedule_samples(args)
     return JobConfig(
         model=_section(ModelConfig, args),

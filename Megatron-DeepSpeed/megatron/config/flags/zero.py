@@ -1,8 +1,8 @@
 """ZeRO flags of Megatron-DeepSpeed beyond --zero-stage; they become keys of the generated DeepSpeed config
-(megatron/ds_config.py). Upstream declares them without using them (its DeepSpeed JSON decides); here a flag
+(megatron/config/ds_config.py). Upstream declares them without using them (its DeepSpeed JSON decides); here a flag
 that is given sets its key, and a JSON that says otherwise is an error, like every other flag."""
 from megatron.errors import InputError
-from megatron.json_files import read_json_object
+from megatron.files.user_json import read_json_object
 
 REMOTE_DEVICES = ("none", "cpu", "nvme")
 

@@ -23,13 +23,13 @@ import math
 import os
 from dataclasses import astuple, dataclass
 
-from megatron.atomic_files import write_atomically
+from megatron.config.presets import get_preset
 from megatron.errors import InputError
-from megatron.flops import format_mfu
-from megatron.json_files import read_json_object
-from megatron.presets import get_preset
+from megatron.files.atomic import write_atomically
+from megatron.files.user_json import read_json_object
 from megatron.tokenizer import vocab_size_with_padding
-from megatron.training_log import ParsedLog, parse_log, perplexity
+from megatron.training.flops import format_mfu
+from megatron.training.log_lines import ParsedLog, parse_log, perplexity
 
 RUN_INFO_FILE = "run.json"
 TRAIN_LOG_FILE = "train.log"
@@ -212,7 +212,7 @@ def _checked(content, key, kind, path):
     if not _is_valid(value, kind):
         found = f"is {value!r}" if key in content else "is missing"
         raise InputError(f"{path}: key {key!r} {found}, expected {_EXPECTED[kind]}; the entry scripts "
-                         f"write this file (schema in megatron/results.py): rerun them, or fix the key")
+                         f"write this file (schema in megatron/reports/results.py): rerun them, or fix the key")
     return value
 
 
@@ -222,7 +222,7 @@ def read_run_info(path):
         raise InputError(f"{path} not found: the entry scripts write it when training ends, so the run "
                          f"did not finish (see {TRAIN_LOG_FILE} beside it), or this is not a run directory")
     content = read_json_object(path, path, "rerun the entry script or fix the file (one JSON object with the "
-                                           "keys of megatron/results.py's schema)")
+                                           "keys of megatron/reports/results.py's schema)")
     fields = {key: _checked(content, key, kind, path) for key, kind in _RUN_INFO_KINDS.items()}
     if "machine" in content:
         fields["machine"] = _checked(content, "machine", str, path)

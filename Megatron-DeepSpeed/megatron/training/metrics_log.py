@@ -1,5 +1,5 @@
 """What the training loop reports: Megatron's iteration and validation lines, the optional timer line, and
-TensorBoard scalars under upstream's tags (megatron/tensorboard_log.py).
+TensorBoard scalars under upstream's tags (megatron/training/tensorboard_log.py).
 
 Only the last rank prints and writes; every figure that needs a collective (norms, zero counts, optimizer
 statistics) is computed by the loop on all ranks and handed in.
@@ -13,11 +13,11 @@ from typing import Optional
 import torch.distributed as dist
 
 from megatron import device
-from megatron.config import JobConfig, LoggingConfig
-from megatron.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
+from megatron.config.job import JobConfig, LoggingConfig
 from megatron.model.gpt import GPTConfig
-from megatron.tensorboard_log import TensorBoardLog, TensorBoardOptions
-from megatron.training_log import iteration_line, memory_line, perplexity, timers_line, validation_lines
+from megatron.training.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
+from megatron.training.log_lines import iteration_line, memory_line, perplexity, timers_line, validation_lines
+from megatron.training.tensorboard_log import TensorBoardLog, TensorBoardOptions
 
 _log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 import torch
 from torch import nn
 
-from megatron.config import OptimizerConfig
-from megatron.kernels import Kernels, select_kernels
+from megatron.config.job import OptimizerConfig
+from megatron.model.kernels import Kernels, select_kernels
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

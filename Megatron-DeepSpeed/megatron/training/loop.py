@@ -11,8 +11,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,32 +23,32 @@ from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import device
-from megatron.arguments import parse_args, validate_args
 from megatron.checkpoint.guard import check_checkpoint_directories
 from megatron.checkpoint.resume import ResumePlan, resolve_schedule
-from megatron.checkpointing import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
-from megatron.config import DataConfig, JobConfig, ScheduleConfig, job_config
+from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
+from megatron.config.arguments import parse_args, validate_args
+from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
+from megatron.config.job import DataConfig, JobConfig, ScheduleConfig, job_config
+from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
-from megatron.divergence import DivergenceMonitor
-from megatron.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
 from megatron.errors import InputError
-from megatron.exit_requests import ExitRequests
-from megatron.kernels import Kernels, select_kernels
-from megatron.learning_rates import learning_rate
-from megatron.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.model.gpt import GPTConfig
+from megatron.model.kernels import Kernels, select_kernels
 from megatron.model.pipe import pipeline_micro_batch
-from megatron.nonfinite_step_guard import NonFiniteStepGuard
-from megatron.optimizer import build_optimizer
-from megatron.parallel_state import ParallelState
+from megatron.parallel_state import ParallelState, initialize_distributed
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tensor_parallel.deepspeed_checkpointing import deepspeed_checkpointing_rng_tracker
 from megatron.tokenizer import build_tokenizer
-from megatron.training_log import exit_line, final_evaluation_lines, parameter_count_line
-from megatron.training_metrics import (counted_once_per_replica, optimizer_state_statistics, parameters_norm,
+from megatron.training.divergence import DivergenceMonitor
+from megatron.training.exit_requests import ExitRequests
+from megatron.training.log_lines import exit_line, final_evaluation_lines, parameter_count_line
+from megatron.training.metrics import (counted_once_per_replica, optimizer_state_statistics, parameters_norm,
                                        stepped_optimizer, zeros_among)
-from megatron.watchdog import Watchdog
+from megatron.training.metrics_log import IterationFigures, MetricsLog, StepTimers
+from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
+from megatron.training.optimizer import build_optimizer
+from megatron.training.watchdog import Watchdog
 
 _log = logging.getLogger(__name__)
 
@@ -61,18 +59,6 @@ class TrainState:
     consumed_train_samples: int = 0
     skipped_iterations: int = 0  # since the last log line
     nan_iterations: int = 0  # since the last log line
-
-
-def initialize_distributed(backend: str, timeout_minutes: float) -> None:
-    """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
-    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails."""
-    if "RANK" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            free_port = probe.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
-    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
 
 
 def is_last_rank() -> bool:
@@ -142,7 +128,7 @@ class Fp32GradientClipping:
     on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it. DeepSpeed's own clipping is
     then switched off (gradient_clipping 0 in its config).
 
-    A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/divergence.py): the
+    A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/training/divergence.py): the
     gradients are dropped, and the torch optimizer leaves every parameter without a gradient, and its state,
     untouched. The norm is the same on every rank, so every rank skips."""
 
@@ -473,7 +459,7 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss: float, grad_norm:
 
 
 def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:
-    """Resume, train, evaluate and save; each phase under the watchdog (megatron/watchdog.py)."""
+    """Resume, train, evaluate and save; each phase under the watchdog (megatron/training/watchdog.py)."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = TrainState()

@@ -1,4 +1,4 @@
-"""Checkpoint flags of Megatron-DeepSpeed beyond those of megatron/arguments.py (--finetune, --no-load-optim,
+"""Checkpoint flags of Megatron-DeepSpeed beyond those of megatron/config/arguments.py (--finetune, --no-load-optim,
 --no-load-rng, --no-save-optim and the LR-scheduler pair live there)."""
 
 

@@ -3,9 +3,9 @@
 `--model-size NAME` and the shell entry points both read this table, so a size is changed in one
 place. A preset maps argparse attribute names (Megatron flags, dashes as underscores) to values.
 
-    python -m megatron.presets 345M                  # KEY=VALUE lines for `eval` in bash
-    python -m megatron.presets 345M --format flags   # Megatron flags, one per line
-    python -m megatron.presets 345M --format json
+    python -m megatron.config.presets 345M                  # KEY=VALUE lines for `eval` in bash
+    python -m megatron.config.presets 345M --format flags   # Megatron flags, one per line
+    python -m megatron.config.presets 345M --format json
 """
 import argparse
 import json
@@ -132,7 +132,7 @@ _FORMATTERS = {"shell": format_shell, "flags": format_flags, "json": format_json
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m megatron.presets",
+        prog="python -m megatron.config.presets",
         description="Print a model-size preset so shell scripts need not hard-code its numbers.")
     parser.add_argument("name", help=f"one of: {', '.join(preset_names())}")
     parser.add_argument("--format", choices=sorted(_FORMATTERS), default="shell",

@@ -7,9 +7,9 @@ something other than what either says, so a contradiction is an error naming bot
 import json
 import math
 
-from megatron.config import JobConfig, ParallelConfig
+from megatron.config.job import JobConfig, ParallelConfig
 from megatron.errors import InputError
-from megatron.json_files import read_json_object
+from megatron.files.user_json import read_json_object
 
 # DeepSpeed's own step printing is off: the training loop logs in Megatron's format.
 STEPS_PER_PRINT_NEVER = 10 ** 12
@@ -71,7 +71,7 @@ def build_deepspeed_config(job: JobConfig):
         config["zero_allow_untested_optimizer"] = True  # ZeRO steps torch's SGD like any torch optimizer
     if job.optimizer.cpu_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
-        # The offloaded state is stepped by torch's AdamW on the CPU (megatron.optimizer), which DeepSpeed
+        # The offloaded state is stepped by torch's AdamW on the CPU (megatron.training.optimizer), which DeepSpeed
         # refuses unless told: it wants its DeepSpeedCPUAdam, a C++ op our set-up does not prebuild and that
         # takes minutes to JIT-compile at first use. torch's AdamW needs no compiler, works beside every
         # accelerator, and updates exactly as a run without offload does.

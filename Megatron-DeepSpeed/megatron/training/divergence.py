@@ -23,9 +23,9 @@ import torch.distributed as dist
 
 from megatron import device
 from megatron.checkpoint.guard import latest_tag
-from megatron.checkpoint.reader import LATEST_TAG_FILE
+from megatron.checkpoint.layout import LATEST_TAG_FILE
 from megatron.errors import RunError
-from megatron.training_log import DIVERGED_FORMAT
+from megatron.training.log_lines import DIVERGED_FORMAT
 
 _log = logging.getLogger(__name__)
 

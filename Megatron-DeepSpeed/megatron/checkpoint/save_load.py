@@ -28,18 +28,17 @@ import torch
 
 from megatron import device
 from megatron.checkpoint.guard import latest_tag
-from megatron.checkpoint.reader import LATEST_TAG_FILE, OPTIMIZER_SAVED, Layout, model_states_file
+from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
+                                        POINTER_LINK)
+from megatron.checkpoint.reader import Layout, model_states_file
 from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, ResumePlan, plan_resume
-from megatron.config import JobConfig
+from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
-from megatron.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
+from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 from megatron.tokenizer import vocab_size_with_padding
 
 _log = logging.getLogger(__name__)
 
-LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
-POINTER_LINK = ".latest"
-POINTER_DIR_PREFIX = ".latest."
 BYTES_PER_PARAMETER = 16  # a first checkpoint's size: weights, fp32 master copy, Adam's two moments
 # DeepSpeed copies these into every --save directory; they cannot read our checkpoints (pipeline files, tensor-
 # parallel shards), and 0.19.8 has no switch to stop the copy, so they are removed after each save.

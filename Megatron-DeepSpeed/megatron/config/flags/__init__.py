@@ -1,8 +1,8 @@
-"""Megatron-DeepSpeed's flags beyond the core set of megatron/arguments.py, one module per group, plus the
-upstream flags deliberately not supported (unsupported.py, as data). megatron.arguments registers them all and
+"""Megatron-DeepSpeed's flags beyond the core set of megatron/config/arguments.py, one module per group, plus the
+upstream flags deliberately not supported (unsupported.py, as data). megatron.config.arguments registers them all and
 calls these hooks, so parse_args / validate_args stay the only entry points."""
-from megatron.flags import (activation_checkpointing, checkpoint_loading, data, logging_flags, model, training,
-                            unsupported, zero)
+from megatron.config.flags import (activation_checkpointing, checkpoint_loading, data, logging_flags, model, training,
+                                   unsupported, zero)
 
 _GROUPS = (model, training, data, activation_checkpointing, logging_flags, zero, checkpoint_loading, unsupported)
 

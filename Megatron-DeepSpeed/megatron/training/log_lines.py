@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from megatron.flops import format_mfu
+from megatron.training.flops import format_mfu
 
 PPL_LOSS_CAP = 20.0
 
@@ -95,7 +95,7 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
                    global_batch_size, lm_loss, loss_scale, grad_norm, skipped_iterations,
                    nan_iterations, samples_per_second, tflops, mfu=None, num_zeros=None, params_norm=None):
     """The periodic training line, byte for byte as Megatron-DeepSpeed prints it, plus model FLOPs
-    utilisation at the end (megatron/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
+    utilisation at the end (megatron/training/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
     digits instead of rounding to 0.00. num_zeros and params_norm (--log-num-zeros-in-grad, --log-params-norm)
     appear only when given, after the grad norm as upstream puts them."""
     tflops_text = f"{tflops:.2f}" if tflops >= 0.01 or tflops == 0 else f"{tflops:.1e}"

@@ -22,10 +22,10 @@ import torch
 
 from megatron import device
 from megatron.errors import InputError
-from megatron.flops import format_mfu
-from megatron.kernels import sdpa_attention
 from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.training_log import parse_log
+from megatron.model.kernels import sdpa_attention
+from megatron.training.flops import format_mfu
+from megatron.training.log_lines import parse_log
 
 # Model shapes: (name, layers, hidden, heads, seq); the accelerator sizes are the 345M and 1.3B presets'.
 ACCELERATOR_SHAPES = (("345M", 24, 1024, 16, 1024), ("1.3B", 24, 2048, 16, 1024))

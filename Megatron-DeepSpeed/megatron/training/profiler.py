@@ -10,9 +10,9 @@ from typing import Callable, Sequence
 import torch
 
 from megatron import device
-from megatron.atomic_files import write_directory_atomically
 from megatron.errors import InputError
-from megatron.training_log import parse_log
+from megatron.files.atomic import write_directory_atomically
+from megatron.training.log_lines import parse_log
 
 
 class _StepOnIterationLines(logging.Handler):

@@ -13,7 +13,7 @@ from typing import Optional
 class BatchSchedule:
     global_batch_size: int  # the final (or only) size
     micro_batch_times_data_parallel: int  # samples per micro-batch step over all data-parallel ranks
-    rampup: Optional[tuple] = None  # (start, increment, ramp_samples), as megatron.flags.training validates it
+    rampup: Optional[tuple] = None  # (start, increment, ramp_samples), as megatron.config.flags.training validates it
 
     def batch_size(self, consumed_samples: int) -> int:
         """Global batch size of the iteration that starts after `consumed_samples`."""

@@ -1,0 +1,2 @@
+"""What a job is, before anything runs: Megatron's command line (arguments, flag groups, presets), the frozen
+typed JobConfig built from it, the learning-rate and batch-size schedules, and the DeepSpeed JSON derived from it."""
