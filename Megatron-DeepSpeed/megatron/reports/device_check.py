@@ -134,7 +134,7 @@ _PROCESS_GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZ
 def train_in_fresh_process(argv: Sequence[str]) -> str:
     """The log of `pretrain_gpt.py argv` run as its own process, as a real job runs: one cell's memory (or its
     running out of it) and compiled kernels cannot touch the next."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pretrain_gpt.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "pretrain_gpt.py")
     environment = {key: value for key, value in os.environ.items() if key not in _PROCESS_GROUP_VARIABLES}
     done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=environment)
     output = done.stdout + done.stderr
