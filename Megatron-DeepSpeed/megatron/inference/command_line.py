@@ -11,7 +11,7 @@ import torch
 
 from megatron import device
 from megatron.checkpoint.reader import Checkpoint
-from megatron.config.arguments import DISTRIBUTED_BACKENDS
+from megatron.config.flags.parallelism import DISTRIBUTED_BACKENDS
 from megatron.errors import InputError
 from megatron.inference.loading import (TOKENIZER_FLAGS, build_checkpoint_tokenizer, check_vocabulary, load_model,
                                         recorded_flags)
