@@ -1,11 +1,14 @@
 """The argparse Namespace stops at the config boundary: parsing makes it once, validation and the job config
 return new values and never change it; the DeepSpeed JSON is read once; flags adopted from a checkpoint go through
-the same section builders."""
+the same section builders; generation and evaluation parse the training groups' flags."""
 import copy
 import json
 
+import pytest
+
 from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import resolve_deepspeed_config
+from megatron.errors import InputError
 
 BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--encoder-seq-length", "16",
         "--micro-batch-size", "2", "--lr", "1e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
@@ -56,3 +59,16 @@ def test_flags_adopted_from_a_checkpoint_go_through_the_section_builders(tmp_pat
                                                                              job.data)
     assert resolve_deepspeed_config(adopted)["wall_clock_breakdown"] is True
     assert job.schedule.lr == 1e-3  # the first job is unchanged
+
+
+@pytest.mark.parametrize("tool", ["tools.generate_text", "tasks.zeroshot_gpt.evaluate"])
+def test_generation_and_evaluation_parse_the_training_groups_flags(tool):
+    parse = __import__(tool, fromlist=["parse_args"]).parse_args
+    task = ["--task", "LAMBADA", "--valid-data", "l.jsonl"] if "zeroshot" in tool else []
+    args = parse(["--load", "ckpt", *task])
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.micro_batch_size) == (1, 1, 8)
+    assert (args.tokenizer_type, args.vocab_size, args.distributed_timeout_minutes) == (None, None, 10.0)
+    for bad, named in ((["--distributed-timeout-minutes", "0"], "0 must be greater than 0"),
+                       (["--tokenizer-type", "Word"], "--tokenizer-type"), (["--fp16", "--bf16"], "not allowed")):
+        with pytest.raises(InputError, match=named):
+            parse(["--load", "ckpt", *task, *bad])
