@@ -4,8 +4,7 @@ import logging
 import pytest
 import torch
 
-from megatron.config.arguments import parse_args, validate_args
-from megatron.config.job import job_config
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.errors import InputError
 
 # A small valid command line; tests add flags or drop some of these.

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from tests.training_helpers import TINY_FLAGS
 
-from megatron.config.arguments import parse_args, validate_args
-from megatron.config.job import job_config
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.data.data_loaders import build_datasets
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.data.token_range import check_token_ids, max_token_id

@@ -1,10 +1,9 @@
 """The generated DeepSpeed config follows the flags; a user's JSON may not contradict them."""
 import pytest
 
-from megatron.config.arguments import parse_args, validate_args
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.ds_config import (STEPS_PER_PRINT_NEVER, build_deepspeed_config, load_user_config,
                                        merge_with_user_config, resolve_deepspeed_config)
-from megatron.config.job import job_config
 from megatron.errors import InputError
 
 # world 4, TP 1, PP 1 -> DP 4; micro 2 x DP 4 = 8 per step; global 16 -> 2 accumulation steps.

@@ -1,6 +1,5 @@
 """Megatron's AnnealingLR rule by hand-computed values, and the flag-to-samples conversion."""
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -71,7 +70,7 @@ def flags(**values):
     base = dict(train_iters=None, train_samples=None, global_batch_size=16,
                 lr_decay_iters=None, lr_decay_samples=None, lr_warmup_fraction=None,
                 lr_warmup_iters=None, lr_warmup_samples=None)
-    return SimpleNamespace(**{**base, **values})
+    return {**base, **values}
 
 
 def test_iterations_are_scaled_by_the_global_batch_size():
@@ -115,7 +114,7 @@ def test_the_345m_preset_schedule_from_real_flags():
     1 % warmup."""
     args = parse_args(["--model-size", "345M", "--train-iters", "500000",
                        "--global-batch-size", "16", "--lr-warmup-fraction", "0.01"])
-    warmup, decay = schedule_samples(args)
+    warmup, decay = schedule_samples(vars(args))
     assert (warmup, decay) == (51200.0, 5120000)
     midpoint = learning_rate((warmup + decay) / 2, max_lr=args.lr, min_lr=args.min_lr,
                              warmup_samples=warmup, decay_samples=decay,

@@ -220,7 +220,7 @@ def test_uneven_layer_split_is_allowed():
 
 def test_engine_config_for_the_pipeline(tmp_path):
     from megatron.config.ds_config import STEPS_PER_PRINT_NEVER
-    from megatron.config.job import job_config
+    from megatron.config.arguments import job_config
     from megatron.training.loop import engine_config
 
     args = job_config(validated("--log-interval", "7", world_size=1))

@@ -5,8 +5,7 @@ import copy
 import pytest
 import torch
 
-from megatron.config.arguments import parse_args, validate_args
-from megatron.config.job import job_config
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.provider import apply_torch_compile
 

@@ -5,10 +5,9 @@ import os
 
 import pytest
 
-from megatron.config.arguments import parse_args, validate_args
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.ds_config import build_deepspeed_config, resolve_deepspeed_config
 from megatron.config.flags.unsupported import UNSUPPORTED_FLAGS
-from megatron.config.job import job_config
 from megatron.errors import InputError, run_cli
 
 BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "16",

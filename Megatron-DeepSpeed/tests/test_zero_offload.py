@@ -24,8 +24,7 @@ def test_dp2_with_offloaded_optimizer_equals_single_process(stage, data_prefix, 
 
 def offloaded_engine_facts(stage: str) -> dict:
     """Build the engine as pretrain() does, take one step, and describe where its optimizer state lives."""
-    from megatron.config.arguments import validate_args
-    from megatron.config.job import job_config
+    from megatron.config.arguments import job_config, validate_args
     from megatron.data.gpt_batch import make_batch
     from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider

@@ -97,8 +97,7 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     import deepspeed
 
     from megatron import device
-    from megatron.config.arguments import parse_args, validate_args
-    from megatron.config.job import job_config
+    from megatron.config.arguments import job_config, parse_args, validate_args
     from megatron.data.gpt_batch import make_batch
     from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider

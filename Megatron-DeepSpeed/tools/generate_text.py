@@ -12,18 +12,20 @@ import argparse
 import json
 import os
 
+from megatron.config.flags import inference as inference_flags
+from megatron.config.flags.common import OneLineErrorParser
 from megatron.errors import InputError, run_cli
 from megatron.files.atomic import write_text_atomically
-from megatron.inference.command_line import add_checkpoint_args, load_from_flags, tokenizer_from_flags
+from megatron.inference.command_line import load_from_flags, tokenizer_from_flags
 from megatron.inference.distributed import generate_for_prompts
 from megatron.inference.prompts import gather_prompts, tokenize_prompts
 from megatron.inference.sampling import SamplingParams
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
-    add_checkpoint_args(parser)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    inference_flags.add_flags(parser)
     group = parser.add_argument_group("prompts and decoding")
     group.add_argument("--prompt", action="append", default=[], help="A prompt (repeatable).")
     group.add_argument("--prompt-file", help='Prompts, one per line, or JSONL lines {"text": ...}.')

@@ -191,8 +191,8 @@ def load_user_config(path):
 
 
 def resolve_deepspeed_config(job: JobConfig):
-    """The config to hand to deepspeed.initialize: the user's file merged with the flags, or one
-    generated from the flags."""
-    if job.deepspeed_config is None:
+    """The config to hand to deepspeed.initialize: the user's JSON (read once, while the flags were checked) merged
+    with the flags, or one generated from the flags."""
+    if job.deepspeed_json is None:
         return build_deepspeed_config(job)
-    return merge_with_user_config(load_user_config(job.deepspeed_config), job, job.deepspeed_config)
+    return merge_with_user_config(job.deepspeed_json, job, job.deepspeed_config)

@@ -1,20 +1,17 @@
 """The typed configuration of a training job, built once from the validated flags and frozen.
 
-`megatron.config.arguments` keeps Megatron's command line (names, defaults, presets, validation and its error
-messages); `job_config` turns the validated Namespace into these dataclasses. From then on nothing changes
-them, and each part of the system takes only the section it needs: the data loaders a DataConfig, the
-optimizer an OptimizerConfig, and so on. `JobConfig.flags` keeps the flags as plain values: that is what a
-checkpoint records, so checkpoints stay readable without this code base.
+Each flag group of megatron/config/flags/ builds its section from the validated values, and
+`megatron.config.arguments.job_config` puts them together. From then on nothing changes them, and each part
+of the system takes only the section it needs: the data loaders a DataConfig, the optimizer an
+OptimizerConfig, and so on. `JobConfig.flags` keeps the flags as plain values: that is what a checkpoint
+records, so checkpoints stay readable without this code base.
 """
-import argparse
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Mapping, Optional, Tuple
 
 import torch
 
 from megatron.config.batch_schedule import BatchSchedule
-from megatron.config.learning_rates import schedule_samples
 
 
 @dataclass(frozen=True)
@@ -225,45 +222,6 @@ class JobConfig:
     checkpoint: CheckpointConfig
     logging: LoggingConfig
     stopping: StoppingConfig
-    deepspeed_config: Optional[str]  # the user's DeepSpeed JSON, if any
+    deepspeed_config: Optional[str]  # the path of the user's DeepSpeed JSON, if any
+    deepspeed_json: Optional[Mapping[str, Any]]  # its content, read once while the flags were checked
     flags: Mapping[str, Any]  # every flag as a plain value, as checkpoints record them
-
-
-def plain_flags(args: argparse.Namespace) -> Mapping[str, Any]:
-    """The flags as plain values (no torch dtypes or objects), read-only."""
-    return MappingProxyType({key: value for key, value in vars(args).items()
-                             if isinstance(value, (str, int, float, bool, list, tuple, type(None)))})
-
-
-def _section(cls, args: argparse.Namespace, **renamed):
-    """cls built from the same-named attributes of args; `renamed` gives the fields whose flag differs."""
-    names = [name for name in cls.__dataclass_fields__ if name not in renamed]
-    return cls(**{name: getattr(args, name) for name in names}, **renamed)
-
-
-def job_config(args: argparse.Namespace) -> JobConfig:
-    """The frozen configuration of flags already checked by megatron.config.arguments.validate_args."""
-    warmup_samples, decay_samples = schedule_samples(args)
-    return JobConfig(
-        model=_section(ModelConfig, args),
-        activation_checkpointing=ActivationCheckpointingConfig(
-            deepspeed=args.deepspeed_activation_checkpointing, partition_activations=args.partition_activations,
-            contiguous_checkpointing=args.contigious_checkpointing, checkpoint_in_cpu=args.checkpoint_in_cpu,
-            synchronize=args.synchronize_each_layer, profile=args.profile_backward),
-        parallel=_section(ParallelConfig, args, tensor=args.tensor_model_parallel_size,
-                          pipeline=args.pipeline_model_parallel_size, data=args.data_parallel_size,
-                          pipeline_engine=args.ds_pipeline_enabled),
-        batch=_section(BatchConfig, args, rampup=tuple(args.rampup_batch_size) if args.rampup_batch_size else None),
-        schedule=_section(ScheduleConfig, args, decay_style=args.lr_decay_style, warmup_samples=warmup_samples,
-                          decay_samples=decay_samples, tokens_per_sample=args.seq_length,
-                          warmup_tokens=args.lr_warmup_tokens, decay_tokens=args.lr_decay_tokens),
-        optimizer=_section(OptimizerConfig, args),
-        precision=_section(PrecisionConfig, args),
-        tokenizer=_section(TokenizerConfig, args),
-        data=_section(DataConfig, args, data_path=tuple(args.data_path or ())),
-        checkpoint=_section(CheckpointConfig, args, no_save_rng=bool(args.no_save_rng)),
-        logging=_section(LoggingConfig, args),
-        stopping=_section(StoppingConfig, args),
-        deepspeed_config=args.deepspeed_config,
-        flags=plain_flags(args),
-    )

@@ -4,6 +4,7 @@ Counting in samples rather than optimizer steps is what Megatron does, and havin
 the schedule resume-safe: a restarted run gets the same rate from the restored sample count.
 """
 import math
+from typing import Mapping
 
 from megatron.errors import InputError
 
@@ -45,28 +46,28 @@ def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_sam
     return min_lr + coeff * (max_lr - min_lr)
 
 
-def schedule_samples(args):
-    """(warmup_samples, decay_samples) from Megatron's flags. Iteration flags are scaled by the
-    global batch size; a warmup fraction is taken of the decay length (and may be fractional, as
+def schedule_samples(flags: Mapping):
+    """(warmup_samples, decay_samples) from Megatron's flags (a mapping of their values). Iteration flags are
+    scaled by the global batch size; a warmup fraction is taken of the decay length (and may be fractional, as
     in Megatron)."""
-    if args.train_iters:
-        unit, scale = "iters", args.global_batch_size
-    elif args.train_samples:
+    if flags["train_iters"]:
+        unit, scale = "iters", flags["global_batch_size"]
+    elif flags["train_samples"]:
         unit, scale = "samples", 1
     else:
         raise InputError("the LR schedule needs a training length: give --train-iters N or "
                          "--train-samples N")
-    decay = getattr(args, f"lr_decay_{unit}")
+    decay = flags[f"lr_decay_{unit}"]
     if decay is None:
-        decay = getattr(args, f"train_{unit}")
+        decay = flags[f"train_{unit}"]
     decay_samples = decay * scale
     if decay_samples <= 0:
         raise InputError(f"--lr-decay-{unit} {decay} leaves no samples to decay over; give a "
                          f"positive --lr-decay-{unit} (default --train-{unit})")
-    # A fraction of 0 counts as not given (like arguments.py), so it cannot hide an explicit
+    # A fraction of 0 counts as not given (like the schedule flag group), so it cannot hide an explicit
     # --lr-warmup-iters / --lr-warmup-samples.
-    if args.lr_warmup_fraction:
-        warmup_samples = args.lr_warmup_fraction * decay_samples
+    if flags["lr_warmup_fraction"]:
+        warmup_samples = flags["lr_warmup_fraction"] * decay_samples
     else:
-        warmup_samples = (getattr(args, f"lr_warmup_{unit}") or 0) * scale
+        warmup_samples = (flags[f"lr_warmup_{unit}"] or 0) * scale
     return warmup_samples, decay_samples

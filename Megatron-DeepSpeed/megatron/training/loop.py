@@ -6,7 +6,6 @@ Megatron users expect around it: the learning-rate schedule counted in samples, 
 consumed samples (so a resumed run sees exactly the samples an uninterrupted one would), and Megatron's log
 lines.
 """
-import argparse
 import contextlib
 import functools
 import logging
@@ -26,9 +25,9 @@ from megatron import device
 from megatron.checkpoint.guard import check_checkpoint_directories
 from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
-from megatron.config.arguments import parse_args, validate_args
+from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
-from megatron.config.job import DataConfig, JobConfig, ScheduleConfig, job_config
+from megatron.config.job import DataConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
@@ -317,7 +316,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))
         if adopted:
-            config = job_config(argparse.Namespace(**{**vars(args), **adopted}))
+            config = with_flags(config, adopted)
     parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline,
                              timedelta(minutes=config.stopping.distributed_timeout_minutes))
     device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank

@@ -11,18 +11,20 @@ token (with --strict-lambada: last word) the model predicts greedily. Nothing is
 """
 import argparse
 
+from megatron.config.flags import inference as inference_flags
+from megatron.config.flags.common import OneLineErrorParser
 from megatron.errors import InputError, run_cli
 from megatron.evaluation.lambada import read_lambada
 from megatron.evaluation.zeroshot import accuracy_report, lambada_accuracy, perplexity_report, wikitext_perplexity
-from megatron.inference.command_line import add_checkpoint_args, load_from_flags, tokenizer_from_flags
+from megatron.inference.command_line import load_from_flags, tokenizer_from_flags
 
 TASKS = ("WIKITEXT103", "LAMBADA")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
-    add_checkpoint_args(parser)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    inference_flags.add_flags(parser)
     group = parser.add_argument_group("task")
     group.add_argument("--task", choices=TASKS, required=True)
     group.add_argument("--valid-data", required=True, help="The task's local file (WikiText text, LAMBADA JSONL).")

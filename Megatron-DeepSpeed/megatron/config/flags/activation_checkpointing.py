@@ -1,10 +1,21 @@
-"""Activation-checkpointing flags: which layers are recomputed, and DeepSpeed's checkpointing options."""
+"""Activation-checkpointing flags: whether layers are recomputed in backward, which ones, and DeepSpeed's
+checkpointing options; the ActivationCheckpointingConfig section."""
+import argparse
+from typing import Mapping
+
+from megatron.config.flags.common import after_preset
+from megatron.config.job import ActivationCheckpointingConfig
 from megatron.errors import InputError
+
+PRESET_DEFAULTS = {"checkpoint_activations": False}
 
 
 def add_flags(parser) -> None:
     group = parser.add_argument_group(
         "activation checkpointing", "--checkpoint-activations turns recomputation on; these choose how.")
+    group.add_argument("--checkpoint-activations", action=argparse.BooleanOptionalAction,
+                       help="Recompute each layer's activations in backward. "
+                            + after_preset(PRESET_DEFAULTS["checkpoint_activations"]))
     group.add_argument("--checkpoint-num-layers", type=int, default=1,
                        help="Transformer layers per recomputed chunk.")
     group.add_argument("--distribute-checkpointed-activations", action="store_true",
@@ -26,15 +37,24 @@ def add_flags(parser) -> None:
                        help="DeepSpeed: log forward/backward times of each checkpointed chunk.")
 
 
-def validate(args) -> None:
-    if args.checkpoint_num_layers < 1:
-        raise InputError(f"--checkpoint-num-layers {args.checkpoint_num_layers} must be 1 or more")
-    if args.distribute_checkpointed_activations:
-        if not args.checkpoint_activations:
+def resolve(values: Mapping) -> dict:
+    """--distribute-checkpointed-activations turns on DeepSpeed's partitioned checkpointing; checks."""
+    if values["checkpoint_num_layers"] < 1:
+        raise InputError(f"--checkpoint-num-layers {values['checkpoint_num_layers']} must be 1 or more")
+    implied = {}
+    if values["distribute_checkpointed_activations"]:
+        if not values["checkpoint_activations"]:
             raise InputError("--distribute-checkpointed-activations splits the activations that "
                              "--checkpoint-activations saves; add --checkpoint-activations")
-        args.deepspeed_activation_checkpointing = True
-        args.partition_activations = True
-    if args.contigious_checkpointing and not args.partition_activations:
+        implied = {"deepspeed_activation_checkpointing": True, "partition_activations": True}
+    if values["contigious_checkpointing"] and not {**values, **implied}["partition_activations"]:
         raise InputError("--contigious-checkpointing packs partitioned activations; add "
                          "--partition-activations (DeepSpeed supports it only with partitioning)")
+    return implied
+
+
+def section(values: Mapping) -> ActivationCheckpointingConfig:
+    return ActivationCheckpointingConfig(
+        deepspeed=values["deepspeed_activation_checkpointing"], partition_activations=values["partition_activations"],
+        contiguous_checkpointing=values["contigious_checkpointing"], checkpoint_in_cpu=values["checkpoint_in_cpu"],
+        synchronize=values["synchronize_each_layer"], profile=values["profile_backward"])

@@ -1,11 +1,32 @@
-"""Data-loading flags of Megatron-DeepSpeed beyond the core set."""
+"""Data flags: which .bin/.idx files (or synthetic tokens), the split, loading, and end-of-document handling;
+their checks, and the DataConfig section."""
+from typing import Mapping
+
+from megatron.config.flags.common import Limits, after_preset, same_named
+from megatron.config.job import DataConfig
+from megatron.errors import InputError
 
 DATA_IMPLS = ("lazy", "cached", "mmap", "infer")
 DATALOADER_TYPES = ("single", "cyclic")
+LIMITS = Limits(non_negative=("num_workers",))
+PRESET_DEFAULTS = {"split": "969, 30, 1"}
 
 
 def add_flags(parser) -> None:
-    group = parser.add_argument_group("data loading")
+    group = parser.add_argument_group("data")
+    group.add_argument("--data-path", nargs="*",
+                       help="One .bin/.idx prefix, or pairs: weight1 prefix1 weight2 prefix2 ...")
+    group.add_argument("--split", help="Train,valid,test proportions. " + after_preset(PRESET_DEFAULTS["split"]))
+    group.add_argument("--mock-data", action="store_true",
+                       help="Train on synthetic tokens; no data files.")
+    group.add_argument("--data-cache-path", help="Where to keep the sample index cache.")
+    group.add_argument("--num-workers", type=int, default=2, help="Data loader workers.")
+    group.add_argument("--eod-mask-loss", action="store_true",
+                       help="Do not train on predicting end-of-document tokens.")
+    group.add_argument("--reset-position-ids", action="store_true",
+                       help="Restart position ids after each end-of-document token.")
+    group.add_argument("--reset-attention-mask", action="store_true",
+                       help="Do not attend across end-of-document tokens.")
     group.add_argument("--data-impl", choices=DATA_IMPLS, default="infer",
                        help="Accepted for every upstream value; all read the 'mmap' .bin/.idx files (a legacy "
                             "lazy/cached index is refused with a message saying how to convert it).")
@@ -16,6 +37,48 @@ def add_flags(parser) -> None:
                        help="Accepted; no effect (the data files are memory-mapped and read on demand).")
 
 
-def after_parse(args) -> None:
-    if args.dataloader_type is None:
-        args.dataloader_type = "single"
+def after_parse(values: Mapping) -> dict:
+    return {"dataloader_type": values["dataloader_type"] or "single"}
+
+
+def validate(values: Mapping) -> None:
+    if values["mock_data"] and values["data_path"]:
+        raise InputError(f"--mock-data and --data-path {' '.join(values['data_path'])} were both "
+                         f"given; drop one (--mock-data trains on synthetic tokens)")
+    if not values["mock_data"]:
+        _check_data_path(values["data_path"])
+    _check_split(values["split"])
+
+
+def _check_data_path(data_path) -> None:
+    if not data_path:
+        raise InputError("--data-path is required: give a .bin/.idx prefix or 'weight prefix' "
+                         "pairs, or pass --mock-data to train on synthetic tokens")
+    if len(data_path) == 1:
+        return
+    if len(data_path) % 2:
+        raise InputError(f"--data-path {' '.join(data_path)}: with several datasets give "
+                         f"'weight prefix' pairs, but there are {len(data_path)} values")
+    for weight in data_path[0::2]:
+        try:
+            ok = float(weight) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"--data-path weight {weight!r} is not a positive number; "
+                             f"write pairs like '--data-path 0.3 prefixA 0.7 prefixB'")
+
+
+def _check_split(split: str) -> None:
+    parts = split.replace("/", ",").split(",")
+    try:
+        weights = [float(part) for part in parts]
+    except ValueError:
+        weights = []
+    if not weights or len(weights) > 3 or min(weights) < 0 or sum(weights) <= 0:
+        raise InputError(f"--split {split!r} must be up to three non-negative numbers "
+                         f"(train,valid,test) with a positive sum, e.g. '949,50,1'")
+
+
+def section(values: Mapping) -> DataConfig:
+    return same_named(DataConfig, values, data_path=tuple(values["data_path"] or ()))

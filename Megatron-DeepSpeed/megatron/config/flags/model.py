@@ -1,8 +1,50 @@
-"""Model flags of Megatron-DeepSpeed beyond the core shape flags: numerics, initialisation, kernel switches."""
-from megatron.errors import InputError
+"""Model flags: the shape (--num-layers ... or a --model-size preset), numerics, initialisation and upstream's
+kernel switches; their checks, and the ModelConfig section."""
+from typing import Mapping
+
+from megatron.config.flags.common import Limits, after_preset, flag, same_named
+from megatron.config.job import ModelConfig
+from megatron.config.presets import preset_names
+from megatron.errors import InputError, require_divisible
+
+LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "seq_length"),
+                positive=("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
+                          "max_position_embeddings", "make_vocab_size_divisible_by"),
+                non_negative=("init_method_std",),
+                fractions=("hidden_dropout", "attention_dropout"))
+# Defaults of the flags a --model-size preset may fill, when neither it nor the user set them.
+PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 
 
 def add_flags(parser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model-size", choices=preset_names(), default=None,
+                       help="Fill every model/batch/LR/parallel flag not given explicitly from "
+                            "this preset (megatron/config/presets.py).")
+    group.add_argument("--num-layers", type=int, help="Number of transformer layers.")
+    group.add_argument("--hidden-size", type=int, help="Transformer hidden size.")
+    group.add_argument("--num-attention-heads", type=int, help="Attention heads per layer.")
+    group.add_argument("--seq-length", type=int, help="Tokens per sample.")
+    group.add_argument("--ffn-hidden-size", type=int,
+                       help="MLP inner size. Default 4 x --hidden-size.")
+    group.add_argument("--max-position-embeddings", type=int,
+                       help="Size of the position embedding table. Default --seq-length.")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                       help="Pad the vocab to a multiple of this x tensor parallel size.")
+    group.add_argument("--init-method-std", type=float, default=0.02,
+                       help="Std of the normal weight init.")
+    group.add_argument("--hidden-dropout", type=float,
+                       help="Dropout after attention and MLP. " + after_preset(PRESET_DEFAULTS["hidden_dropout"]))
+    group.add_argument("--attention-dropout", type=float,
+                       help="Dropout on attention probabilities. "
+                            + after_preset(PRESET_DEFAULTS["attention_dropout"]))
+    group.add_argument("--openai-gelu", action="store_true",
+                       help="Use the tanh approximation of GeLU instead of the erf form.")
+    _add_numerics_flags(parser)
+    _add_kernel_switches(parser)
+
+
+def _add_numerics_flags(parser) -> None:
     group = parser.add_argument_group("model numerics and initialisation")
     group.add_argument("--layernorm-epsilon", type=float, default=1e-5, help="Epsilon of every LayerNorm.")
     group.add_argument("--no-query-key-layer-scaling", action="store_false", default=True,
@@ -29,6 +71,8 @@ def add_flags(parser) -> None:
     group.add_argument("--onnx-safe", type=bool, required=False,
                        help="Accepted; no effect: the model has no ONNX-unsafe operation (GeLU is the erf form).")
 
+
+def _add_kernel_switches(parser) -> None:
     kernels = parser.add_argument_group(
         "kernel switches", "Upstream's fusion switches. Where a fused kernel exists here (attention: PyTorch's "
         "scaled_dot_product_attention or the device's registered kernel) the switch selects the unfused path; "
@@ -52,19 +96,44 @@ def add_flags(parser) -> None:
                               "the device and dtype have one.")
 
 
-def after_parse(args) -> None:
+def after_parse(values: Mapping) -> dict:
     """--encoder-seq-length is --seq-length under its upstream alias."""
-    if args.encoder_seq_length is None:
-        return
-    if args.seq_length is not None and args.seq_length != args.encoder_seq_length:
-        raise InputError(f"--seq-length {args.seq_length} and --encoder-seq-length {args.encoder_seq_length} "
+    alias, seq_length = values["encoder_seq_length"], values["seq_length"]
+    if alias is None:
+        return {}
+    if seq_length is not None and seq_length != alias:
+        raise InputError(f"--seq-length {seq_length} and --encoder-seq-length {alias} "
                          "name the same length; give one of them")
-    args.seq_length = args.encoder_seq_length
+    return {"seq_length": alias}
 
 
-def validate(args) -> None:
-    if args.fp32_residual_connection and not (args.fp16 or args.bf16):
+def shape(values: Mapping) -> dict:
+    """The default MLP and position-table sizes, checked against each other and the tensor-parallel size."""
+    hidden, seq_length = values["hidden_size"], values["seq_length"]
+    ffn = values["ffn_hidden_size"] if values["ffn_hidden_size"] is not None else 4 * hidden
+    positions = values["max_position_embeddings"]
+    positions = seq_length if positions is None else positions
+    tp = values["tensor_model_parallel_size"]
+    if seq_length > positions:
+        raise InputError(
+            f"--seq-length {seq_length} is above --max-position-embeddings {positions}; raise "
+            f"--max-position-embeddings to at least {seq_length} or shorten --seq-length")
+    require_divisible("--hidden-size", hidden, "--num-attention-heads", values["num_attention_heads"],
+                      "pick a hidden size that is a multiple of the head count")
+    for dest, value in (("num_attention_heads", values["num_attention_heads"]), ("ffn_hidden_size", ffn)):
+        require_divisible(flag(dest), value, "--tensor-model-parallel-size", tp,
+                          f"tensor parallelism splits it evenly, so choose a multiple of {tp} or a smaller "
+                          f"tensor parallel size")
+    return {"ffn_hidden_size": ffn, "max_position_embeddings": positions}
+
+
+def validate(values: Mapping) -> None:
+    if values["fp32_residual_connection"] and not (values["fp16"] or values["bf16"]):
         raise InputError("--fp32-residual-connection keeps the residual stream in fp32 while the model runs in "
                          "half precision; add --fp16 or --bf16, or drop it (an fp32 run is fp32 throughout)")
-    if args.layernorm_epsilon <= 0:
-        raise InputError(f"--layernorm-epsilon {args.layernorm_epsilon} must be greater than 0, e.g. 1e-5")
+    if values["layernorm_epsilon"] <= 0:
+        raise InputError(f"--layernorm-epsilon {values['layernorm_epsilon']} must be greater than 0, e.g. 1e-5")
+
+
+def section(values: Mapping) -> ModelConfig:
+    return same_named(ModelConfig, values)

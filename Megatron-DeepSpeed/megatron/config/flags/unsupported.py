@@ -4,30 +4,30 @@ Each flag is parsed with upstream's type and default, so an upstream script that
 leaves its feature off (e.g. `--num-experts 1` in the dense GPT scripts) still runs. A value that would turn
 the feature on stops the run with one line naming the flag and the feature. Knobs that only tune a feature
 (`--topk`, `--kd-temp`, ...) are inert while the feature is off, as upstream; they never stop a run.
-After the check, none of these flags is left on the parsed namespace.
+After the check, none of these flags is left among the parsed values.
 """
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from megatron.errors import InputError
 
 
-def _differs_from_default(value, default, args) -> bool:
+def _differs_from_default(value, default, values) -> bool:
     return value != default
 
 
-def _any_expert_count_above_one(value, default, args) -> bool:
+def _any_expert_count_above_one(value, default, values) -> bool:
     return any(count > 1 for count in value)
 
 
-def _kv_channels_not_head_dim(value, default, args) -> bool:
-    return value is not None and value * args.num_attention_heads != args.hidden_size
+def _kv_channels_not_head_dim(value, default, values) -> bool:
+    return value is not None and value * values["num_attention_heads"] != values["hidden_size"]
 
 
 @dataclass(frozen=True)
 class UnsupportedFlag:
     """One upstream flag: how argparse reads it, the feature it belongs to, and when it turns that on.
-    `turns_on(value, default, args)`; None for a knob that never does on its own. `message` replaces the
+    `turns_on(value, default, values)`; None for a knob that never does on its own. `message` replaces the
     standard sentence (for flags upstream itself removed)."""
     flag: str
     feature: str
@@ -155,12 +155,11 @@ def add_flags(parser) -> None:
         group.add_argument(entry.flag, help="Not supported: " + entry.feature + ".", **spec)
 
 
-def reject_unsupported(args) -> None:
-    """InputError for the first flag whose value turns on a feature this trainer lacks; then drop them all
-    from `args`. Needs the model-shape flags parsed (for --kv-channels)."""
+def supported(values: Mapping) -> dict:
+    """The values without these flags; InputError for the first whose value turns on a feature this trainer
+    lacks. Needs the model-shape flags settled (for --kv-channels)."""
     for entry in UNSUPPORTED_FLAGS:
-        value = getattr(args, entry.dest)
-        if entry.turns_on is not None and entry.turns_on(value, entry.default, args):
+        if entry.turns_on is not None and entry.turns_on(values[entry.dest], entry.default, values):
             raise InputError(entry.error())
-    for entry in UNSUPPORTED_FLAGS:
-        delattr(args, entry.dest)
+    dropped = {entry.dest for entry in UNSUPPORTED_FLAGS}
+    return {dest: value for dest, value in values.items() if dest not in dropped}

@@ -1,0 +1,36 @@
+"""Flags of generation and zero-shot evaluation (tools/generate_text.py, tasks/zeroshot_gpt/evaluate.py): which
+checkpoint to load, how to split it over processes, with which tokenizer and precision. They are the training
+groups' flags; what differs is here: a checkpoint is required, the layout flags default to 1, the tokenizer flags
+to what the model was trained with, and a pipeline split is refused."""
+from typing import Mapping
+
+from megatron.config.flags import parallelism, precision, stopping, tokenizer, training
+from megatron.errors import InputError
+
+
+def add_flags(parser) -> None:
+    group = parser.add_argument_group("checkpoint and parallelism")
+    group.add_argument("--load", required=True,
+                       help="The --save directory of a training run (any TP x PP x DP layout and ZeRO stage), or one "
+                            "of its global_step{N} directories.")
+    group.add_argument("--iteration", type=int, help="Load this iteration's checkpoint instead of the latest.")
+    parallelism.add_model_parallel_flags(
+        group, default=1,
+        tensor_help="Split the model over this many processes; the others are data-parallel replicas.",
+        pipeline_help="Only 1: every tensor-parallel group holds all layers (checkpoints of any pipeline layout "
+                      "load as they are).")
+    parallelism.add_backend_flag(group)
+    stopping.add_timeout_flag(group)
+    training.add_micro_batch_flag(group, default=8, help="Sequences processed together per replica.")
+    precision.add_dtype_flags(group.add_mutually_exclusive_group())
+    tokenizer.add_flags(parser, as_trained=True)
+
+
+def validate(values: Mapping) -> None:
+    """The checks that need no process group, so that they fail before anything starts."""
+    if values["pipeline_model_parallel_size"] != 1:
+        raise InputError(f"--pipeline-model-parallel-size {values['pipeline_model_parallel_size']}: generation and "
+                         "evaluation run every layer in each tensor-parallel group; drop the flag (a checkpoint "
+                         "trained with pipeline parallelism loads directly, whatever its layout)")
+    if values["micro_batch_size"] < 1:
+        raise InputError(f"--micro-batch-size {values['micro_batch_size']} must be at least 1")

@@ -1,0 +1,197 @@
+"""Parallelism and DeepSpeed flags: tensor, pipeline and sequence parallelism, the engine, the process-group
+backend, ZeRO (whose flags become keys of the generated DeepSpeed config, megatron/config/ds_config.py), and the
+user's --deepspeed_config, read here once; their checks against the world size, and the ParallelConfig section."""
+import logging
+import os
+from types import MappingProxyType
+from typing import Mapping
+
+from megatron.config.ds_config import load_user_config
+from megatron.config.flags.common import Limits, after_preset, same_named
+from megatron.config.job import ParallelConfig
+from megatron.errors import InputError, require_divisible
+
+DISTRIBUTED_BACKENDS = ("nccl", "hccl", "gloo", "ccl")
+BACKEND_BY_DEVICE = MappingProxyType(
+    {"cuda": "nccl", "npu": "hccl", "hpu": "hccl", "xpu": "ccl", "cpu": "gloo"})
+REMOTE_DEVICES = ("none", "cpu", "nvme")
+DEEPSPEED_JSON = "deepspeed_json"  # the value holding the user's DeepSpeed JSON as read (None without one)
+LIMITS = Limits(positive=("tensor_model_parallel_size", "pipeline_model_parallel_size"))
+PRESET_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "no_pipeline_parallel": False}
+
+_log = logging.getLogger(__name__)
+
+
+def add_flags(parser) -> None:
+    group = parser.add_argument_group("parallelism and DeepSpeed")
+    add_model_parallel_flags(group)
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="Split LayerNorm/dropout activations along the sequence over TP.")
+    group.add_argument("--no-pipeline-parallel", action="store_true", default=None,
+                       help="Use DeepSpeed's plain engine instead of its pipeline engine "
+                            "(needs --pipeline-model-parallel-size 1).")
+    add_backend_flag(group)
+    group.add_argument("--deepspeed", "--deepscale", action="store_true",
+                       help="Accepted; training always runs on DeepSpeed.")
+    group.add_argument("--deepspeed_config", "--deepscale_config",
+                       help="DeepSpeed JSON; default: generated from these flags.")
+    group.add_argument("--local_rank", "--local-rank", type=int,
+                       help="Passed by the deepspeed launcher: becomes LOCAL_RANK when the environment has "
+                            "none, and must agree with it otherwise.")
+    _add_zero_flags(parser)
+    _add_ddp_switches(parser)
+
+
+def add_model_parallel_flags(group, default=None, tensor_help=None, pipeline_help=None) -> None:
+    """--tensor-model-parallel-size and --pipeline-model-parallel-size; without a default a preset may set them."""
+    group.add_argument("--tensor-model-parallel-size", type=int, default=default,
+                       help=tensor_help or after_preset(PRESET_DEFAULTS["tensor_model_parallel_size"]))
+    group.add_argument("--pipeline-model-parallel-size", type=int, default=default,
+                       help=pipeline_help or after_preset(PRESET_DEFAULTS["pipeline_model_parallel_size"]))
+
+
+def add_backend_flag(group) -> None:
+    group.add_argument("--distributed-backend", choices=DISTRIBUTED_BACKENDS,
+                       help="Default: chosen by the device (nccl, hccl or gloo).")
+
+
+def _add_zero_flags(parser) -> None:
+    group = parser.add_argument_group(
+        "ZeRO", "Upstream declares these without using them (its DeepSpeed JSON decides); here a flag that is "
+        "given sets its key, and a JSON that says otherwise is an error, like every other flag.")
+    group.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3),
+                       help="ZeRO stage. Default: the --deepspeed_config JSON's zero_optimization.stage, "
+                            "else 1 (Megatron-DeepSpeed's default).")
+    group.add_argument("--zero-reduce-scatter", action="store_true",
+                       help="zero_optimization.reduce_scatter: average gradients with reduce-scatter.")
+    group.add_argument("--zero-contigious-gradients", action="store_true",
+                       help="zero_optimization.contiguous_gradients: copy gradients into one buffer as they "
+                            "are produced. Upstream's spelling.")
+    group.add_argument("--zero-reduce-bucket-size", type=int, default=0,
+                       help="zero_optimization.reduce_bucket_size in elements (0: DeepSpeed's default).")
+    group.add_argument("--zero-allgather-bucket-size", type=int, default=0,
+                       help="zero_optimization.allgather_bucket_size in elements (0: DeepSpeed's default).")
+    group.add_argument("--remote-device", choices=REMOTE_DEVICES, default="none",
+                       help="ZeRO-3: keep the partitioned parameters on this device "
+                            "(zero_optimization.offload_param.device; nvme needs a JSON with its nvme_path).")
+    group.add_argument("--use-pin-memory", action="store_true",
+                       help="ZeRO-3 with --remote-device cpu: pin that memory (offload_param.pin_memory).")
+
+
+def _add_ddp_switches(parser) -> None:
+    ddp = parser.add_argument_group(
+        "upstream DDP switches", "Accepted for upstream scripts; DeepSpeed reduces gradients here, so they "
+        "change nothing.")
+    ddp.add_argument("--DDP-impl", choices=("local", "torch"), default="local")
+    ddp.add_argument("--use-contiguous-buffers-in-ddp", action="store_true")
+    ddp.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+    ddp.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
+                     dest="scatter_gather_tensors_in_pipeline")
+
+
+def sizes(values: Mapping, world_size: int) -> dict:
+    """The world size and the data-parallel size it leaves: DP = world / (TP x PP)."""
+    tp, pp = values["tensor_model_parallel_size"], values["pipeline_model_parallel_size"]
+    if world_size < 1:
+        raise InputError(f"world size {world_size} must be at least 1; check the launcher (WORLD_SIZE)")
+    if world_size < tp * pp:
+        raise InputError(
+            f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} needs at least "
+            f"{tp * pp} processes (one per device), but world size is {world_size}; launch {tp * pp} "
+            f"or a multiple (e.g. torchrun --nproc_per_node {tp * pp}), or lower those sizes")
+    require_divisible("world size", world_size,
+                      f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} =", tp * pp,
+                      f"launch a multiple of {tp * pp} processes or lower those sizes")
+    return {"world_size": world_size, "data_parallel_size": world_size // (tp * pp)}
+
+
+def deepspeed_json(values: Mapping) -> dict:
+    """The user's --deepspeed_config, read once (None without one), and --zero-stage: when not given, the JSON's
+    stage (upstream's scripts often set it only there), else 1, upstream's default."""
+    path, stage = values["deepspeed_config"], values["zero_stage"]
+    user = None
+    if path is not None:
+        if not os.path.isfile(path):
+            raise InputError(f"--deepspeed_config {path} does not exist; give a DeepSpeed JSON file, or drop the "
+                             f"flag to generate one from the flags")
+        user = MappingProxyType(load_user_config(path))
+    if stage is None:
+        zero = user.get("zero_optimization") if user is not None else None
+        stage = zero.get("stage") if isinstance(zero, dict) else None
+        if stage not in (None, 0, 1, 2, 3):
+            raise InputError(f"--deepspeed_config {path} sets zero_optimization.stage={stage!r}; use 0, 1, 2 or 3")
+        stage = 1 if stage is None else stage
+    return {"zero_stage": stage, DEEPSPEED_JSON: user}
+
+
+def validate_zero(values: Mapping) -> None:
+    for dest in ("zero_reduce_bucket_size", "zero_allgather_bucket_size"):
+        if values[dest] < 0:
+            raise InputError(f"--{dest.replace('_', '-')} {values[dest]} must be 0 (DeepSpeed's default) "
+                             "or a positive number of elements")
+    remote = values["remote_device"]
+    if remote != "none" and values["zero_stage"] != 3:
+        raise InputError(f"--remote-device {remote} places ZeRO-3's partitioned parameters, but "
+                         f"--zero-stage is {values['zero_stage']}; use --zero-stage 3 or drop it")
+    if values["use_pin_memory"] and remote != "cpu":
+        raise InputError("--use-pin-memory pins the CPU memory of --remote-device cpu; add --remote-device cpu "
+                         "or drop it")
+
+
+def features(values: Mapping) -> dict:
+    """Sequence parallelism (off, with a warning, at TP 1) and the engine, checked against the layout and ZeRO."""
+    tp, pp, zero_stage = (values["tensor_model_parallel_size"], values["pipeline_model_parallel_size"],
+                          values["zero_stage"])
+    sequence_parallel = values["sequence_parallel"]
+    if sequence_parallel and tp == 1:
+        _log.warning("--sequence-parallel has no effect with --tensor-model-parallel-size 1; turning it off")
+        sequence_parallel = False
+    if sequence_parallel and values["seq_length"] % tp:
+        raise InputError(f"--sequence-parallel splits --seq-length {values['seq_length']} over "
+                         f"--tensor-model-parallel-size {tp}, which does not divide it; use a multiple of {tp}")
+    layers = values["num_layers"]
+    if pp > layers:
+        raise InputError(f"--pipeline-model-parallel-size {pp} is more than --num-layers {layers}: every pipeline "
+                         f"stage needs a transformer layer; use at most {layers} stages or more layers (uneven "
+                         f"splits are fine: stages are cut between layers as evenly as possible)")
+    if values["no_pipeline_parallel"] and pp > 1:
+        raise InputError(f"--no-pipeline-parallel contradicts --pipeline-model-parallel-size {pp}; drop one of them")
+    pipeline_engine = not values["no_pipeline_parallel"]
+    if zero_stage >= 2 and pipeline_engine:
+        fix = "use --zero-stage 0 or 1" if pp > 1 else "use --zero-stage 0 or 1, or add --no-pipeline-parallel"
+        raise InputError(f"--zero-stage {zero_stage} with --pipeline-model-parallel-size {pp}: DeepSpeed's pipeline "
+                         f"engine supports only ZeRO stages 0 and 1; {fix}")
+    if sequence_parallel:
+        _check_sequence_parallel_gradients(zero_stage, values["bf16"], pipeline_engine)
+    return {"sequence_parallel": sequence_parallel, "ds_pipeline_enabled": pipeline_engine}
+
+
+def _check_sequence_parallel_gradients(zero_stage: int, bf16: bool, pipeline_engine: bool) -> None:
+    """Sequence-parallel gradients are summed over the tensor-parallel ranks once per step, from the gradients
+    accumulated on the parameters (megatron/tensor_parallel/sequence_parallel_grads.py); refuse the DeepSpeed
+    modes that take the gradients off the parameters during backward."""
+    if zero_stage >= 2:
+        raise InputError(f"--sequence-parallel with --zero-stage {zero_stage}: ZeRO stages 2 and 3 partition each "
+                         f"gradient during backward, before the sequence-parallel gradients are summed over the "
+                         f"tensor-parallel ranks at the end of the step; use --zero-stage 0 or 1")
+    if bf16 and zero_stage == 0 and pipeline_engine:
+        raise InputError("--sequence-parallel with --bf16 and --zero-stage 0 on the pipeline engine: DeepSpeed's "
+                         "bf16 pipeline optimizer moves each micro-batch's gradients into fp32 buffers during "
+                         "backward, before the sequence-parallel gradients are summed at the end of the step; "
+                         "use --zero-stage 1")
+
+
+def backend(values: Mapping, device_name: str) -> dict:
+    """--distributed-backend, by default the device's."""
+    if values["distributed_backend"] is not None:
+        return {}
+    if device_name not in BACKEND_BY_DEVICE:
+        raise InputError(f"no default --distributed-backend for device '{device_name}'; pass "
+                         f"one of {', '.join(DISTRIBUTED_BACKENDS)}")
+    return {"distributed_backend": BACKEND_BY_DEVICE[device_name]}
+
+
+def section(values: Mapping) -> ParallelConfig:
+    return same_named(ParallelConfig, values, tensor=values["tensor_model_parallel_size"],
+                      pipeline=values["pipeline_model_parallel_size"], data=values["data_parallel_size"],
+                      pipeline_engine=values["ds_pipeline_enabled"])
