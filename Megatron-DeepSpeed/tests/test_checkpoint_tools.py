@@ -11,12 +11,13 @@ import torch
 from megatron.checkpoint import hf
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.examine import differences, examine
-from megatron.checkpoint.reader import Layout, model_config, read_checkpoint
+from megatron.checkpoint.reader import Layout, read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume, resolve_schedule
 from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.model.gpt import GPTModel
+from megatron.model.gpt_config import gpt_config
 
 HF_VOCAB = 100
 
@@ -63,7 +64,7 @@ def test_imported_model_computes_hf_logits(tmp_path, activation, openai_gelu):
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1), make_vocab_size_divisible_by=64)
     checkpoint = read_checkpoint(str(tmp_path / "ckpt"))
     assert checkpoint.padded_vocab_size == 128 and checkpoint.iteration == 0
-    config = model_config(checkpoint.args, checkpoint.padded_vocab_size)
+    config = gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size)
     assert config.openai_gelu is openai_gelu
     model = GPTModel(config).eval()
     model.load_state_dict(dict(checkpoint.model))
@@ -121,7 +122,7 @@ def test_shards_join_back():
 
 RUN = Layout(tensor=2, pipeline=2, data=1, zero_stage=1, pipeline_engine=True)
 MODEL_FLAGS = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
-                   max_position_embeddings=16, openai_gelu=False)
+                   max_position_embeddings=16, openai_gelu=False, layernorm_epsilon=1e-5)
 
 
 def test_resume_plan_of_a_reshaped_checkpoint(imported):

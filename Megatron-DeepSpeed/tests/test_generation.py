@@ -13,6 +13,7 @@ from megatron.inference.generation import PaddedBatch, generate_batch
 from megatron.inference.prompts import gather_prompts, read_prompt_file, tokenize_prompts
 from megatron.inference.sampling import SamplingParams, filter_logits, prompt_generators
 from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.gpt_config import model_config_of
 from megatron.tokenizer.null_tokenizer import NullTokenizer
 
 VOCAB, PADDED_VOCAB, EOD = 100, 128, 99
@@ -40,7 +41,7 @@ def model():
 
 def hf_model_of(model):
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(**hf_config(model.config, VOCAB, torch.float32, eod=EOD))
+    config = GPT2Config(**hf_config(model_config_of(model.config), VOCAB, torch.float32, eod=EOD))
     hf_model = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
     weights = to_hf_state_dict(model.state_dict(), model.config, VOCAB)
     with torch.no_grad():

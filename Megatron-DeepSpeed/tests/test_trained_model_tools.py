@@ -13,12 +13,13 @@ from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
 
 from megatron.checkpoint.hf import hf_config, to_hf_state_dict
-from megatron.checkpoint.reader import model_config, read_checkpoint
+from megatron.checkpoint.reader import read_checkpoint
 from megatron.errors import InputError
 from megatron.evaluation.zeroshot import wikitext_perplexity
 from megatron.inference.generation import generate_batch
 from megatron.inference.loading import load_model
 from megatron.inference.sampling import SamplingParams
+from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import PORTABLE_KERNELS
 from megatron.tokenizer.null_tokenizer import NullTokenizer
 from megatron.training.log_lines import parse_log
@@ -81,8 +82,9 @@ def generate_on_ranks(runs):
 def hf_greedy(save):
     from transformers import GPT2Config, GPT2LMHeadModel
     checkpoint = read_checkpoint(save)
-    config = model_config(checkpoint.args, checkpoint.padded_vocab_size)
-    hf_model = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(config, VOCAB + 1, torch.float32, eod=VOCAB)),
+    config = gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size)
+    hf_model = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(checkpoint.model_config, VOCAB + 1, torch.float32,
+                                                                   eod=VOCAB)),
                                             attn_implementation="eager")
     missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(checkpoint.model, config, VOCAB + 1), strict=False)
     assert (missing, unexpected) == (["lm_head.weight"], [])  # tied to the word embedding

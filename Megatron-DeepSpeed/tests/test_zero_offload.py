@@ -30,14 +30,15 @@ def offloaded_engine_facts(stage: str) -> dict:
     from megatron.model.provider import model_provider
     from megatron.parallel_state import ParallelState
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
-    from megatron.training.loop import build_engine, model_config_of
+    from megatron.model.gpt_config import gpt_config
+    from megatron.training.loop import build_engine
 
     argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
             "--mock-data", "--zero-stage", stage, *OFFLOAD]
     config = job_config(validate_args(parse_args(argv), 1, "cpu"))
     kernels = select_kernels("cpu")
     parallel = ParallelState()
-    model = model_provider(model_config_of(config, 256, kernels), config.parallel, parallel,
+    model = model_provider(gpt_config(config.model, 256, kernels), config.parallel, parallel,
                            tensor_parallel_rng_tracker(config.model.seed, 0))
     engine, _, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, 200, (2, 33)), 200)

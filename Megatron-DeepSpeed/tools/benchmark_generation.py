@@ -19,6 +19,7 @@ from megatron.errors import InputError, run_cli
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams
 from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.gpt_config import model_config_of
 from megatron.model.kernels import select_kernels
 
 GREEDY = SamplingParams()
@@ -50,7 +51,7 @@ def build_models(args, target: torch.device, dtype: torch.dtype):
                        hidden_size=args.hidden, num_attention_heads=args.heads, hidden_dropout=0.0,
                        attention_dropout=0.0, kernels=select_kernels(device.device_name()))
     ours = GPTModel(config).eval()
-    theirs = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(config, args.vocab, dtype)),
+    theirs = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(model_config_of(config), args.vocab, dtype)),
                                           attn_implementation="sdpa")
     missing, _ = theirs.load_state_dict(to_hf_state_dict(ours.state_dict(), config, args.vocab), strict=False)
     assert missing == ["lm_head.weight"]  # tied to the word embedding

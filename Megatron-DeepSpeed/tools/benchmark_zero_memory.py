@@ -103,7 +103,8 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     from megatron.model.provider import model_provider
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
-    from megatron.training.loop import build_engine, model_config_of
+    from megatron.model.gpt_config import gpt_config
+    from megatron.training.loop import build_engine
 
     argv = ["--num-layers", str(options.layers), "--hidden-size", str(options.hidden), "--num-attention-heads",
             str(options.heads), "--seq-length", str(options.seq), "--micro-batch-size", "1",
@@ -116,7 +117,7 @@ def measure_stage(stage: int, options, parallel, world_size: int) -> dict:
     vocab = vocab_size_with_padding(tokenizer.vocab_size, config.tokenizer.make_vocab_size_divisible_by, 1)
     device.manual_seed(config.model.seed)
     kernels = select_kernels(device.device_name())
-    model = model_provider(model_config_of(config, vocab, kernels), config.parallel, parallel,
+    model = model_provider(gpt_config(config.model, vocab, kernels), config.parallel, parallel,
                            tensor_parallel_rng_tracker(config.model.seed, 0))
     engine, _, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, tokenizer.vocab_size, (1, config.data.seq_length + 1)), tokenizer.eod)

@@ -8,16 +8,16 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.optimizer_state import read_optimizer_state
-from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, load_file, model_config, model_parallel_rank,
-                                        model_states_file, read_checkpoint, read_client_state)
+from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, load_file, model_parallel_rank, model_states_file,
+                                        read_checkpoint, read_client_state)
 from megatron.checkpoint.writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.files.atomic import write_directory_atomically
+from megatron.config.model_config import ModelConfig
 from megatron.model.gpt import GPTConfig
+from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import vocab_size_with_padding
 
-# Flags the trainer has no choice for: an imported model must match them.
-LAYERNORM_EPSILON = 1e-5
 GPT2_TOKENIZER_FILES = (("vocab_file", "vocab.json"), ("merge_file", "merges.txt"))
 
 
@@ -45,7 +45,7 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress)
-    config = model_config(source.args, source.padded_vocab_size)
+    config = gpt_config(source.model_config, source.padded_vocab_size)
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
@@ -75,12 +75,12 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     if os.path.exists(hf_dir) and not force:
         raise InputError(f"--to-hf {hf_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress)
-    args = source.args
-    config = model_config(args, source.padded_vocab_size)
+    args, model_config = source.args, source.model_config
+    config = gpt_config(model_config, source.padded_vocab_size)
     vocab_size = unpadded_vocab_size(args)
     weights = hf.to_hf_state_dict(source.model, config, vocab_size)
     dtype = next(iter(source.model.values())).dtype
-    config_json = hf.hf_config(config, vocab_size, dtype)
+    config_json = hf.hf_config(model_config, vocab_size, dtype)
     tokenizer_files = [(args.get(flag), name) for flag, name in GPT2_TOKENIZER_FILES]
     copy_tokenizer = args.get("tokenizer_type") == "GPT2BPETokenizer" and all(
         path and os.path.isfile(path) for path, _ in tokenizer_files)
@@ -100,18 +100,13 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     return source
 
 
-def imported_args(hf_config: Mapping[str, object], config: GPTConfig, vocab_size: int,
+def imported_args(hf_config: Mapping[str, object], model: ModelConfig, vocab_size: int, padded_vocab_size: int,
                   make_vocab_size_divisible_by: int) -> dict:
-    """The flags an imported checkpoint records: the model's shape and the vocabulary; training flags are the
+    """The flags an imported checkpoint records: the model's and the vocabulary; training flags are the
     fine-tuning run's own."""
-    return {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
-            "num_attention_heads": config.num_attention_heads, "ffn_hidden_size": config.ffn_hidden_size,
-            "max_position_embeddings": config.max_position_embeddings, "seq_length": config.max_position_embeddings,
-            "hidden_dropout": config.hidden_dropout, "attention_dropout": config.attention_dropout,
-            "init_method_std": config.init_method_std, "openai_gelu": config.openai_gelu,
-            "checkpoint_activations": False, "seed": 1234, "fp16": False, "bf16": False,
+    return {**model.to_flags(), "seq_length": model.max_position_embeddings, "fp16": False, "bf16": False,
             "make_vocab_size_divisible_by": make_vocab_size_divisible_by, "tokenizer_vocab_size": vocab_size,
-            "padded_vocab_size": config.vocab_size, "zero_stage": 0, "data_parallel_size": 1,
+            "padded_vocab_size": padded_vocab_size, "zero_stage": 0, "data_parallel_size": 1,
             "imported_from": "transformers GPT2LMHeadModel (" + str(hf_config.get("_name_or_path", "")) + ")"}
 
 
@@ -122,16 +117,14 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     if os.path.exists(save_dir) and not force:
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     hf_config = hf.read_hf_config(hf_dir)
-    if abs(float(hf_config.get("layer_norm_epsilon", LAYERNORM_EPSILON)) - LAYERNORM_EPSILON) > 1e-12:
-        raise InputError(f"{hf_dir}/{hf.CONFIG_FILE} sets layer_norm_epsilon {hf_config['layer_norm_epsilon']}; the "
-                         f"trainer's LayerNorms use {LAYERNORM_EPSILON}, so only such models can be imported")
+    model_config = hf.model_config_from_hf(hf_config, os.path.join(hf_dir, hf.CONFIG_FILE))
     vocab_size = int(hf_config["vocab_size"])
     padded = vocab_size_with_padding(vocab_size, make_vocab_size_divisible_by, target.tensor)
-    config = hf.config_from_hf(hf_config, padded)
+    config = gpt_config(model_config, padded)
     check_target(config, target)
     progress(f"reading {hf_dir}")
     model = hf.from_hf_state_dict(hf.read_hf_weights(hf_dir), config)
-    args = imported_args(hf_config, config, vocab_size, make_vocab_size_divisible_by)
+    args = imported_args(hf_config, model_config, vocab_size, padded, make_vocab_size_divisible_by)
     state = TrainingState(iteration=0, consumed_train_samples=0, args=args)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
         directory, model, config, state, target, None, progress), force=force)

@@ -8,6 +8,7 @@ import torch
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.reader import Progress, _quiet, read_checkpoint
+from megatron.model.gpt_config import gpt_config
 
 KEY_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
              "max_position_embeddings", "padded_vocab_size", "tokenizer_type", "openai_gelu", "fp16", "bf16",
@@ -26,7 +27,8 @@ def examine(path: str, progress: Progress = _quiet) -> Examined:
     """Read `path`: a Hugging Face directory when it holds config.json, else one of our checkpoints."""
     if os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
         config_json = hf.read_hf_config(path)
-        config = hf.config_from_hf(config_json, int(config_json["vocab_size"]))
+        config = gpt_config(hf.model_config_from_hf(config_json, os.path.join(path, hf.CONFIG_FILE)),
+                            int(config_json["vocab_size"]))
         model = hf.from_hf_state_dict(hf.read_hf_weights(path), config)
         header = [f"Hugging Face GPT-2 model {path}", f"vocabulary: {config_json['vocab_size']}",
                   f"activation: {config_json.get('activation_function')}"]

@@ -4,7 +4,9 @@
 Differences bridged (DESIGN §9): HF's Conv1D stores weights [in, out] (ours [out, in]); HF's fused c_attn rows
 are [all q | all k | all v] where ours are ordered per head (q, k, v of head 0, then head 1 ...); HF has no
 padded vocabulary rows; HF's "gelu" is the erf form (ours by default), "gelu_new" the tanh form
-(--openai-gelu); the LM head is tied to the word embedding in both.
+(--openai-gelu); the LM head is tied to the word embedding in both. The model flags map to GPT2Config's keys
+through HF_KEYS; those it has no key for travel in config.json under MODEL_FLAGS_KEY, which transformers keeps
+as an attribute and otherwise ignores.
 """
 import json
 import os
@@ -12,6 +14,7 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
+from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 
@@ -20,6 +23,15 @@ WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
 ARCHITECTURE = "GPT2LMHeadModel"
 ERF_GELU, TANH_GELUS = "gelu", ("gelu_new", "gelu_pytorch_tanh")
+
+# GPT2Config's keys for the model flags (megatron/config/model_config.py); the first key of a flag is the one read.
+HF_KEYS = (("n_layer", "num_layers"), ("n_embd", "hidden_size"), ("n_head", "num_attention_heads"),
+           ("n_positions", "max_position_embeddings"), ("n_inner", "ffn_hidden_size"),
+           ("layer_norm_epsilon", "layernorm_epsilon"), ("initializer_range", "init_method_std"),
+           ("resid_pdrop", "hidden_dropout"), ("embd_pdrop", "hidden_dropout"), ("attn_pdrop", "attention_dropout"))
+ACTIVATION_KEY = "activation_function"  # <-> openai_gelu
+_MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | {"openai_gelu"}
+MODEL_FLAGS_KEY = "megatron_model_flags"  # our key: the model flags GPT2Config has none for
 
 _LAYER_NORMS = (("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"))
 _LINEARS = (("attn.c_attn", "attention.query_key_value"), ("attn.c_proj", "attention.dense"),
@@ -96,17 +108,33 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Dic
     return {name: tensor.contiguous() for name, tensor in model.items()}
 
 
-def hf_config(config: GPTConfig, vocab_size: int, dtype: torch.dtype, eod: Optional[int] = None) -> dict:
-    """config.json of the GPT2LMHeadModel equal to `config` (transformers reads these keys)."""
+def hf_config(model: ModelConfig, vocab_size: int, dtype: torch.dtype, eod: Optional[int] = None) -> dict:
+    """config.json of the GPT2LMHeadModel equal to `model` (transformers reads these keys); the model flags
+    GPT2Config has no key for go along under MODEL_FLAGS_KEY, so an import gives back the same model."""
     eod = vocab_size - 1 if eod is None else eod
-    return {"architectures": [ARCHITECTURE], "model_type": "gpt2", "vocab_size": vocab_size,
-            "n_positions": config.max_position_embeddings, "n_embd": config.hidden_size,
-            "n_layer": config.num_layers, "n_head": config.num_attention_heads, "n_inner": config.ffn_hidden_size,
-            "activation_function": TANH_GELUS[0] if config.openai_gelu else ERF_GELU,
-            "layer_norm_epsilon": config.layernorm_epsilon, "initializer_range": config.init_method_std,
-            "resid_pdrop": config.hidden_dropout, "embd_pdrop": config.hidden_dropout,
-            "attn_pdrop": config.attention_dropout, "bos_token_id": eod, "eos_token_id": eod,
-            "tie_word_embeddings": True, "use_cache": True, "torch_dtype": str(dtype).removeprefix("torch.")}
+    flags = model.to_flags()
+    mapped = {key: flags[flag] for key, flag in HF_KEYS}
+    unmapped = {flag: value for flag, value in flags.items() if flag not in _MAPPED_FLAGS}
+    return {"architectures": [ARCHITECTURE], "model_type": "gpt2", "vocab_size": vocab_size, **mapped,
+            ACTIVATION_KEY: TANH_GELUS[0] if model.openai_gelu else ERF_GELU, MODEL_FLAGS_KEY: unmapped,
+            "bos_token_id": eod, "eos_token_id": eod, "tie_word_embeddings": True, "use_cache": True,
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+def model_config_from_hf(config: Mapping[str, object], source: str = CONFIG_FILE) -> ModelConfig:
+    """The model of a GPT-2 config.json (checked by read_hf_config). The shape keys must be there; another key
+    it lacks takes upstream's default, which is GPT2Config's too, except the activation: transformers' default
+    is the tanh form."""
+    ours = config.get(MODEL_FLAGS_KEY) or {}
+    if not isinstance(ours, dict):
+        raise InputError(f"{source} sets {MODEL_FLAGS_KEY} to {ours!r}; it must map flag names to values "
+                         "(or be removed)")
+    standard = {}
+    for key, flag in HF_KEYS:
+        if config.get(key) is not None:
+            standard.setdefault(flag, config[key])
+    activation = config.get(ACTIVATION_KEY, TANH_GELUS[0])
+    return ModelConfig.from_flags({**ours, **standard, "openai_gelu": activation in TANH_GELUS}, source)
 
 
 def read_hf_config(directory: str) -> dict:
@@ -129,9 +157,9 @@ def read_hf_config(directory: str) -> dict:
         if config.get(option, supported) != supported:
             raise InputError(f"{path} sets {option}={config[option]}, which the Megatron GPT model does not "
                              f"implement; only {option}={supported} can be imported")
-    activation = config.get("activation_function", TANH_GELUS[0])
+    activation = config.get(ACTIVATION_KEY, TANH_GELUS[0])
     if activation not in (ERF_GELU, *TANH_GELUS):
-        raise InputError(f"{path} sets activation_function '{activation}'; only '{ERF_GELU}' (erf GeLU) and "
+        raise InputError(f"{path} sets {ACTIVATION_KEY} '{activation}'; only '{ERF_GELU}' (erf GeLU) and "
                          f"{' / '.join(TANH_GELUS)} (tanh GeLU, --openai-gelu) can be imported")
     return config
 

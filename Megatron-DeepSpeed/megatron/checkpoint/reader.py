@@ -25,7 +25,8 @@ import torch
 from megatron.checkpoint.layout import LATEST_TAG_FILE, OPTIMIZER_SAVED, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
-from megatron.model.gpt import EMBEDDING_PIECE, GPTConfig, layer_piece
+from megatron.config.model_config import ModelConfig
+from megatron.model.gpt import EMBEDDING_PIECE, layer_piece
 
 Progress = Callable[[str], None]
 
@@ -66,6 +67,11 @@ class Checkpoint:
     padded_vocab_size: int
     model: Mapping[str, torch.Tensor]  # full tensors under GPTModel's names, in the training dtype
     has_optimizer_state: bool  # False: saved with --no-save-optim, or converted with --weights-only
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model the recorded flags describe (dropout and activation checkpointing as trained)."""
+        return ModelConfig.from_flags(self.args, f"the flags recorded in {self.directory}")
 
 
 # ----------------------------------------------------------------------------- files
@@ -193,18 +199,6 @@ def layout_of(state: Mapping[str, object]) -> Layout:
 
 def training_dtype(args: Mapping[str, object]) -> torch.dtype:
     return torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
-
-
-def model_config(args: Mapping[str, object], padded_vocab_size: int) -> GPTConfig:
-    """The GPTConfig the recorded flags describe (dropout and activation checkpointing as trained; replace
-    them with dataclasses.replace for inference)."""
-    return GPTConfig(
-        vocab_size=padded_vocab_size, max_position_embeddings=args["max_position_embeddings"],
-        num_layers=args["num_layers"], hidden_size=args["hidden_size"],
-        num_attention_heads=args["num_attention_heads"], ffn_hidden_size=args["ffn_hidden_size"],
-        hidden_dropout=args["hidden_dropout"], attention_dropout=args["attention_dropout"],
-        init_method_std=args["init_method_std"], openai_gelu=args["openai_gelu"],
-        checkpoint_activations=bool(args["checkpoint_activations"]), init_seed=args["seed"])
 
 
 # ----------------------------------------------------------------------------- weights

@@ -16,11 +16,9 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint.layout import LATEST_TAG_FILE
 from megatron.checkpoint.reader import Layout, checkpoint_directory, holds_optimizer_state, layout_of, read_client_state
+from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
 
-# The flags that define the model: a checkpoint's weights fit only a run with the same.
-MODEL_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
-               "openai_gelu")
 # The flags that define the learning-rate schedule; Megatron checks them against the checkpoint's.
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters",
                   "lr_warmup_samples", "lr_warmup_fraction")
@@ -80,7 +78,8 @@ def check_layout(load_dir: str, checkpoint: Layout, run: Layout, weights_only: b
 
 
 def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: Mapping[str, object]) -> None:
-    differing = [flag for flag in MODEL_FLAGS if flag in recorded and recorded[flag] != run_flags.get(flag)]
+    """The run's model flags (a ModelConfig's to_flags) must repeat the architecture the checkpoint records."""
+    differing = [flag for flag in ARCHITECTURE_FLAGS if flag in recorded and recorded[flag] != run_flags.get(flag)]
     if differing:
         described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: {recorded[flag]})"
                               for flag in differing)

@@ -31,7 +31,7 @@ from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
                                         POINTER_LINK)
 from megatron.checkpoint.reader import Layout, model_states_file
-from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, ResumePlan, plan_resume
+from megatron.checkpoint.resume import LoadOptions, ResumePlan, plan_resume
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
@@ -184,9 +184,8 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
     parallel, precision = config.parallel, config.precision
     run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
-    model_flags = {flag: getattr(config.model, flag) for flag in MODEL_FLAGS}
     return plan_resume(config.checkpoint.load, run, load_options(config), precision.fp16 or precision.bf16,
-                       model_flags)
+                       config.model.to_flags())
 
 
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, tensor_parallel_size: int,

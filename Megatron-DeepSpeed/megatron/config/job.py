@@ -12,30 +12,7 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 
 from megatron.config.batch_schedule import BatchSchedule
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture flags; with the padded vocabulary they make a model/gpt.py GPTConfig."""
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    ffn_hidden_size: int
-    max_position_embeddings: int
-    hidden_dropout: float
-    attention_dropout: float
-    init_method_std: float
-    openai_gelu: bool
-    checkpoint_activations: bool
-    seed: int
-    layernorm_epsilon: float
-    checkpoint_num_layers: int  # layers per recomputed chunk
-    init_method_xavier_uniform: bool
-    fp32_residual_connection: bool
-    masked_softmax_fusion: bool  # False: Megatron's unfused attention, where the next two apply
-    apply_query_key_layer_scaling: bool
-    attention_softmax_in_fp32: bool
-    torch_compile: bool  # each transformer layer through torch.compile
+from megatron.config.model_config import ModelConfig  # the model section: one mapping of its flags
 
 
 @dataclass(frozen=True)

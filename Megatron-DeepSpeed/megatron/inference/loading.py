@@ -12,11 +12,11 @@ from typing import Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.reader import (Checkpoint, checkpoint_directory, model_config, read_checkpoint,
-                                        read_client_state)
+from megatron.checkpoint.reader import Checkpoint, checkpoint_directory, read_checkpoint, read_client_state
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
 from megatron.model.gpt import GPTModel
+from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import Kernels
 from megatron.model.parallelize import apply_tensor_parallel
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
@@ -92,8 +92,9 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
     weights[WORD_EMBEDDINGS] = fit_vocabulary_rows(weights[WORD_EMBEDDINGS], tensor_parallel_size,
                                                    tokenizer_vocab_size, padding_unit)
-    config = dataclasses.replace(model_config(checkpoint.args, weights[WORD_EMBEDDINGS].shape[0]), hidden_dropout=0.0,
-                                 attention_dropout=0.0, checkpoint_activations=False, kernels=kernels)
+    inference = dataclasses.replace(checkpoint.model_config, hidden_dropout=0.0, attention_dropout=0.0,
+                                    checkpoint_activations=False)
+    config = gpt_config(inference, weights[WORD_EMBEDDINGS].shape[0], kernels)
     with torch.device("meta"):  # the weights come from the checkpoint: skip the random initialisation
         model = GPTModel(config)
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, strict=True, assign=True)

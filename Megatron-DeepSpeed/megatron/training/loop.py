@@ -33,6 +33,7 @@ from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
+from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import Kernels, select_kernels
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.parallel_state import ParallelState, initialize_distributed
@@ -270,22 +271,6 @@ class Trainer:
     resume: Optional[ResumePlan] = None  # what --load restores; None: a fresh run
 
 
-def model_config_of(config: JobConfig, padded_vocab_size: int, kernels: Kernels) -> GPTConfig:
-    """The model/gpt.py configuration of a job."""
-    model = config.model
-    return GPTConfig(
-        vocab_size=padded_vocab_size, max_position_embeddings=model.max_position_embeddings,
-        num_layers=model.num_layers, hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
-        ffn_hidden_size=model.ffn_hidden_size, hidden_dropout=model.hidden_dropout,
-        attention_dropout=model.attention_dropout, init_method_std=model.init_method_std,
-        openai_gelu=model.openai_gelu, checkpoint_activations=model.checkpoint_activations, init_seed=model.seed,
-        kernels=kernels, layernorm_epsilon=model.layernorm_epsilon, checkpoint_num_layers=model.checkpoint_num_layers,
-        init_method_xavier_uniform=model.init_method_xavier_uniform,
-        fp32_residual_connection=model.fp32_residual_connection, masked_softmax_fusion=model.masked_softmax_fusion,
-        apply_query_key_layer_scaling=model.apply_query_key_layer_scaling,
-        attention_softmax_in_fp32=model.attention_softmax_in_fp32, torch_compile=model.torch_compile)
-
-
 def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
     """The tracker of the model-parallel random stream, which also provides activation recomputation:
     DeepSpeed's with --deepspeed-activation-checkpointing (configured from its flags), else ours."""
@@ -328,7 +313,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     padded_vocab = padded_vocab_size(tokenizer.vocab_size, tokens.make_vocab_size_divisible_by,
                                      config.parallel.tensor, resume, config.checkpoint.load)
     kernels = select_kernels(device.device_name(), adaptor_kernels)
-    model_config = model_config_of(config, padded_vocab, kernels)
+    model_config = gpt_config(config.model, padded_vocab, kernels)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
     report_parameter_count(model, parallel)

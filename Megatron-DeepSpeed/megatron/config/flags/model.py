@@ -2,8 +2,8 @@
 kernel switches; their checks, and the ModelConfig section."""
 from typing import Mapping
 
-from megatron.config.flags.common import Limits, after_preset, flag, same_named
-from megatron.config.job import ModelConfig
+from megatron.config.flags.common import Limits, after_preset, flag
+from megatron.config.model_config import ModelConfig
 from megatron.config.presets import preset_names
 from megatron.errors import InputError, require_divisible
 
@@ -136,4 +136,4 @@ def validate(values: Mapping) -> None:
 
 
 def section(values: Mapping) -> ModelConfig:
-    return same_named(ModelConfig, values)
+    return ModelConfig.from_flags(values)

@@ -1,0 +1,85 @@
+"""The model's flags: the one mapping between Megatron's command line (or the flags a checkpoint records) and the
+model's configuration.
+
+Every field is named as its flag's argparse destination and carries upstream's default, which a checkpoint
+written before the flag existed was trained with. `from_flags` reads a field from a mapping of flags (the
+parsed command line, a checkpoint's recorded flags, an imported model's); `to_flags` gives back exactly what a
+checkpoint records. `architecture` marks the flags a resumed run must repeat (checkpoint/resume.py).
+Adding a model flag is one line here (plus, for the model to use it, the same-named field of model/gpt.py's
+GPTConfig, which model/gpt_config.py fills from this one).
+"""
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Mapping, Optional
+
+from megatron.errors import InputError
+
+
+def _flag(default=MISSING, architecture: bool = False):
+    """A model flag with upstream's `default` (none: every run gives it); `architecture`: the checkpoint's
+    weights compute the model it was trained as only with the same value."""
+    return field(default=default, metadata={"architecture": architecture})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture flags; with the padded vocabulary and the kernels they make a model/gpt.py GPTConfig."""
+    num_layers: int = _flag(architecture=True)
+    hidden_size: int = _flag(architecture=True)
+    num_attention_heads: int = _flag(architecture=True)
+    max_position_embeddings: int = _flag(architecture=True)
+    ffn_hidden_size: Optional[int] = _flag(None, architecture=True)  # None: 4 x hidden_size
+    openai_gelu: bool = _flag(False, architecture=True)  # GeLU's tanh form instead of the erf form
+    layernorm_epsilon: float = _flag(1e-5, architecture=True)
+    hidden_dropout: float = _flag(0.1)
+    attention_dropout: float = _flag(0.1)
+    init_method_std: float = _flag(0.02)
+    init_method_xavier_uniform: bool = _flag(False)
+    seed: int = _flag(1234)  # with the piece index, decides every initial weight
+    checkpoint_activations: bool = _flag(False)
+    checkpoint_num_layers: int = _flag(1)  # layers per recomputed chunk
+    fp32_residual_connection: bool = _flag(False)
+    masked_softmax_fusion: bool = _flag(True)  # False: Megatron's unfused attention, where the next two apply
+    apply_query_key_layer_scaling: bool = _flag(True)
+    attention_softmax_in_fp32: bool = _flag(False)
+    torch_compile: bool = _flag(False)  # each transformer layer through torch.compile
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:  # as upstream's validation fills it in
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, object], source: str = "the command line") -> "ModelConfig":
+        """The model `flags` describe (a flag missing or None: upstream's default). `source` names where the
+        flags come from, for the error a missing or mistyped value gets."""
+        values = {}
+        for spec in fields(cls):
+            value = flags.get(spec.name)
+            if value is not None:
+                values[spec.name] = _typed(spec, value, source)
+            elif spec.default is MISSING:
+                raise InputError(f"{source} gives no --{_dashed(spec.name)}; the model cannot be built without it")
+        return cls(**values)
+
+    def to_flags(self) -> dict:
+        """The flags, as a checkpoint records them."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
+
+
+ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _typed(spec, value, source: str):
+    """`value` as the field's type (bool, int or float), or an InputError naming the flag and where it came from."""
+    kind = next(arg for arg in typing.get_args(spec.type) or (spec.type,) if arg is not type(None))
+    wrong = (not isinstance(value, (bool, int)) if kind is bool else
+             isinstance(value, bool) or not isinstance(value, (int, float)) or
+             (kind is int and not float(value).is_integer()))
+    if wrong:
+        raise InputError(f"{source} gives --{_dashed(spec.name)} {value!r}; it must be {kind.__name__} "
+                         "(correct or remove that value)")
+    return kind(value)
