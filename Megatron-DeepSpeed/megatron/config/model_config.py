@@ -58,7 +58,7 @@ class ModelConfig:
             if value is not None:
                 values[spec.name] = _typed(spec, value, source)
             elif spec.default is MISSING:
-                raise InputError(f"{source} gives no --{_dashed(spec.name)}; the model cannot be built without it")
+                raise InputError(f"--{_dashed(spec.name)} is missing from {source}; the model cannot be built without it")
         return cls(**values)
 
     def to_flags(self) -> dict:
@@ -80,6 +80,6 @@ def _typed(spec, value, source: str):
              isinstance(value, bool) or not isinstance(value, (int, float)) or
              (kind is int and not float(value).is_integer()))
     if wrong:
-        raise InputError(f"{source} gives --{_dashed(spec.name)} {value!r}; it must be {kind.__name__} "
-                         "(correct or remove that value)")
+        raise InputError(f"--{_dashed(spec.name)} is {value!r} in {source}; it must be {kind.__name__} (correct "
+                         "or remove that value)")
     return kind(value)
