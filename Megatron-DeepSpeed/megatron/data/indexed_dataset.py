@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 
 from megatron.errors import InputError
+from megatron.growing_array import GrowingArray
 
 DTYPE_CODES = {
     1: np.dtype("<u1"),
@@ -236,35 +237,6 @@ class MMapIndexedDataset:
 
 # ----------------------------------------------------------------------------------------- writer
 
-class _GrowableArray:
-    """Append-only numpy buffer with amortised doubling: per-item bookkeeping stays at 4-8 bytes
-    per item instead of a Python int object each."""
-
-    def __init__(self, dtype):
-        self._data = np.empty(1024, dtype=dtype)
-        self.size = 0
-
-    def _reserve(self, extra):
-        needed = self.size + extra
-        if needed > len(self._data):
-            grown = np.empty(max(needed, 2 * len(self._data)), dtype=self._data.dtype)
-            grown[:self.size] = self._data[:self.size]
-            self._data = grown
-
-    def append(self, value):
-        self._reserve(1)
-        self._data[self.size] = value
-        self.size += 1
-
-    def extend(self, values):
-        self._reserve(len(values))
-        self._data[self.size:self.size + len(values)] = values
-        self.size += len(values)
-
-    def view(self):
-        return self._data[:self.size]
-
-
 def _first_unfit_id(tokens, dtype):
     """Position of a token id the dataset dtype cannot hold, or None when all fit."""
     if dtype.kind == "f" or not tokens.size or np.can_cast(tokens.dtype, dtype, "safe"):
@@ -341,8 +313,8 @@ class MMapIndexedDatasetBuilder:
         self._temp_paths = tuple(f"{path}.{unique}.tmp" for path in self._final_paths)
         # Removes the temporaries if the builder is dropped without finalize() or abort().
         self._cleanup = weakref.finalize(self, _remove_files, self._temp_paths)
-        self._sizes = _GrowableArray(np.int32)
-        self._doc_idx = _GrowableArray(np.int64)
+        self._sizes = GrowingArray(np.int32)
+        self._doc_idx = GrowingArray(np.int64)
         self._doc_idx.append(0)
         try:
             self._bin_file = open(self._temp_paths[0], "xb")
@@ -458,7 +430,7 @@ class MMapIndexedDatasetBuilder:
         self._cleanup.detach()
 
     def _write_index(self, path):
-        sizes, doc_idx = self._sizes.view(), self._doc_idx.view()
+        sizes, doc_idx = self._sizes.values, self._doc_idx.values
         with open(path, "xb") as index:
             index.write(_HEADER.pack(_MAGIC, _VERSION, _dtype_code(self.dtype),
                                      sizes.size, doc_idx.size))

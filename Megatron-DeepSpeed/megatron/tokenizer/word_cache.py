@@ -21,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from megatron.growing_array import GrowingArray
+
 KEY_BYTES = 32  # words up to this long (99.7% of them in English prose and code) are found by hash, longer by dict
 MAX_CACHED_WORDS = 1 << 18
 MAX_CACHED_TOKENS = 1 << 22
@@ -81,28 +83,6 @@ def key_hashes(keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return mixed
 
 
-class _GrowingArray:
-    """An array that grows at its end in amortised constant time per element."""
-
-    def __init__(self, dtype, row_shape=()):
-        self._buffer = np.empty((16, *row_shape), dtype=dtype)
-        self.size = 0
-
-    def extend(self, rows: np.ndarray) -> None:
-        needed = self.size + len(rows)
-        if needed > len(self._buffer):
-            grown = np.empty((max(needed, 2 * len(self._buffer)), *self._buffer.shape[1:]),
-                             dtype=self._buffer.dtype)
-            grown[:self.size] = self._buffer[:self.size]
-            self._buffer = grown
-        self._buffer[self.size:needed] = rows
-        self.size = needed
-
-    @property
-    def values(self) -> np.ndarray:
-        return self._buffer[:self.size]
-
-
 class WordCache:
     """Encodes batches of texts through `encode` (text -> id array), one word at a time, remembering each
     word's ids. Memory is bounded: past MAX_CACHED_WORDS words or MAX_CACHED_TOKENS ids the
@@ -131,11 +111,11 @@ class WordCache:
         # Each slot of the hash table holds a keyed word's entry and 31 bits of its hash (linear probing). Words
         # longer than KEY_BYTES (rare: URLs, long identifiers), and the rarer new words whose hashes collide within
         # a batch, are found through a dict of their bytes instead.
-        self._ids = _GrowingArray(np.int32)
-        self._id_starts = _GrowingArray(np.int64)
-        self._id_counts = _GrowingArray(np.int64)
-        self._keys = _GrowingArray(np.uint64, (_KEY_WORDS,))
-        self._lengths = _GrowingArray(np.int64)
+        self._ids = GrowingArray(np.int32)
+        self._id_starts = GrowingArray(np.int64)
+        self._id_counts = GrowingArray(np.int64)
+        self._keys = GrowingArray(np.uint64, (_KEY_WORDS,))
+        self._lengths = GrowingArray(np.int64)
         self._slots = np.full(1 << self._slots_log2, -1, dtype=np.int64)
         self._slots_used = 0
         self._entry_of_word_bytes = {}
