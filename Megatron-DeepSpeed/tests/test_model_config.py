@@ -11,7 +11,7 @@ from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, VOCAB, train, write_counting_dataset
 
 from megatron.checkpoint import hf
-from megatron.checkpoint.convert import export_hf, import_hf
+from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import check_model_flags
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
@@ -113,11 +113,13 @@ def test_every_flag_reaches_the_trained_modules():
     assert 0.9 * bound < model.layers[0].mlp.dense_h_to_4h.weight.abs().max() <= bound
 
 
-def written_checkpoint(directory: str, model: ModelConfig) -> str:
-    """A real checkpoint (the files pretrain_gpt.py --load reads) of a freshly built `model`."""
+def written_checkpoint(directory: str, model: ModelConfig, unrecorded=()) -> str:
+    """A real checkpoint (the files pretrain_gpt.py --load reads) of a freshly built `model`, its flags
+    `unrecorded` left out as by a version that did not have them."""
     weights = GPTModel(gpt_config(model, PADDED)).state_dict()
     args = {**model.to_flags(), "tokenizer_type": "NullTokenizer", "tokenizer_vocab_size": TOKENS,
             "make_vocab_size_divisible_by": 64}
+    args = {flag: value for flag, value in args.items() if flag not in unrecorded}
     write_checkpoint(directory, weights, gpt_config(model, PADDED), TrainingState(0, 0, args), TargetLayout(1, 1))
     return directory
 
@@ -138,6 +140,15 @@ def test_every_flag_survives_save_read_hf_export_import_and_reaches_the_generati
     model, _ = load_model(str(tmp_path / "imported"), tokenizer_vocab_size=TOKENS, parallel_state=None,
                           kernels=PORTABLE_KERNELS, dtype=torch.float32, device=torch.device("cpu"))
     assert_built_as(model, EVERY_FLAG_CHANGED, dropout=(0.0, 0.0))
+
+
+def test_a_reshaped_old_checkpoint_records_every_model_flag(tmp_path):
+    model = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=16)
+    old = written_checkpoint(str(tmp_path / "old"), model, unrecorded=("layernorm_epsilon", "masked_softmax_fusion"))
+    assert "layernorm_epsilon" not in read_checkpoint(old).args
+    reshape(old, str(tmp_path / "new"), TargetLayout(2, 1))
+    recorded = read_checkpoint(str(tmp_path / "new")).args
+    assert (recorded["layernorm_epsilon"], recorded["masked_softmax_fusion"]) == (1e-5, True)
 
 
 def test_a_plain_gpt2_config_json_is_the_upstream_default_model():

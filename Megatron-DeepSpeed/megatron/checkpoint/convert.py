@@ -23,7 +23,8 @@ GPT2_TOKENIZER_FILES = (("vocab_file", "vocab.json"), ("merge_file", "merges.txt
 
 def training_state(checkpoint: Checkpoint) -> TrainingState:
     """Iteration, consumed samples, flags and RNG states of `checkpoint` (its tensor-parallel random streams
-    per rank, from the first pipeline stage's files)."""
+    per rank, from the first pipeline stage's files). The model flags are recorded in full, those an older
+    checkpoint lacks at upstream's defaults."""
     first = read_client_state(checkpoint.directory)
     tracker_states = []
     if "tensor_parallel_rng_state" in first:
@@ -34,8 +35,8 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
                 checkpoint.directory, model_states_file(model_parallel_rank(0, tp, layout.tensor), zero_stage)))
             tracker_states.append(state["tensor_parallel_rng_state"])
     return TrainingState(iteration=checkpoint.iteration, consumed_train_samples=checkpoint.consumed_train_samples,
-                         args=checkpoint.args, rng_state=first.get("rng_state"),
-                         tensor_parallel_rng_states=tuple(tracker_states))
+                         args={**checkpoint.args, **checkpoint.model_config.to_flags()},
+                         rng_state=first.get("rng_state"), tensor_parallel_rng_states=tuple(tracker_states))
 
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,

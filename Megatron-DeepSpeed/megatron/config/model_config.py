@@ -58,7 +58,8 @@ class ModelConfig:
             if value is not None:
                 values[spec.name] = _typed(spec, value, source)
             elif spec.default is MISSING:
-                raise InputError(f"--{_dashed(spec.name)} is missing from {source}; the model cannot be built without it")
+                raise InputError(f"--{_dashed(spec.name)} is missing from {source}; the model cannot be built "
+                                 "without it")
         return cls(**values)
 
     def to_flags(self) -> dict:
