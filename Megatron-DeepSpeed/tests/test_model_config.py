@@ -3,7 +3,7 @@ to the built modules, through a written checkpoint, a Hugging Face export and it
 generation loads; old checkpoints get upstream's defaults; resuming refuses a different architecture; and a
 training run with --layernorm-epsilon 0.01 exports and generates with 0.01."""
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -100,17 +100,28 @@ def assert_built_as(model: GPTModel, expected: ModelConfig, dropout: tuple):
     assert model.embedding.dropout.p == dropout[0]
 
 
+def provided_model(model: ModelConfig):
+    """The model the trainer builds (plain engine, TP 1) for `model`."""
+    job = job_config(validate_args(parse_args([*COMMAND_LINE, *RUN, "--no-pipeline-parallel"]), 1, "cpu"))
+    return model_provider(gpt_config(model, PADDED, PORTABLE_KERNELS), job.parallel, None,
+                          tensor_parallel_rng_tracker(model.seed, 0))
+
+
 def test_every_flag_reaches_the_trained_modules():
     config = gpt_config(EVERY_FLAG_CHANGED, PADDED, PORTABLE_KERNELS)
     assert model_config_of(config) == EVERY_FLAG_CHANGED and config.init_seed == 99  # no field dropped
-    job = job_config(validate_args(parse_args([*COMMAND_LINE, *RUN, "--no-pipeline-parallel"]), 1, "cpu"))
-    model = model_provider(config, job.parallel, None, tensor_parallel_rng_tracker(99, 0))  # TP 1: no groups
+    model = provided_model(replace(EVERY_FLAG_CHANGED, torch_compile=False))  # compiling: the test below
     assert_built_as(model, EVERY_FLAG_CHANGED, dropout=(0.2, 0.3))
-    assert all(layer._compiled_call_impl is not None for layer in model.layers)  # --torch-compile
     again = GPTModel(config)  # the seed decides the weights, Xavier-uniform ones
     assert torch.equal(again.layers[0].mlp.dense_h_to_4h.weight, model.layers[0].mlp.dense_h_to_4h.weight)
     bound = (6 / (48 + 80)) ** 0.5
     assert 0.9 * bound < model.layers[0].mlp.dense_h_to_4h.weight.abs().max() <= bound
+
+
+@pytest.mark.full  # torch.compile's first use imports dynamo: about 6 s
+def test_torch_compile_reaches_the_trained_modules():
+    model = provided_model(EVERY_FLAG_CHANGED)
+    assert all(layer._compiled_call_impl is not None for layer in model.layers)
 
 
 def written_checkpoint(directory: str, model: ModelConfig, unrecorded=()) -> str:
