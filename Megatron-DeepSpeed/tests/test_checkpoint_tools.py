@@ -101,6 +101,7 @@ def test_reshaped_copy_compares_equal_and_a_changed_one_does_not(imported, tmp_p
     reshaped = read_checkpoint(str(tmp_path / "tp1"))
     assert reshaped.layout.tensor == 1 and not reshaped.layout.pipeline_engine
     assert max(differences(examine(imported), examine(str(tmp_path / "tp1"))).values()) == 0.0
+    assert "--layernorm-epsilon=1e-05 " in examine(imported).header[-1]  # the model's flags, from the mapping
     from tools.inspect_checkpoint import main as inspect_main
     assert inspect_main([imported, str(tmp_path / "tp1")]) == 0
     changed = dict(reshaped.model)

@@ -8,10 +8,10 @@ import torch
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.reader import Progress, _quiet, read_checkpoint
+from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.model.gpt_config import gpt_config
 
-KEY_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
-             "max_position_embeddings", "padded_vocab_size", "tokenizer_type", "openai_gelu", "fp16", "bf16",
+KEY_FLAGS = (*ARCHITECTURE_FLAGS, "seq_length", "padded_vocab_size", "tokenizer_type", "fp16", "bf16",
              "micro_batch_size", "global_batch_size", "lr", "seed")
 WORD_EMBEDDING = "embedding.word_embeddings.weight"
 

@@ -164,17 +164,6 @@ def read_hf_config(directory: str) -> dict:
     return config
 
 
-def config_from_hf(config: Mapping[str, object], padded_vocab_size: int) -> GPTConfig:
-    """The GPTConfig of a GPT-2 config.json (checked by read_hf_config), with the given padded vocabulary."""
-    return GPTConfig(vocab_size=padded_vocab_size, max_position_embeddings=config["n_positions"],
-                     num_layers=config["n_layer"], hidden_size=config["n_embd"],
-                     num_attention_heads=config["n_head"], ffn_hidden_size=config.get("n_inner"),
-                     hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
-                     init_method_std=config.get("initializer_range", 0.02),
-                     openai_gelu=config.get("activation_function", TANH_GELUS[0]) in TANH_GELUS,
-                     layernorm_epsilon=config.get("layer_norm_epsilon", 1e-5))
-
-
 def read_hf_weights(directory: str) -> Dict[str, torch.Tensor]:
     """The tensors of model.safetensors (or the older pytorch_model.bin) in `directory`."""
     safetensors_path = os.path.join(directory, WEIGHTS_FILE)
