@@ -18,7 +18,7 @@ def main() -> int:
     except NpuSetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"NPUs ready: {devices.count} x {devices.chip_name}")
+    print(f"NPUs ready: {devices.count} x {devices.chip_name or 'unnamed NPU'}")
     return 0
 
 

@@ -14,8 +14,8 @@ from deepspeed_npu.environment import NOT_INSTALLED, NpuSetupError, find_devices
 class Activation:
     active: bool  # True: DeepSpeed and the trainer run on the NPUs with the NPU kernels
     summary: str  # one line that says what was done, or why NPU support stays off
-    # The NPU's fused kernels (attention / adam attributes, None where torch_npu lacks one) for the trainer's
-    # megatron.model.kernels.select_kernels; None when NPU support is off.
+    # The NPU's fused kernels (attention attributes, None where torch_npu documents none for this chip) for the
+    # trainer's megatron.model.kernels.select_kernels; None when NPU support is off.
     kernels: Optional[object] = None
 
 
@@ -45,5 +45,6 @@ def activate() -> Activation:
     # Imported only now: it needs torch, and `import torch` is what fails on a host with a broken torch_npu.
     from deepspeed_npu.fused_kernels import npu_kernels
     kernels = npu_kernels(torch_npu, devices.chip_name)
-    return Activation(True, f"NPU support active: {devices.count} x {devices.chip_name}, DeepSpeed accelerator "
-                            f"npu (hccl backend), kernels: {kernels.description()}", kernels)
+    chip = devices.chip_name or "unnamed NPU"
+    return Activation(True, f"NPU support active: {devices.count} x {chip}, DeepSpeed accelerator npu (hccl "
+                            f"backend), kernels: {kernels.description()}", kernels)

@@ -28,7 +28,7 @@ class NpuSetupError(InputError):
 @dataclass(frozen=True)
 class NpuDevices:
     count: int
-    chip_name: str  # e.g. "Ascend910B3"; "unknown" when torch_npu cannot tell
+    chip_name: str  # e.g. "Ascend910B3"; "" when torch_npu cannot tell
 
 
 def installed_version(distribution: str) -> str:
@@ -103,8 +103,8 @@ def find_devices(torch_npu: ModuleType) -> NpuDevices:
         raise NpuSetupError(_no_device_message(""))
     try:
         chip_name = str(torch_npu.npu.get_device_name(0))
-    except Exception:  # the name only rules out first-generation chips; an unnamed one is assumed newer
-        chip_name = "unknown"
+    except Exception:  # the name only picks kernels: an unnamed chip keeps the portable ones
+        chip_name = ""
     return NpuDevices(count=count, chip_name=chip_name)
 
 
@@ -114,7 +114,7 @@ def _no_device_message(detail: str) -> str:
              "that a container was started with the /dev/davinci* devices"]
     if visible is not None:
         hints.append(f"that ASCEND_RT_VISIBLE_DEVICES={visible!r} names devices that exist")
-    if not os.environ.get("ASCEND_TOOLKIT_HOME"):
+    if not (os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")):  # set by set_env.sh
         hints.append(f"and that CANN's environment is set (`source {CANN_SET_ENV}` or `source test/env_npu.sh`)")
     return (f"torch_npu {installed_version('torch-npu')} is installed but sees no NPU{detail}: "
             + ", ".join(hints) + "; to train on the CPU on this machine instead, set DS_ACCELERATOR=cpu")

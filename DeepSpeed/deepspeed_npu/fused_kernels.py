@@ -1,10 +1,18 @@
-"""torch_npu's fused kernels, shaped to the contracts of the trainer's megatron/model/kernels.py.
+"""torch_npu's fused attention, shaped to the attention contract of the trainer's megatron/model/kernels.py.
 
 The model calls attention as (query, key, value, attention_mask, dropout_p) on [batch, heads, seq, dim]
 tensors with Megatron's mask (True = may not attend, None = causal). torch_npu.npu_fusion_attention uses
 the same True-is-masked convention, so an explicit mask passes through unchanged; plain causal attention
 uses the kernel's own causal mode, which reads a fixed 2048 x 2048 compressed mask instead of a
 [seq, seq] one, so long sequences cost no mask memory.
+
+Only what torch_npu documents is used (op-plugin's docs/zh/custom_APIs/torch_npu/
+torch_npu-npu_fusion_attention.md): the kernel is for training (its notes say it is used in training only)
+on Atlas A2 training chips, so inference and evaluation keep PyTorch's SDPA, and so does every other chip
+(first-generation Ascend 910, Ascend310P, the Ascend910_93xx of Atlas A3, an unnamed device). The optimizer
+is not the adaptor's business: the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_`)
+holds on NPUs too. torch_npu's NpuFusedAdamW is never offered: it copies the gradients into buffers of its
+own on its first step, so it misses DeepSpeed's fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 """
 import math
 import re
@@ -18,13 +26,15 @@ import torch
 MASK_AS_GIVEN = 0
 TOP_LEFT_CAUSAL = 2
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
-# First-generation Ascend 910 chips (Atlas training series) have no fused attention kernel;
-# Atlas A2 chips report names such as "Ascend910B3" and A3 chips "Ascend910_93..", which do not match.
-FIRST_GENERATION_CHIP = re.compile(r"Ascend910(Pro|Premium)?[AB]?")
+# The chips the kernel's documentation lists (Atlas A2 training series), by the SoC names torch_npu knows
+# (torch_npu/csrc/core/npu/NpuVariables.cpp: Ascend910B1, B2, B2C, B3, B4, B4-1).
+DOCUMENTED_CHIP = re.compile(r"Ascend910B[1-4](C|-1)?")
+DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"
 
 
 class FusionAttention:
     """Megatron's attention contract on top of torch_npu.npu_fusion_attention."""
+    kernel_name = "torch_npu.npu_fusion_attention"
 
     def __init__(self, fusion_attention: Callable):
         self._fusion_attention = fusion_attention
@@ -49,19 +59,22 @@ class FusionAttention:
 
 @dataclass(frozen=True)
 class NpuKernels:
-    attention: Optional[Callable]  # None: keep the portable PyTorch kernel
-    adam: Optional[Callable]
+    attention: Optional[Callable]  # for training; None: keep the portable PyTorch kernel
+    why_portable: str = ""  # why attention stays portable, when it does
+    inference_attention: Optional[Callable] = None  # none documented that fits: generation keeps SDPA
 
     def description(self) -> str:
-        attention = "torch_npu fused attention" if self.attention else "PyTorch SDPA attention"
-        adam = "NpuFusedAdamW" if self.adam else "torch AdamW"
-        return f"{attention}, {adam}"
+        if self.attention:
+            return "torch_npu fused attention for training, PyTorch SDPA for inference"
+        return f"PyTorch SDPA attention ({self.why_portable})"
 
 
 def npu_kernels(torch_npu: ModuleType, chip_name: str) -> NpuKernels:
-    """The fused kernels this torch_npu build and chip provide; a missing one keeps the portable kernel."""
+    """The attention kernel this torch_npu build documents for this chip; otherwise the portable one, and why."""
     fusion_attention = getattr(torch_npu, "npu_fusion_attention", None)
-    if FIRST_GENERATION_CHIP.fullmatch(chip_name):
-        fusion_attention = None
-    fused_adamw = getattr(getattr(torch_npu, "optim", None), "NpuFusedAdamW", None)
-    return NpuKernels(attention=FusionAttention(fusion_attention) if fusion_attention else None, adam=fused_adamw)
+    if fusion_attention is None:
+        return NpuKernels(None, "this torch_npu has no npu_fusion_attention")
+    if not DOCUMENTED_CHIP.fullmatch(chip_name):
+        return NpuKernels(None, f"torch_npu documents npu_fusion_attention for {DOCUMENTED_CHIPS}, "
+                                f"not for {chip_name!r}")
+    return NpuKernels(FusionAttention(fusion_attention))

@@ -57,7 +57,8 @@ def tokenizer_from_flags(args):
 
 def load_from_flags(args, tokenizer, adaptor_kernels: Optional[object] = None) -> LoadedModel:
     """Join the process group (torchrun's, or one of a single process), then load the checkpoint of the flags
-    sharded over this rank's tensor-parallel group. `adaptor_kernels`: a device adaptor's (deepspeed_npu's)."""
+    sharded over this rank's tensor-parallel group. `adaptor_kernels`: a device adaptor's (deepspeed_npu's), of which
+    only those documented for inference are used."""
     from megatron.parallel_state import initialize_distributed  # imports DeepSpeed: only once the flags are checked
 
     dtype = _dtype(args)
@@ -65,5 +66,5 @@ def load_from_flags(args, tokenizer, adaptor_kernels: Optional[object] = None) -
     parallel = ParallelState(args.tensor_model_parallel_size, 1)
     model, checkpoint = load_model(args.load, iteration=args.iteration, tokenizer_vocab_size=tokenizer.vocab_size,
                                    parallel_state=parallel, dtype=dtype, device=device.current_device(),
-                                   kernels=select_kernels(device.device_name(), adaptor_kernels))
+                                   kernels=select_kernels(device.device_name(), adaptor_kernels, training=False))
     return LoadedModel(model, tokenizer, parallel, checkpoint)

@@ -12,6 +12,14 @@ Kernel contracts:
 - layer_norm: a module class built as layer_norm(hidden_size, eps=epsilon).
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
+
+The Adam rule is the same on every device and no adaptor can override it: torch's AdamW, fused where the
+device's backend registers the `_fused_adamw_` kernel (CPU, CUDA; op-plugin registers it for Ascend NPUs), else
+its foreach form. Both are on DeepSpeed's list of ZeRO-supported optimizers and read each parameter's current
+`.grad` at every step; optimizers that copy the gradients into buffers of their own on the first step (such as
+torch_npu's NpuFusedAdamW) train on stale gradients once DeepSpeed hands them fresh `.grad` tensors.
+An adaptor's attention kernel is a training kernel: inference and evaluation take the adaptor's
+`inference_attention` where it offers one, else SDPA.
 """
 import functools
 from dataclasses import dataclass, replace
@@ -19,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 
 def sdpa_attention(query, key, value, attention_mask, dropout_p):
@@ -36,21 +45,45 @@ class Kernels:
     layer_norm: type
     adam: Callable
 
-
-PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=torch.optim.AdamW)
-
-# torch's fused AdamW exists for CPU and CUDA; on CPU it is ~9x faster than the default implementation.
-DEVICES_WITH_FUSED_ADAMW = frozenset({"cpu", "cuda"})
+    def description(self) -> str:
+        """What was chosen, for the start-up log line: e.g. "attention sdpa_attention, AdamW(fused=True)"."""
+        return f"attention {_kernel_name(self.attention)}, {_kernel_name(self.adam)}"
 
 
-def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None) -> Kernels:
-    """The kernels for `device_name`: PyTorch's (fused AdamW where torch has it), with every kernel that
-    `adaptor_kernels` (an object with optional attention / layer_norm / adam attributes, None = keep ours)
-    provides taking precedence."""
-    kernels = PORTABLE_KERNELS
-    if device_name in DEVICES_WITH_FUSED_ADAMW:
-        kernels = replace(kernels, adam=functools.partial(torch.optim.AdamW, fused=True))
+def _kernel_name(kernel: Callable) -> str:
+    if isinstance(kernel, functools.partial):
+        options = ", ".join(f"{name}={value}" for name, value in kernel.keywords.items())
+        return f"{_kernel_name(kernel.func)}({options})"
+    return getattr(kernel, "kernel_name", None) or getattr(kernel, "__name__", type(kernel).__name__)
+
+
+def fused_adamw_available(device_type: str) -> bool:
+    """Whether torch's AdamW(fused=True) can step parameters on `device_type`: torch lists the device type
+    among its fused-optimizer devices and the dispatcher holds a `_fused_adamw_` kernel for its backend
+    (an out-of-tree backend such as torch_npu registers its kernels under PrivateUse1)."""
+    try:
+        dispatch_key = torch._C._dispatch_key_for_device(device_type)
+    except RuntimeError:  # a device type this process's torch does not know (e.g. npu without torch_npu)
+        return False
+    return (device_type in _get_fused_kernels_supported_devices()
+            and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", dispatch_key))
+
+
+def adamw_kernel(fused: bool) -> Callable:
+    """torch's AdamW in its fused or its foreach form (both read the current gradients at every step)."""
+    return functools.partial(torch.optim.AdamW, **({"fused": True} if fused else {"foreach": True}))
+
+
+PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=adamw_kernel(False))
+
+
+def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, training: bool = True) -> Kernels:
+    """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
+    attention / layer_norm kernels that `adaptor_kernels` provides (attributes; None = keep ours) taking
+    precedence. With `training` False the adaptor's `inference_attention` replaces its training attention."""
+    kernels = replace(PORTABLE_KERNELS, adam=adamw_kernel(fused_adamw_available(device_name)))
     if adaptor_kernels is not None:
-        chosen = {name: getattr(adaptor_kernels, name, None) for name in ("attention", "layer_norm", "adam")}
+        attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
+        chosen = {"attention": attention, "layer_norm": getattr(adaptor_kernels, "layer_norm", None)}
         kernels = replace(kernels, **{name: kernel for name, kernel in chosen.items() if kernel is not None})
     return kernels

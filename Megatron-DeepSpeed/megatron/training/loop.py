@@ -313,6 +313,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     padded_vocab = padded_vocab_size(tokenizer.vocab_size, tokens.make_vocab_size_divisible_by,
                                      config.parallel.tensor, resume, config.checkpoint.load)
     kernels = select_kernels(device.device_name(), adaptor_kernels)
+    if parallel.rank == 0:
+        _log.info(f"kernels: {kernels.description()}")
     model_config = gpt_config(config.model, padded_vocab, kernels)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
