@@ -3,10 +3,12 @@
 #
 #     source test/env_npu.sh
 #
-# - CANN: sources the toolkit's set_env.sh when CANN is installed (searched under ASCEND_ROOT, default
-#   /usr/local/Ascend, then ~/Ascend) and puts the driver's libraries on LD_LIBRARY_PATH; torch_npu cannot
-#   load without both, and then even `import torch` fails
-# - HCCL: timeouts long enough for rank 0 to build the dataset index cache while the other ranks wait
+# - CANN: sources the toolkit's set_env.sh when CANN is installed and not yet loaded (searched under
+#   ASCEND_ROOT, default /usr/local/Ascend: ascend-toolkit, cann, nnae; then ~/Ascend) and puts the driver's
+#   libraries on LD_LIBRARY_PATH; torch_npu cannot load without both, and then even `import torch` fails
+# - HCCL: no timeouts here. HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT follow --distributed-timeout-minutes
+#   (megatron/parallel_state.py, hccl_timeouts), so torch's and HCCL's limits agree; export them yourself
+#   only below that flag's time
 # - task queue: torch_npu's two-stage operator dispatch, level 2
 # - PYTHONPATH: the deepspeed_npu adaptor (DeepSpeed/) and the trainer (Megatron-DeepSpeed/)
 # A variable that is already set keeps its value. Safe on machines without NPUs: there it only sets
@@ -22,10 +24,12 @@ _env_npu_setup() {
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   ascend_root=${ASCEND_ROOT:-/usr/local/Ascend}
 
-  if [ -z "${ASCEND_TOOLKIT_HOME:-}" ]; then  # set by set_env.sh: already loaded otherwise
+  # CANN's set_env.sh sets ASCEND_TOOLKIT_HOME (older releases) or ASCEND_HOME_PATH (newer): loaded if either is.
+  if [ -z "${ASCEND_TOOLKIT_HOME:-}" ] && [ -z "${ASCEND_HOME_PATH:-}" ]; then
     set_env=""
     for candidate in "$ascend_root/ascend-toolkit/set_env.sh" "$ascend_root/cann/set_env.sh" \
-                     "$HOME/Ascend/ascend-toolkit/set_env.sh"; do
+                     "$ascend_root/nnae/set_env.sh" "$HOME/Ascend/ascend-toolkit/set_env.sh" \
+                     "$HOME/Ascend/nnae/set_env.sh"; do
       if [ -f "$candidate" ]; then set_env=$candidate; break; fi
     done
     if [ -n "$set_env" ]; then
@@ -56,9 +60,6 @@ _env_npu_setup() {
 _env_npu_setup
 unset -f _env_npu_setup
 
-# Seconds. HCCL's defaults (120 s to connect) are shorter than building a large dataset's index cache.
-export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
-export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-3600}
 # No trust-list file for HCCL's inter-node connections: the launcher already names the nodes.
 export HCCL_WHITELIST_DISABLE=${HCCL_WHITELIST_DISABLE:-1}
 # Operator dispatch split over two host threads; level 2 also moves workspace set-up to the second one.

@@ -11,6 +11,7 @@
 # Logs, run.json, checkpoints and loss_curve.png go to test/output/<run>/; the last three lines are the summary.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-[ -n "${ASCEND_HOME_PATH:-}" ] || [ ! -f "$root/test/env_npu.sh" ] || ! command -v npu-smi >/dev/null 2>&1 || source "$root/test/env_npu.sh"
+# On an Ascend host: CANN (unless already loaded), task queue and PYTHONPATH; env_npu.sh keeps what is set.
+[ ! -f "$root/test/env_npu.sh" ] || ! command -v npu-smi >/dev/null 2>&1 || source "$root/test/env_npu.sh"
 python=$(bash "$root/Megatron-DeepSpeed/tools/setup_env.sh")
 exec "$python" "$root/Megatron-DeepSpeed/tools/launch_training.py" --run performance "$@"

@@ -111,12 +111,20 @@ def profiler_activities() -> list:
     return activities
 
 
+def bf16_supported() -> bool:
+    """The device's own answer (e.g. torch_npu's is_bf16_supported(), False below Ascend910B1), not DeepSpeed's
+    list of dtypes, which names bf16 for every NPU; DeepSpeed's engine refuses bf16 by this same answer."""
+    return bool(accelerator().is_bf16_supported())
+
+
 def supports_dtype(dtype: torch.dtype) -> bool:
     """Whether training in `dtype` works on this device.
 
     fp16 is refused on CPU even where the CPU has fp16 arithmetic: DeepSpeed's fp16 path (loss scaling)
     does not run there. Use bf16 or fp32 on CPU.
     """
+    if dtype == torch.bfloat16:
+        return bf16_supported()
     if device_name() == "cpu" and dtype == torch.float16:
         return False
     return dtype in accelerator().supported_dtypes()

@@ -171,14 +171,52 @@ class ParallelState:
                 f"dp={self.dp_rank}/{self.layout.data}, pp={self.pp_rank}/{self.layout.pipeline})")
 
 
+# HCCL's limits in seconds as CANN documents them (closed docs; not in torch_npu's sources): the connect timeout
+# takes 120 to 7200; an execution timeout of 0 would mean "wait forever".
+HCCL_CONNECT_TIMEOUT_RANGE = (120, 7200)
+
+
+def hccl_timeouts(timeout_minutes: float) -> dict:
+    """HCCL_EXEC_TIMEOUT and HCCL_CONNECT_TIMEOUT (seconds, as strings) from --distributed-timeout-minutes.
+
+    torch_npu ends a rank whose collective waits longer than the process group's timeout (its watchdog), and
+    asks for that timeout to exceed HCCL_EXEC_TIMEOUT so that HCCL reports the hang (and writes its log) first
+    (torch_npu/csrc/distributed/ProcessGroupHCCL.cpp warns otherwise). So HCCL gets 90% of the flag's time,
+    and every wait, such as ranks waiting while rank 0 builds the index cache, has one limit: the flag's."""
+    seconds = max(1, int(timeout_minutes * 60) * 9 // 10)
+    low, high = HCCL_CONNECT_TIMEOUT_RANGE
+    return {"HCCL_EXEC_TIMEOUT": str(seconds), "HCCL_CONNECT_TIMEOUT": str(min(high, max(low, seconds)))}
+
+
+def hccl_environment(timeout_minutes: float, environment) -> dict:
+    """The HCCL timeout variables to set (those `environment` lacks); InputError where a value the user set would
+    let torch's watchdog end a waiting rank before HCCL reports it."""
+    limit = int(timeout_minutes * 60)
+    user_value = environment.get("HCCL_EXEC_TIMEOUT")
+    if user_value is not None:
+        try:
+            too_long = int(user_value) <= 0 or int(user_value) >= limit
+        except ValueError:
+            too_long = True
+        if too_long:
+            raise InputError(f"environment variable HCCL_EXEC_TIMEOUT={user_value!r} (seconds) is not a number "
+                             f"below --distributed-timeout-minutes {timeout_minutes:g} ({limit} s), so torch's "
+                             "watchdog would end a waiting rank before HCCL reports it; unset HCCL_EXEC_TIMEOUT "
+                             "(it is derived from --distributed-timeout-minutes) or raise the flag")
+    return {name: value for name, value in hccl_timeouts(timeout_minutes).items() if name not in environment}
+
+
 def initialize_distributed(backend: str, timeout_minutes: float) -> None:
     """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
-    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails."""
+    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails; on hccl
+    HCCL's own timeouts are set from the same value (hccl_timeouts) unless the environment has them."""
     if "RANK" not in os.environ:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             free_port = probe.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
+    if backend == "hccl":
+        os.environ.update(hccl_environment(timeout_minutes, os.environ))
     import deepspeed  # the engine only where a process group is joined: the rank arithmetic stays light
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))

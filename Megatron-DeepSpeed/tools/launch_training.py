@@ -29,10 +29,12 @@ REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
+from megatron.parallel_state import hccl_environment
 from megatron.reports.job_output import FirstFailure
 from megatron.training.log_lines import parse_log
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
+DEFAULT_TIMEOUT_MINUTES = 60.0
 VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
 MERGES_NAMES = ("gpt2-merges.txt", "merges.txt")
 
@@ -79,43 +81,39 @@ def parse_args(argv):
     return args, passthrough
 
 
-def bf16_supported() -> bool:
-    import torch
-
+def device_bf16_supported() -> bool:
     from megatron import device
-    return device.supports_dtype(torch.bfloat16)
+    return device.bf16_supported()
 
 
-def detect_device(requested: str) -> tuple[str, int]:
-    """(device name, devices on this node) — NPU when torch_npu and devices are present, else CUDA, else CPU."""
-    if requested == "cpu":
-        os.environ["DS_ACCELERATOR"] = "cpu"
-    elif requested in ("cuda", "npu"):
-        os.environ["DS_ACCELERATOR"] = requested
-    from deepspeed_npu import activate
-    print(activate().summary, flush=True)  # explains a missing or broken torch_npu / CANN in plain words
-    from megatron import device
-    name = device.device_name()
-    if requested != "auto" and name != requested:
-        raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{name}' here; check the "
-                         f"drivers (and for npu: source test/env_npu.sh), or use --device=auto")
-    if name == "cpu":
-        return name, 0
-    count = device.device_count()
-    if count == 0:
-        raise InputError(f"--device={requested}: DeepSpeed selected '{name}' but sees no {name} device here; check "
-                         f"the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use --device=cpu")
-    return name, count
-
-
-def precision_flags(device_name: str, bf16_supported: bool, passthrough: list[str]) -> list[str]:
-    """--bf16 on an accelerator that supports it (the fast default: tensor-core bf16 with fp32 master weights),
-    unless the user chose a precision with --fp16, --bf16 or a --deepspeed_config (whose fp16 / bf16 sections
-    decide). CPU runs stay fp32 unless asked."""
+def precision_flags(device_name: str, bf16_supported: bool, passthrough: list[str]) -> tuple[list[str], str]:
+    """(flags, the line that says which precision and why). On an accelerator: --bf16 where the device itself
+    says it has bf16 (tensor-core bf16 with fp32 master weights), else --fp16 with dynamic loss scaling; unless
+    the user chose a precision with --fp16, --bf16 or a --deepspeed_config (whose fp16 / bf16 sections decide).
+    CPU runs stay fp32 unless asked."""
     chosen = {"--fp16", "--bf16", "--deepspeed_config", "--deepscale_config"}
-    if device_name == "cpu" or not bf16_supported or any(arg.split("=")[0] in chosen for arg in passthrough):
-        return []
-    return ["--bf16"]
+    given = [arg.split("=")[0] for arg in passthrough if arg.split("=")[0] in chosen]
+    if given:
+        return [], f"precision: as {given[0]} says"
+    if device_name == "cpu":
+        return [], "precision: fp32 (the CPU default; --bf16 to change it)"
+    if bf16_supported:
+        return ["--bf16"], f"precision: bf16 (this {device_name} reports bf16 support)"
+    return ["--fp16"], f"precision: fp16 with dynamic loss scaling (this {device_name} reports no bf16 support)"
+
+
+def timeout_flags(passthrough: list[str]) -> tuple[list[str], float]:
+    """(flags, minutes): --distributed-timeout-minutes as given, else DEFAULT_TIMEOUT_MINUTES, long enough for the
+    other ranks to wait while rank 0 builds a large dataset's index cache. HCCL's timeouts derive from it."""
+    for index, arg in enumerate(passthrough):
+        name, _, value = arg.partition("=")
+        if name == "--distributed-timeout-minutes":
+            value = value or (passthrough[index + 1] if index + 1 < len(passthrough) else "")
+            try:
+                return [], float(value)
+            except ValueError:
+                raise InputError(f"--distributed-timeout-minutes {value!r} is not a number of minutes") from None
+    return ["--distributed-timeout-minutes", f"{DEFAULT_TIMEOUT_MINUTES:g}"], DEFAULT_TIMEOUT_MINUTES
 
 
 def demo_data() -> tuple[str, str, str]:
@@ -215,10 +213,13 @@ def main(argv=None):
 
     run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.output_dir or os.path.join(REPO_ROOT, "test", "output", run_name))
+    precision, precision_line = precision_flags(device_name, device_name != "cpu" and device_bf16_supported(),
+                                                passthrough)
+    print(precision_line, flush=True)
+    timeout, timeout_minutes = timeout_flags(passthrough)
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
-             "--tensorboard-dir", os.path.join(run_dir, "tensorboard"),
-             *precision_flags(device_name, device_name != "cpu" and bf16_supported(), passthrough)]
+             "--tensorboard-dir", os.path.join(run_dir, "tensorboard"), *precision, *timeout]
     if args.run == "full":
         checkpoints = os.path.join(run_dir, "checkpoints")
         flags += ["--save", checkpoints, *resume_flags(checkpoints)]
@@ -227,6 +228,8 @@ def main(argv=None):
                f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
                *flags, *passthrough]
     environment = dict(os.environ)
+    if device_name == "npu":  # before the ranks start, in case CANN reads them before the process group exists
+        environment.update(hccl_environment(timeout_minutes, environment))
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
