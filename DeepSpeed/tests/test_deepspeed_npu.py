@@ -1,10 +1,10 @@
 """deepspeed_npu on a CPU host: which accelerator and kernels it selects, and what it says when it cannot.
 
 No NPU is reachable here, so torch_npu is replaced by a stand-in module placed in sys.modules for one
-test at a time; its fusion attention follows torch_npu's documented semantics in plain torch
-(BNSD layout, True = masked, sparse_mode 2 = top-left causal read from a 2048 x 2048 compressed mask).
+test at a time; its fusion attention has the operator's schema and documented semantics
+(npu_fusion_attention_stand_in.py: BNSD layout, True = masked, sparse_mode 2 = top-left causal read from a
+2048 x 2048 compressed mask).
 """
-import math
 import os
 import subprocess
 import sys
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from npu_fusion_attention_stand_in import NpuFusionAttentionStandIn
 
 from deepspeed_npu import NpuSetupError, activate, explain_import_failure
 from deepspeed_npu.__main__ import main as diagnose
@@ -26,31 +27,7 @@ LIBHCCL_MISSING = "libhccl.so: cannot open shared object file: No such file or d
 
 
 class StandInFusedAdamW(torch.optim.AdamW):
-    """Stands for torch_npu.optim.NpuFusedAdamW: only its identity matters to these tests."""
-
-
-class StandInFusionAttention:
-    """torch_npu.npu_fusion_attention in plain torch; records the keyword arguments of every call."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0, keep_prob=1.0,
-                 sparse_mode=0, **unused):
-        self.calls.append(dict(head_num=head_num, input_layout=input_layout, atten_mask=atten_mask, scale=scale,
-                               keep_prob=keep_prob, sparse_mode=sparse_mode))
-        assert input_layout == "BNSD" and head_num == query.shape[1]
-        if sparse_mode == 2:  # the kernel reads causality from a fixed compressed mask, not a [seq, seq] one
-            assert torch.equal(atten_mask, torch.ones(2048, 2048, dtype=torch.bool).triu(1))
-            masked = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool).triu(1)
-        else:
-            assert sparse_mode == 0
-            masked = atten_mask
-        scores = (query @ key.transpose(-1, -2)) * scale
-        if masked is not None:
-            scores = scores.masked_fill(masked, float("-inf"))
-        probabilities = torch.nn.functional.dropout(scores.softmax(dim=-1), p=1.0 - keep_prob)
-        return probabilities @ value, None, None, None, 0, 0, 0
+    """Stands for torch_npu.optim.NpuFusedAdamW, which the trainer must never be given."""
 
 
 def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_attention=True):
@@ -59,7 +36,7 @@ def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_atte
                                        get_device_name=lambda index=0: chip_name)
     module.optim = types.SimpleNamespace(NpuFusedAdamW=StandInFusedAdamW)
     if with_fusion_attention:
-        module.npu_fusion_attention = StandInFusionAttention()
+        module.npu_fusion_attention = NpuFusionAttentionStandIn()
     return module
 
 
@@ -67,7 +44,7 @@ def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_atte
 def plain_host(monkeypatch):
     """Like a fresh process on a host without Ascend variables: DeepSpeed has not chosen an accelerator yet
     (other test files may have made it choose), and activate()'s writes to DS_ACCELERATOR are undone."""
-    for name in ("DS_ACCELERATOR", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_TOOLKIT_HOME"):
+    for name in ("DS_ACCELERATOR", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
         monkeypatch.setenv(name, "")  # records the original value, so the deletion below is undone too
         monkeypatch.delenv(name)
     monkeypatch.delitem(sys.modules, ACCELERATOR_SELECTOR, raising=False)
@@ -150,30 +127,40 @@ def test_failing_device_query_is_reported_with_its_cause(install):
         activate()
 
 
-def test_working_npu_selects_deepspeed_npu_and_offers_fused_kernels(install):
+def test_working_npu_selects_deepspeed_npu_and_offers_fused_attention_for_training(install):
     module = install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
     result = activate()
     assert result.active
     assert result.summary == ("NPU support active: 8 x Ascend910B3, DeepSpeed accelerator npu (hccl backend), "
-                              "kernels: torch_npu fused attention, NpuFusedAdamW")
+                              "kernels: torch_npu fused attention for training, PyTorch SDPA for inference")
     assert os.environ["DS_ACCELERATOR"] == "npu"
     npu = select_kernels("npu", result.kernels)  # what the trainer builds the model and optimizer with
     assert isinstance(npu.attention, FusionAttention)
-    assert npu.adam is StandInFusedAdamW
+    assert npu.adam is select_kernels("npu").adam and npu.adam.func is torch.optim.AdamW  # not NpuFusedAdamW
     assert npu.layer_norm is torch.nn.LayerNorm
+    assert npu.description() == "attention torch_npu.npu_fusion_attention, AdamW(foreach=True)"
     query = torch.randn(1, 2, 4, 16)
     npu.attention(query, query, query, None, 0.0)
     assert len(module.npu_fusion_attention.calls) == 1  # the offered kernel calls torch_npu's
+    assert select_kernels("npu", result.kernels, training=False).attention is sdpa_attention
 
 
-@pytest.mark.parametrize("chip_name", ["Ascend910A", "Ascend910ProB", "Ascend910PremiumA"])
-def test_first_generation_chips_keep_portable_attention(install, chip_name):
+@pytest.mark.parametrize("chip_name", ["Ascend910B1", "Ascend910B2C", "Ascend910B4-1"])
+def test_atlas_a2_training_chips_get_fused_attention(install, chip_name):
+    install(stand_in_torch_npu(chip_name=chip_name))
+    assert isinstance(select_kernels("npu", activate().kernels).attention, FusionAttention)
+
+
+# First-generation Ascend 910 (names torch_npu knows below Ascend910B1), inference chips, Atlas A3 (not in the
+# operator's list of products), and a device that did not say its name.
+@pytest.mark.parametrize("chip_name", ["Ascend910A", "Ascend910ProB", "Ascend910PremiumA", "Ascend910B",
+                                       "Ascend310P3", "Ascend910_9391", ""])
+def test_chips_outside_the_documented_list_keep_portable_attention_and_say_why(install, chip_name):
     install(stand_in_torch_npu(chip_name=chip_name))
     result = activate()
-    npu = select_kernels("npu", result.kernels)
-    assert npu.attention is sdpa_attention
-    assert npu.adam is StandInFusedAdamW
-    assert result.summary.endswith("kernels: PyTorch SDPA attention, NpuFusedAdamW")
+    assert select_kernels("npu", result.kernels).attention is sdpa_attention
+    assert result.summary.endswith("kernels: PyTorch SDPA attention (torch_npu documents npu_fusion_attention for "
+                                   f"Atlas A2 training chips (Ascend910B1-B4), not for {chip_name!r})")
 
 
 def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
@@ -181,6 +168,7 @@ def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
     result = activate()
     assert result.active
     assert select_kernels("npu", result.kernels).attention is sdpa_attention
+    assert result.summary.endswith("kernels: PyTorch SDPA attention (this torch_npu has no npu_fusion_attention)")
 
 
 def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, monkeypatch):
@@ -232,45 +220,6 @@ def test_import_failures_are_explained_in_plain_words(error, expected):
         assert phrase in message
 
 
-# ---- the attention adapter against the trainer's portable kernel ----
-
-def attention_inputs(seed=0, batch=2, heads=3, seq=7, head_dim=16):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, seq, head_dim, generator=generator, dtype=torch.float64) for _ in range(3)]
-
-
-def test_causal_attention_matches_sdpa_and_uses_the_compressed_causal_mode():
-    fusion = StandInFusionAttention()
-    attention = FusionAttention(fusion)
-    query, key, value = attention_inputs()
-    torch.testing.assert_close(attention(query, key, value, None, 0.0), sdpa_attention(query, key, value, None, 0.0))
-    call = fusion.calls[0]
-    assert (call["sparse_mode"], call["input_layout"], call["head_num"], call["keep_prob"]) == (2, "BNSD", 3, 1.0)
-    assert call["scale"] == pytest.approx(1 / math.sqrt(16))
-    attention(query, key, value, None, 0.0)
-    assert fusion.calls[1]["atten_mask"] is call["atten_mask"]  # the 2048 x 2048 mask is built once
-
-
-def test_explicit_megatron_mask_matches_sdpa():
-    query, key, value = attention_inputs(seed=1, seq=6)
-    # Two documents in each sequence (reset attention mask): causal, and no attending across the boundary.
-    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
-    mask[3:, :3] = True
-    mask = mask.expand(2, 1, 6, 6)
-    fusion = StandInFusionAttention()
-    result = FusionAttention(fusion)(query, key, value, mask, 0.0)
-    torch.testing.assert_close(result, sdpa_attention(query, key, value, mask, 0.0))
-    assert fusion.calls[0]["sparse_mode"] == 0
-    assert fusion.calls[0]["atten_mask"] is mask  # same True-is-masked convention: passed through unchanged
-
-
-def test_dropout_probability_becomes_keep_probability():
-    fusion = StandInFusionAttention()
-    query, key, value = attention_inputs()
-    FusionAttention(fusion)(query, key, value, None, 0.1)
-    assert fusion.calls[0]["keep_prob"] == pytest.approx(0.9)
-
-
 # ---- `python -m deepspeed_npu` and the import promise ----
 
 def test_diagnosis_command_reports_each_state(install, capsys):
@@ -297,23 +246,48 @@ def test_importing_the_package_imports_no_torch():
 
 # ---- test/env_npu.sh ----
 
+def source_env_script(environment, show):
+    """`source test/env_npu.sh` under `set -euo pipefail` in `environment`; the variables of `show`, '|'-joined."""
+    values = "|".join(f"${{{name}:-}}" for name in show)
+    script = f'set -euo pipefail; source {REPO / "test" / "env_npu.sh"}; echo "{values}"'
+    return subprocess.run(["bash", "-c", script], env={"PATH": os.environ["PATH"], **environment},
+                          capture_output=True, text=True, check=True).stdout.strip().split("|")
+
+
+def fake_cann(root, product="ascend-toolkit", home_variable="ASCEND_TOOLKIT_HOME"):
+    """A CANN install under `root` whose set_env.sh, like CANN's own, reads a variable that may be unset."""
+    toolkit = root / product
+    toolkit.mkdir(parents=True)
+    (toolkit / "set_env.sh").write_text(f"export {home_variable}={toolkit}/latest\n"
+                                        f"export LD_LIBRARY_PATH=${home_variable}/lib64:$LD_LIBRARY_PATH\n")
+    return toolkit
+
+
 def test_env_script_loads_cann_and_keeps_user_settings(tmp_path):
-    toolkit = tmp_path / "ascend-toolkit"
-    toolkit.mkdir()
+    toolkit = fake_cann(tmp_path)
     (tmp_path / "driver" / "lib64").mkdir(parents=True)
-    # Like CANN's own script, it reads a variable that may be unset.
-    (toolkit / "set_env.sh").write_text(f"export ASCEND_TOOLKIT_HOME={toolkit}/latest\n"
-                                        "export LD_LIBRARY_PATH=$ASCEND_TOOLKIT_HOME/lib64:$LD_LIBRARY_PATH\n")
-    script = (f"set -euo pipefail; source {REPO / 'test' / 'env_npu.sh'}; "
-              'echo "$ASCEND_TOOLKIT_HOME|$LD_LIBRARY_PATH|$PYTHONPATH|$HCCL_CONNECT_TIMEOUT|$HCCL_EXEC_TIMEOUT"')
-    environment = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path),
-                   "HCCL_EXEC_TIMEOUT": "99"}
-    output = subprocess.run(["bash", "-c", script], env=environment, capture_output=True, text=True, check=True)
-    cann_home, library_path, python_path, connect_timeout, exec_timeout = output.stdout.strip().split("|")
+    cann_home, library_path, python_path, queue, exec_timeout = source_env_script(
+        {"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path), "TASK_QUEUE_ENABLE": "1"},
+        ["ASCEND_TOOLKIT_HOME", "LD_LIBRARY_PATH", "PYTHONPATH", "TASK_QUEUE_ENABLE", "HCCL_EXEC_TIMEOUT"])
     assert cann_home == f"{toolkit}/latest"
     assert library_path.split(":")[:2] == [str(tmp_path / "driver" / "lib64"), f"{toolkit}/latest/lib64"]
     assert python_path.split(":") == [str(REPO / "DeepSpeed"), str(REPO / "Megatron-DeepSpeed")]
-    assert (connect_timeout, exec_timeout) == ("1200", "99")
+    assert queue == "1"
+    assert exec_timeout == ""  # HCCL's timeouts follow --distributed-timeout-minutes (megatron.parallel_state)
+
+
+def test_env_script_finds_nnae(tmp_path):
+    nnae = fake_cann(tmp_path, "nnae", home_variable="ASCEND_HOME_PATH")
+    [home] = source_env_script({"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)}, ["ASCEND_HOME_PATH"])
+    assert home == f"{nnae}/latest"
+
+
+@pytest.mark.parametrize("loaded", ["ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"])
+def test_env_script_does_not_load_cann_twice(tmp_path, loaded):
+    fake_cann(tmp_path)
+    [library_path] = source_env_script({"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path), loaded: "/opt/cann",
+                                        "LD_LIBRARY_PATH": "/opt/cann/lib64"}, ["LD_LIBRARY_PATH"])
+    assert library_path == "/opt/cann/lib64"
 
 
 def test_env_script_run_instead_of_sourced_says_how_to_use_it():

@@ -223,14 +223,28 @@ def test_sequence_longer_than_position_table():
 # --- kernel selection --------------------------------------------------------------------------------
 
 def test_kernel_defaults_and_adaptor_overrides():
-    assert kernels.select_kernels("npu") == kernels.PORTABLE_KERNELS
-    for device_name in ("cpu", "cuda"):
-        fused = kernels.select_kernels(device_name).adam
-        assert fused.func is torch.optim.AdamW and fused.keywords == {"fused": True}
-    adaptor = SimpleNamespace(attention=None, layer_norm=torch.nn.RMSNorm)  # None: keep the portable kernel
+    assert kernels.select_kernels("npu") == kernels.PORTABLE_KERNELS  # no torch_npu here: no fused kernel for it
+    assert kernels.select_kernels("cpu").adam is kernels.FUSED_ADAMW  # the dispatcher has the CPU kernel
+    adaptor = SimpleNamespace(attention=None, layer_norm=torch.nn.RMSNorm, adam=torch.optim.SGD)
     chosen = kernels.select_kernels("npu", adaptor)
     assert chosen.layer_norm is torch.nn.RMSNorm
-    assert chosen.attention is kernels.sdpa_attention and chosen.adam is torch.optim.AdamW
+    assert chosen.attention is kernels.sdpa_attention
+    assert chosen.adam is kernels.FOREACH_ADAMW  # the Adam rule is the trainer's alone
+    assert chosen.description() == "attention sdpa_attention, AdamW(foreach=True)"
+
+
+def test_fused_adamw_follows_the_dispatcher():
+    assert kernels.fused_adamw_available("cpu")
+    assert not kernels.fused_adamw_available("npu")  # torch does not know the device type without torch_npu
+    assert not kernels.fused_adamw_available("meta")  # a known device type without the kernel
+
+
+def test_an_adaptor_training_attention_is_not_used_for_inference():
+    def training_attention(query, key, value, attention_mask, dropout_p):
+        raise AssertionError("documented for training only")
+    adaptor = SimpleNamespace(attention=training_attention)
+    assert kernels.select_kernels("npu", adaptor).attention is training_attention
+    assert kernels.select_kernels("npu", adaptor, training=False).attention is kernels.sdpa_attention
 
 
 def test_attention_kernel_passed_in_is_used_by_the_model():

@@ -69,19 +69,18 @@ def fused_adamw_available(device_type: str) -> bool:
             and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", dispatch_key))
 
 
-def adamw_kernel(fused: bool) -> Callable:
-    """torch's AdamW in its fused or its foreach form (both read the current gradients at every step)."""
-    return functools.partial(torch.optim.AdamW, **({"fused": True} if fused else {"foreach": True}))
+# torch's AdamW in its two multi-tensor forms; both read every parameter's current gradient at each step.
+FUSED_ADAMW = functools.partial(torch.optim.AdamW, fused=True)
+FOREACH_ADAMW = functools.partial(torch.optim.AdamW, foreach=True)
 
-
-PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=adamw_kernel(False))
+PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=FOREACH_ADAMW)
 
 
 def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, training: bool = True) -> Kernels:
     """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
     attention / layer_norm kernels that `adaptor_kernels` provides (attributes; None = keep ours) taking
     precedence. With `training` False the adaptor's `inference_attention` replaces its training attention."""
-    kernels = replace(PORTABLE_KERNELS, adam=adamw_kernel(fused_adamw_available(device_name)))
+    kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused_adamw_available(device_name) else FOREACH_ADAMW)
     if adaptor_kernels is not None:
         attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
         chosen = {"attention": attention, "layer_norm": getattr(adaptor_kernels, "layer_norm", None)}

@@ -1,0 +1,76 @@
+"""The npu_fusion_attention call of deepspeed_npu against the operator's schema (op-plugin's
+op_plugin_functions.yaml, commit 517f2e7d0f202f38b76310706cb977ca2388ad21, copied into the stand-in's SCHEMA):
+argument order and names, BNSD layout, True-is-masked polarity and sparse_mode, for training with and without an
+explicit mask. The stand-in's signature is checked against the schema first, so it cannot drift from it."""
+import inspect
+import math
+import re
+
+import pytest
+import torch
+from npu_fusion_attention_stand_in import COMPRESSED_CAUSAL, SCHEMA, NpuFusionAttentionStandIn
+
+from deepspeed_npu.fused_kernels import FusionAttention
+from megatron.model.kernels import sdpa_attention
+
+SCHEMA_DEFAULTS = {"None": None, "1.": 1.0, "True": True, "False": False, '""': ""}
+
+
+def schema_parameters(schema):
+    """[(name, default or inspect.Parameter.empty)] of an ATen schema string."""
+    arguments = re.fullmatch(r"\w+\((.*)\) -> .*", schema).group(1)
+    parameters = []
+    for argument in arguments.split(", "):
+        name, _, default = argument.split(" ", 1)[1].partition("=")
+        if not default:
+            parameters.append((name, inspect.Parameter.empty))
+        else:
+            parameters.append((name, SCHEMA_DEFAULTS[default] if default in SCHEMA_DEFAULTS else int(default)))
+    return parameters
+
+
+def test_the_stand_in_has_the_schemas_signature():
+    signature = inspect.signature(NpuFusionAttentionStandIn().__call__)
+    assert [(p.name, p.default) for p in signature.parameters.values()] == schema_parameters(SCHEMA)
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+
+
+def inputs(seq=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, seq, 8, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+def test_causal_training_call():
+    kernel = NpuFusionAttentionStandIn()
+    query, key, value = inputs()
+    output = FusionAttention(kernel)(query, key, value, None, 0.0)
+    torch.testing.assert_close(output, sdpa_attention(query, key, value, None, 0.0))
+    [call] = kernel.calls
+    assert (call["head_num"], call["input_layout"], call["sparse_mode"], call["keep_prob"]) == (3, "BNSD", 2, 1.0)
+    assert torch.equal(call["atten_mask"], COMPRESSED_CAUSAL) and call["pse"] is None
+    assert call["scale"] == pytest.approx(1 / math.sqrt(8))
+
+
+def test_explicit_mask_training_call():
+    kernel = NpuFusionAttentionStandIn()
+    query, key, value = inputs(seed=1)
+    mask = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    mask[3:, :3] = True  # two documents: no attending across the boundary (Megatron: True = may not attend)
+    mask = mask.expand(2, 1, 6, 6)
+    output = FusionAttention(kernel)(query, key, value, mask, 0.0)
+    torch.testing.assert_close(output, sdpa_attention(query, key, value, mask, 0.0))
+    [call] = kernel.calls
+    assert call["sparse_mode"] == 0 and call["atten_mask"] is mask  # same polarity: passed through unchanged
+
+
+def test_dropout_probability_becomes_keep_probability():
+    kernel = NpuFusionAttentionStandIn()
+    query, key, value = inputs()
+    FusionAttention(kernel)(query, key, value, None, 0.1)
+    assert kernel.calls[0]["keep_prob"] == pytest.approx(0.9)
+
+
+def test_a_call_the_schema_does_not_have_fails():
+    query, key, value = inputs()
+    with pytest.raises(TypeError):
+        NpuFusionAttentionStandIn()(query, key, value, 3, "BNSD", attn_mask=None)  # torch's spelling, not the op's
