@@ -86,6 +86,28 @@ def device_bf16_supported() -> bool:
     return device.bf16_supported()
 
 
+def detect_device(requested: str) -> tuple[str, int]:
+    """(device name, devices on this node) — NPU when torch_npu and devices are present, else CUDA, else CPU."""
+    if requested == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    elif requested in ("cuda", "npu"):
+        os.environ["DS_ACCELERATOR"] = requested
+    from deepspeed_npu import activate
+    print(activate().summary, flush=True)  # explains a missing or broken torch_npu / CANN in plain words
+    from megatron import device
+    name = device.device_name()
+    if requested != "auto" and name != requested:
+        raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{name}' here; check the "
+                         f"drivers (and for npu: source test/env_npu.sh), or use --device=auto")
+    if name == "cpu":
+        return name, 0
+    count = device.device_count()
+    if count == 0:
+        raise InputError(f"--device={requested}: DeepSpeed selected '{name}' but sees no {name} device here; check "
+                         f"the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use --device=cpu")
+    return name, count
+
+
 def precision_flags(device_name: str, bf16_supported: bool, passthrough: list[str]) -> tuple[list[str], str]:
     """(flags, the line that says which precision and why). On an accelerator: --bf16 where the device itself
     says it has bf16 (tensor-core bf16 with fp32 master weights), else --fp16 with dynamic loss scaling; unless
