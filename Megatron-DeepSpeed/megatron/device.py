@@ -117,6 +117,14 @@ def bf16_supported() -> bool:
     return bool(accelerator().is_bf16_supported())
 
 
+def refuse_bf16_if_unsupported() -> None:
+    """--bf16 on a device without bf16 (e.g. a first-generation Ascend 910): one line now, instead of DeepSpeed's
+    ValueError when the engine starts."""
+    if not bf16_supported():
+        raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below "
+                         "Ascend910B1); use --fp16 (dynamic loss scaling) or neither flag for fp32")
+
+
 def supports_dtype(dtype: torch.dtype) -> bool:
     """Whether training in `dtype` works on this device.
 

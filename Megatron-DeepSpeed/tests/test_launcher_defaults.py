@@ -59,6 +59,8 @@ def test_a_device_without_bf16_gets_fp16_though_deepspeed_lists_bf16(first_gener
     assert device_bf16_supported() is False
     assert device.supports_dtype(torch.bfloat16) is False
     assert precision_flags("npu", device_bf16_supported(), [])[0] == ["--fp16"]
+    with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .* use --fp16"):
+        device.refuse_bf16_if_unsupported()  # what pretrain() says to a --bf16 given by hand
 
 
 @pytest.mark.parametrize("passthrough, expected", [

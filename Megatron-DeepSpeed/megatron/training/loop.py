@@ -296,6 +296,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     device.use_local_rank_flag(args.local_rank)
     initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
+    if config.precision.bf16:
+        device.refuse_bf16_if_unsupported()
     check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save)  # before any slow work
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
