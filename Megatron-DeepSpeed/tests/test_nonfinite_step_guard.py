@@ -8,20 +8,33 @@ import pytest
 import torch
 from distributed_helpers import run_on_ranks
 
+from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
+
+class FoundInfIgnoredAdamW(torch.optim.AdamW):
+    """Fused AdamW whose kernel does not read found_inf, as op-plugin's _fused_adamw_ for NPUs
+    (op_plugin/ops/opapi/FusedAdamWKernelNpuOpApi.cpp, Ascend/op-plugin 517f2e7d0f202f38b76310706cb977ca2388ad21)."""
+
+    def step(self, closure=None):
+        self.found_inf = None
+        return super().step(closure)
+
 
 OPTIMIZERS = {
     "fused AdamW": functools.partial(torch.optim.AdamW, lr=0.1, fused=True),
     "AdamW, not fused": functools.partial(torch.optim.AdamW, lr=0.1, foreach=False),
     "SGD with momentum": functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+    # as on an NPU, whose fused kernel (op-plugin's) ignores found_inf: the guard must drop the gradients instead
+    "fused AdamW, kernel without found_inf": functools.partial(FoundInfIgnoredAdamW, lr=0.1, fused=True),
 }
+FOUND_INF_DEVICES = {"fused AdamW, kernel without found_inf": frozenset()}
 
 
 def steps_with_one_bad_gradient(optimizer_name):
     """Three steps, the second with a NaN gradient: the weights and state after each, and the skipped count."""
     weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     optimizer = OPTIMIZERS[optimizer_name]([weight])
-    guard = NonFiniteStepGuard()
+    guard = NonFiniteStepGuard(FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
     optimizer.register_step_pre_hook(guard)
     history = []
     for gradient in ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]):

@@ -10,17 +10,22 @@ check is then switched off (bf16.check_grad_overflow false in its config).
 A bad step leaves the weights and the optimizer state untouched, so the weights DeepSpeed copies back are the
 old ones. With torch's fused optimizers (the default AdamW on CUDA and CPU) the flag goes to the optimizer as
 `found_inf`, the input through which torch's GradScaler tells a fused step to skip itself on the device: the
-host never waits for the GPU in mid-step. Other optimizers wait for the flag, and a bad step drops the
-gradients, which makes the torch optimizer leave every parameter and its state alone.
+host never waits for the GPU in mid-step. That holds only where the device's fused kernel reads `found_inf`
+(FUSED_ADAMW_READS_FOUND_INF; op-plugin's NPU kernel ignores it). Other optimizers and devices wait for the flag,
+and a bad step drops the gradients, which makes the torch optimizer leave every parameter and its state alone.
 """
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
+
 
 class NonFiniteStepGuard:
-    def __init__(self):
+    def __init__(self, found_inf_devices: frozenset = FUSED_ADAMW_READS_FOUND_INF):
+        """`found_inf_devices`: device types whose fused optimizer kernel skips a step given `found_inf`."""
+        self._found_inf_devices = found_inf_devices
         self._skipped: Optional[torch.Tensor] = None  # on the device; reading it waits for the step
 
     @property
@@ -35,7 +40,7 @@ class NonFiniteStepGuard:
         bad = (~torch.isfinite(norm)).float()
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips together: each holds only its partition
         self._skipped = bad.clone() if self._skipped is None else self._skipped + bad
-        if optimizer.defaults.get("fused"):
+        if optimizer.defaults.get("fused") and params[0].device.type in self._found_inf_devices:
             optimizer.found_inf = bad
         elif bad.item():
             for parameter in params:
