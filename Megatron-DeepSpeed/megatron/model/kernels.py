@@ -74,7 +74,8 @@ FUSED_ADAMW = functools.partial(torch.optim.AdamW, fused=True)
 FOREACH_ADAMW = functools.partial(torch.optim.AdamW, foreach=True)
 
 # Where the fused AdamW kernel skips a step when given `found_inf` (torch's CPU and CUDA kernels). op-plugin's NPU
-# kernel takes the argument but does not read it (op_plugin/ops/opapi/FusedAdamWKernelNpuOpApi.cpp).
+# kernel takes the argument but does not read it (op_plugin/ops/opapi/FusedAdamWKernelNpuOpApi.cpp; torch_npu's
+# torch.optim.AdamW documentation says the same).
 FUSED_ADAMW_READS_FOUND_INF = frozenset({"cpu", "cuda"})
 
 PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=FOREACH_ADAMW)
