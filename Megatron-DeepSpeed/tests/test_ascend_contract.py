@@ -14,9 +14,8 @@ from deepspeed.runtime.zero.utils import is_zero_supported_optimizer
 from distributed_helpers import run_on_ranks
 
 from deepspeed_npu.fused_kernels import npu_kernels
-from megatron.config.arguments import parse_args, validate_args
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.ds_config import build_deepspeed_config
-from megatron.config.job import job_config
 from megatron.model.kernels import select_kernels
 from megatron.training.optimizer import build_optimizer, parameter_groups
 
