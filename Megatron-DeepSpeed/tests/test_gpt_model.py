@@ -82,7 +82,7 @@ def test_initialisation_statistics_and_tied_head():
         elif "layernorm" in name:
             assert torch.all(parameter == 1.0), name
         else:
-            expected = output_std if name.endswith(("attention.dense.weight", "dense_4h_to_h.weight")) else 0.02
+            expected = output_std if name.endswith(("self_attention.dense.weight", "dense_4h_to_h.weight")) else 0.02
             assert parameter.std().item() == pytest.approx(expected, rel=0.03), name
             assert abs(parameter.mean().item()) < expected / 20, name
     assert params["layers.0.mlp.dense_h_to_4h.weight"].shape == (1024, 256)  # default ffn = 4h

@@ -100,7 +100,7 @@ def dropout_run(state, sequence_parallel, checkpoint_activations):
                         checkpoint_activations=checkpoint_activations)
     recorder = RecordingAttention()
     for layer in model.layers:
-        layer.attention.attend = recorder
+        layer.self_attention.attend = recorder
     apply_tensor_parallel(model, state, sequence_parallel,
                           rng_tracker=tensor_parallel_rng_tracker(5, state.get_tensor_model_parallel_rank()))
     hidden_dropout_zeros = []
@@ -222,7 +222,7 @@ def test_the_sharded_model_is_split_and_marked_as_the_plan_says(two_ranks):
     assert layout.keys() == build_model(2).state_dict().keys()
     for name, (cut_along, marked) in layout.items():
         assert cut_along == tensor_parallel_partition_dim(name), name
-        assert marked == ("layernorm" in name or name.endswith(("attention.dense.bias", "dense_4h_to_h.bias"))), name
+        assert marked == ("layernorm" in name or name.endswith(("self_attention.dense.bias", "dense_4h_to_h.bias"))), name
 
 
 def test_applying_the_plan_twice_is_refused(two_ranks):

@@ -10,9 +10,9 @@ CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=3, hidd
 
 def test_partition_dims_of_the_gpt_parameters():
     dims = {"embedding.word_embeddings.weight": 0, "embedding.position_embeddings.weight": None,
-            "layers.11.input_layernorm.weight": None, "layers.11.attention.query_key_value.weight": 0,
-            "layers.11.attention.query_key_value.bias": 0, "layers.11.attention.dense.weight": 1,
-            "layers.11.attention.dense.bias": None, "layers.11.post_attention_layernorm.bias": None,
+            "layers.11.input_layernorm.weight": None, "layers.11.self_attention.query_key_value.weight": 0,
+            "layers.11.self_attention.query_key_value.bias": 0, "layers.11.self_attention.dense.weight": 1,
+            "layers.11.self_attention.dense.bias": None, "layers.11.post_attention_layernorm.bias": None,
             "layers.11.mlp.dense_h_to_4h.weight": 0, "layers.11.mlp.dense_h_to_4h.bias": 0,
             "layers.11.mlp.dense_4h_to_h.weight": 1, "layers.11.mlp.dense_4h_to_h.bias": None,
             "final_layernorm.weight": None, "final_layernorm.bias": None}
@@ -20,11 +20,11 @@ def test_partition_dims_of_the_gpt_parameters():
 
 
 def test_a_star_stands_for_exactly_one_path_component():
-    assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.0.attention.query_key_value"), ColumnParallel)
+    assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.0.self_attention.query_key_value"), ColumnParallel)
     assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.7.mlp.dense_4h_to_h"), RowParallel)
     assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "final_layernorm"), SequenceParallel)
-    for path in ("layers.attention.dense", "layers.1.2.attention.dense", "attention.dense",
-                 "layers.1.attention.dense.weight", "embedding.final_layernorm"):
+    for path in ("layers.self_attention.dense", "layers.1.2.self_attention.dense", "self_attention.dense",
+                 "layers.1.self_attention.dense.weight", "embedding.final_layernorm"):
         assert style_for(GPT_TENSOR_PARALLEL_PLAN, path) is None, path
 
 

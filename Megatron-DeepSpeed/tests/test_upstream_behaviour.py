@@ -218,8 +218,8 @@ def test_local_rank_flag_sets_or_must_match_the_environment(monkeypatch):
 def test_unfused_path_is_selected_by_no_masked_softmax_fusion():
     fused = GPTModel(GPTConfig(**SMALL))
     unfused = GPTModel(GPTConfig(**SMALL, masked_softmax_fusion=False))
-    assert isinstance(unfused.layers[2].attention.attend, UnfusedAttention)
-    assert unfused.layers[2].attention.attend.coefficient == 3.0  # layer numbers count from 1
-    assert not isinstance(fused.layers[0].attention.attend, UnfusedAttention)
+    assert isinstance(unfused.layers[2].self_attention.attend, UnfusedAttention)
+    assert unfused.layers[2].self_attention.attend.coefficient == 3.0  # layer numbers count from 1
+    assert not isinstance(fused.layers[0].self_attention.attend, UnfusedAttention)
     tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(unfused(tokens), fused(tokens))

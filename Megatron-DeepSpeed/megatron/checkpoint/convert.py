@@ -8,8 +8,9 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.optimizer_state import read_optimizer_state
-from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, load_file, model_parallel_rank, model_states_file,
-                                        read_checkpoint, read_client_state)
+from megatron.checkpoint.client_state import rng_states, tracker_states
+from megatron.checkpoint.layout import model_parallel_rank, model_states_file
+from megatron.checkpoint.reader import Checkpoint, Progress, _quiet, load_file, read_checkpoint, read_client_state
 from megatron.checkpoint.writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.files.atomic import write_directory_atomically
@@ -26,17 +27,17 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
     per rank, from the first pipeline stage's files). The model flags are recorded in full, those an older
     checkpoint lacks at upstream's defaults."""
     first = read_client_state(checkpoint.directory)
-    tracker_states = []
-    if "tensor_parallel_rng_state" in first:
+    per_rank = []
+    if tracker_states(first) is not None and not checkpoint.layout.megatron:
         layout = checkpoint.layout
         zero_stage = 3 if layout.zero_stage == 3 else 0
         for tp in range(layout.tensor):
             state = first if tp == 0 else load_file(os.path.join(
                 checkpoint.directory, model_states_file(model_parallel_rank(0, tp, layout.tensor), zero_stage)))
-            tracker_states.append(state["tensor_parallel_rng_state"])
+            per_rank.append(tracker_states(state))
     return TrainingState(iteration=checkpoint.iteration, consumed_train_samples=checkpoint.consumed_train_samples,
                          args={**checkpoint.args, **checkpoint.model_config.to_flags()},
-                         rng_state=first.get("rng_state"), tensor_parallel_rng_states=tuple(tracker_states))
+                         rng_state=rng_states(first) if per_rank else None, tensor_parallel_rng_states=tuple(per_rank))
 
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,

@@ -34,7 +34,7 @@ _MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | {"openai_gelu"}
 MODEL_FLAGS_KEY = "megatron_model_flags"  # our key: the model flags GPT2Config has none for
 
 _LAYER_NORMS = (("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm"))
-_LINEARS = (("attn.c_attn", "attention.query_key_value"), ("attn.c_proj", "attention.dense"),
+_LINEARS = (("attn.c_attn", "self_attention.query_key_value"), ("attn.c_proj", "self_attention.dense"),
             ("mlp.c_fc", "mlp.dense_h_to_4h"), ("mlp.c_proj", "mlp.dense_4h_to_h"))
 # Options of GPT2Config that change the computation in ways GPTModel does not have.
 _UNSUPPORTED_OPTIONS = (("scale_attn_by_inverse_layer_idx", False), ("reorder_and_upcast_attn", False),
@@ -67,7 +67,7 @@ def to_hf_state_dict(model: Mapping[str, torch.Tensor], config: GPTConfig, vocab
                 hf[f"{theirs}{hf_name}.{part}"] = model[f"{ours}{our_name}.{part}"]
         for hf_name, our_name in _LINEARS:
             weight, bias = model[f"{ours}{our_name}.weight"], model[f"{ours}{our_name}.bias"]
-            if our_name == "attention.query_key_value":
+            if our_name == "self_attention.query_key_value":
                 weight, bias = per_head_qkv_to_hf(weight, heads), per_head_qkv_to_hf(bias, heads)
             hf[f"{theirs}{hf_name}.weight"] = weight.t()
             hf[f"{theirs}{hf_name}.bias"] = bias
@@ -100,7 +100,7 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Dic
                 model[f"{ours}{our_name}.{part}"] = take(f"{theirs}{hf_name}.{part}")
         for hf_name, our_name in _LINEARS:
             weight, bias = take(f"{theirs}{hf_name}.weight").t(), take(f"{theirs}{hf_name}.bias")
-            if our_name == "attention.query_key_value":
+            if our_name == "self_attention.query_key_value":
                 weight, bias = hf_qkv_to_per_head(weight, heads), hf_qkv_to_per_head(bias, heads)
             model[f"{ours}{our_name}.weight"] = weight
             model[f"{ours}{our_name}.bias"] = bias

@@ -13,8 +13,9 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
                  parameter split on its own (reader.zero3_flat_params).
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
                  tensors, and zero/optimizer_state.pt with the hyperparameters.
-Under the pipeline engine parameter names are the stage's ('tied_modules.embedding.x', '<piece>.y'); the tied
-embedding lives on the first and the last stage, and the first stage's copy is the one kept.
+Under the pipeline engine parameter names are the stage's ('tied_modules.embed.x', '<spec position>.y',
+checkpoint/names.py); the tied embedding lives on the first and the last stage, and the first stage's copy is
+the one kept. Checkpoints of earlier versions of this project number their pieces from 0 (Checkpoint.old).
 """
 import os
 from dataclasses import dataclass
@@ -22,15 +23,16 @@ from typing import Dict, List, Mapping
 
 import torch
 
-from megatron.checkpoint.layout import UNIVERSAL_DIR
-from megatron.checkpoint.reader import (Checkpoint, Progress, _quiet, layer_file, load_file, model_parallel_rank,
-                                        model_states_file, piece_prefix, zero3_flat_params, zero_optimizer_state)
+from megatron.checkpoint.layout import UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
+from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, model_name, positions_with_parameters,
+                                       stage_name)
+from megatron.checkpoint.reader import (Checkpoint, Progress, _module_names, _quiet, load_file, padded_rows,
+                                        zero3_flat_params, zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
-from megatron.model.gpt import layer_piece
+from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
-TIED_PREFIX = "tied_modules.embedding."
 
 
 @dataclass(frozen=True)
@@ -43,27 +45,6 @@ class OptimizerState:
 
     def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
         return getattr(self, kind)
-
-
-def model_name(stage_name: str, num_layers: int) -> str:
-    """GPTModel's name of a pipeline stage's parameter ('tied_modules.embedding.x' -> 'embedding.x',
-    '2.mlp.y' -> 'layers.1.mlp.y'); plain-engine names are GPTModel's already."""
-    if stage_name.startswith(TIED_PREFIX):
-        return "embedding." + stage_name[len(TIED_PREFIX):]
-    piece, _, rest = stage_name.partition(".")
-    if not piece.isdigit():
-        return stage_name
-    return piece_prefix(int(piece), num_layers) + rest
-
-
-def stage_name(name: str, num_layers: int) -> str:
-    """The pipeline engine's name of GPTModel parameter `name` (the inverse of model_name)."""
-    if name.startswith("embedding."):
-        return TIED_PREFIX + name[len("embedding."):]
-    if name.startswith("layers."):
-        _, number, rest = name.split(".", 2)
-        return f"{layer_piece(int(number))}.{rest}"
-    return f"{layer_piece(num_layers)}.{name}"
 
 
 def _keep_first(target: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
@@ -130,13 +111,14 @@ def decay_groups(names_and_shapes: List[tuple]) -> List[str]:
             [name for name, shape in names_and_shapes if len(shape) <= 1])
 
 
-def pipeline_stage_pieces(num_layers: int, stages: int) -> List[range]:
-    """The pieces (DeepSpeed layer numbers) each pipeline stage holds, as GPTPipe partitions them: balanced over
-    transformer layers (model/pipe.py's partition_method)."""
+def pipeline_stage_pieces(num_layers: int, stages: int, old: bool = False) -> List[range]:
+    """The spec positions (DeepSpeed layer numbers) each pipeline stage holds, as GPTPipe partitions them:
+    balanced over transformer layers (model/pipe.py's partition_method). `old`: as earlier versions of this
+    project built the pipeline (embedding 0, layers 1..L, final LayerNorm, LM head)."""
     from deepspeed.runtime.utils import partition_balanced
 
-    pieces = layer_piece(num_layers) + 2  # embedding, layers, final LayerNorm, tied LM head
-    weights = [1 if layer_piece(0) <= piece < layer_piece(num_layers) else 0 for piece in range(pieces)]
+    first, specs = (1, num_layers + 3) if old else (layer_spec(0), final_norm_spec(num_layers) + 2)
+    weights = [1 if first <= spec < first + num_layers else 0 for spec in range(specs)]
     parts = partition_balanced(weights=weights, num_parts=stages)
     return [range(parts[stage], parts[stage + 1]) for stage in range(stages)]
 
@@ -144,15 +126,18 @@ def pipeline_stage_pieces(num_layers: int, stages: int) -> List[range]:
 def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int) -> List[tuple]:
     """(stage name, shape) of one pipeline stage's parameters in module order: the tied embedding first (on the
     first and last stage), then each piece's."""
-    num_layers = int(checkpoint.args["num_layers"])
-    stage_pieces = pipeline_stage_pieces(num_layers, checkpoint.layout.pipeline)
+    num_layers, old = int(checkpoint.args["num_layers"]), checkpoint.old
+    stage_pieces = pipeline_stage_pieces(num_layers, checkpoint.layout.pipeline, old)
     tied_piece = stage_pieces[-1][-1]
-    embedding = load_file(os.path.join(checkpoint.directory, layer_file(0, tp_rank)))
+    embedding_piece = 0 if old else EMBEDDING_SPEC
+    with_parameters = range(num_layers + 2) if old else positions_with_parameters(num_layers)
+    embedding = load_file(os.path.join(checkpoint.directory, layer_file(embedding_piece, tp_rank)))
     parameters = []
-    if 0 in stage_pieces[stage] or tied_piece in stage_pieces[stage]:
-        parameters += [(TIED_PREFIX + key, tensor.shape) for key, tensor in embedding.items()]
+    if embedding_piece in stage_pieces[stage] or tied_piece in stage_pieces[stage]:
+        parameters += [((OLD_TIED_PREFIX if old else TIED_PREFIX) + key, tensor.shape)
+                       for key, tensor in embedding.items()]
     for piece in stage_pieces[stage]:
-        if piece in (0, tied_piece):
+        if piece in (embedding_piece, tied_piece) or piece not in with_parameters:
             continue
         layer = load_file(os.path.join(checkpoint.directory, layer_file(piece, tp_rank)))
         parameters += [(f"{piece}.{key}", tensor.shape) for key, tensor in layer.items()]
@@ -166,7 +151,7 @@ def _zero0_rank_state(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dic
     if layout.pipeline_engine:
         parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
     else:
-        parameters = [(name, tensor.shape) for name, tensor in state["module"].items()]
+        parameters = [(name, tensor.shape) for name, tensor in _module_names(state["module"]).items()]
     adam = state["optimizer"]["state"]
     result = {kind: {} for kind in MOMENTS}
     for index, name in enumerate(decay_groups(parameters)):
@@ -192,8 +177,10 @@ def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerSta
         folder = os.path.join(universal, stage_name(name, num_layers) if checkpoint.layout.pipeline_engine else name)
         progress(f"reading per-parameter state {index + 1}/{len(checkpoint.model)}: {name}")
         for kind in kinds:
-            kinds[kind][name] = load_file(os.path.join(folder, f"{kind}.pt"))["param"]
-        step = int(load_file(os.path.join(folder, "step.pt")))
+            kinds[kind][name] = padded_rows(load_file(os.path.join(folder, f"{kind}.pt"))["param"],
+                                            checkpoint.model[name].shape[0])
+        step_file = load_file(os.path.join(folder, "step.pt"))  # ds_to_universal's holds {'param': step}
+        step = int(step_file["param"] if isinstance(step_file, dict) else step_file)
     return OptimizerState(step=step, param_groups=default_param_groups(checkpoint.args), **kinds)
 
 
@@ -235,7 +222,7 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
                 rank_state = _zero12_rank_state(checkpoint, model_parallel_rank(pp, tp, layout.tensor), progress)
             for kind, tensors in rank_state.items():
                 for name, tensor in tensors.items():
-                    _keep_first(joined[kind], model_name(name, num_layers), tensor)
+                    _keep_first(joined[kind], model_name(name, num_layers, checkpoint.old), tensor)
         per_tp.append(joined)
     full = {kind: {} for kind in ("fp32", *MOMENTS)}
     for kind in full:

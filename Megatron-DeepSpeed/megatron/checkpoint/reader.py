@@ -1,18 +1,25 @@
-"""Read a checkpoint written by pretrain_gpt.py, at any layout, in one CPU process (no torch.distributed).
+"""Read a checkpoint of any layout a user brings, in one CPU process (no torch.distributed): the layout is
+recognised from the files (checkpoint/layout.py names them all).
 
-What DeepSpeed 0.19.8 writes under `--save DIR` (see DESIGN §9), for TP x PP x DP and model-parallel rank
-mp = pp_rank * TP + tp_rank:
-  DIR/latest                                   the tag of the newest complete checkpoint, e.g. global_step500
-  DIR/global_step500/
-    pipeline engine:  layer_{piece:02d}-model_{tp:02d}-model_states.pt   one piece's weights (GPT pieces:
-                      embedding 0, layers 1..L, final LayerNorm L+1; the tied LM head is not saved again)
-                      mp_rank_{mp:02d}_model_states.pt                  client state (module is None)
-    plain engine:     mp_rank_{mp:02d}_model_states.pt                  client state + module (GPTModel names)
-    ZeRO 1/2:         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 and Adam partitions
-    ZeRO 3:           zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt  client state, empty module
-                      zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 partitions: the weights
-The client state (the trainer's checkpoint/save_load.py) holds iteration, consumed samples, the flags and RNG states.
-Tensor-parallel shards are joined with shards.join_shards; the result is keyed by the single-process
+  DeepSpeed (ours, upstream Megatron-DeepSpeed's, and those earlier versions of this project wrote), for
+  TP x PP x DP and model-parallel rank mp = pp_rank * TP + tp_rank:
+    DIR/latest                      the tag of the newest complete checkpoint, e.g. global_step500
+    DIR/global_step500/
+      pipeline engine:  layer_{NN}-model_{tp:02d}-model_states.pt   one spec position's weights (embedding 01,
+                        layers 03..L+2, final LayerNorm L+4; earlier versions numbered 00, 01..L, L+1)
+                        mp_rank_{mp:02d}_model_states.pt            client state (module is None)
+      plain engine:     mp_rank_{mp:02d}_model_states.pt            client state + module (nested as upstream's
+                        GPTModel nests it; flat GPTModel names in earlier versions)
+      ZeRO 1/2:         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 and Adam partitions
+      ZeRO 3:           zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt  client state, empty module
+                        zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 partitions: the weights
+  DeepSpeed universal (ds_to_universal's output, `latest_universal`): zero/<engine parameter name>/fp32.pt
+    full tensors (vocabulary padding stripped) beside the mp_rank files.
+  Megatron (upstream's deepspeed_to_megatron.py, Megatron-LM): DIR/latest_checkpointed_iteration.txt (N or
+    'release') and iter_{N:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt, the model nested under
+    `model`, each pipeline stage numbering its layers from 0.
+The client state (checkpoint/client_state.py) holds iteration, the flags (consumed samples among them) and RNG
+states. Tensor-parallel shards are joined with shards.join_shards; the result is keyed by the single-process
 GPTModel's parameter names, the tied word embedding once.
 """
 import os
@@ -22,11 +29,17 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.layout import LATEST_TAG_FILE, OPTIMIZER_SAVED, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK
+from megatron.checkpoint.client_state import args_of, is_current, recorded_consumed_samples
+from megatron.checkpoint.layout import (ARGS, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
+                                        LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
+                                        OPTIMIZER_SAVED, RELEASE, TAG_PATTERN,
+                                        UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file, megatron_iteration_dir,
+                                        megatron_rank_dir, model_states_file, optimizer_states_file)
+from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position, nest,
+                                       old_position_name, positions_with_parameters)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.config.model_config import ModelConfig
-from megatron.model.gpt import EMBEDDING_PIECE, layer_piece
 
 Progress = Callable[[str], None]
 
@@ -44,13 +57,16 @@ class Layout:
     data: Optional[int]  # None: any (universal)
     zero_stage: Optional[int]  # None: any (universal)
     pipeline_engine: bool  # DeepSpeed's pipeline engine (one file per piece) or its plain engine
+    megatron: bool = False  # Megatron's layout (iter_N/mp_rank_XX/model_optim_rng.pt): weights, no engine state
 
     @property
     def universal(self) -> bool:
-        return self.data is None
+        return self.data is None and not self.megatron
 
     def describe(self) -> str:
         engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
+        if self.megatron:
+            return f"Megatron layout, TP {self.tensor} x PP {self.pipeline}"
         if self.universal:
             return f"TP {self.tensor} x PP {self.pipeline}, any DP and ZeRO stage, {engine}"
         return (f"TP {self.tensor} x PP {self.pipeline} x DP {self.data}, ZeRO stage {self.zero_stage}, "
@@ -67,6 +83,7 @@ class Checkpoint:
     padded_vocab_size: int
     model: Mapping[str, torch.Tensor]  # full tensors under GPTModel's names, in the training dtype
     has_optimizer_state: bool  # False: saved with --no-save-optim, or converted with --weights-only
+    old: bool = False  # written by an earlier version of this project (pipeline pieces numbered from 0)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -75,24 +92,6 @@ class Checkpoint:
 
 
 # ----------------------------------------------------------------------------- files
-
-def model_parallel_rank(pp_rank: int, tp_rank: int, tp_size: int) -> int:
-    return pp_rank * tp_size + tp_rank
-
-
-def model_states_file(mp_rank: int, zero_stage: int, dp_rank: int = 0) -> str:
-    if zero_stage == 3:
-        return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_model_states.pt"
-    return f"mp_rank_{mp_rank:02d}_model_states.pt"
-
-
-def optimizer_states_file(mp_rank: int, dp_rank: int, bf16: bool = False) -> str:
-    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
-
-
-def layer_file(piece: int, tp_rank: int) -> str:
-    return f"layer_{piece:02d}-model_{tp_rank:02d}-model_states.pt"
-
 
 def load_file(path: str) -> dict:
     """torch.load of one checkpoint file on the CPU, memory-mapped (tensors are read when used, so assembling a
@@ -108,45 +107,88 @@ def load_file(path: str) -> dict:
                          "the file is truncated or damaged: copy it again or use another checkpoint") from err
 
 
+def _megatron_rank_file(tag_dir: str, tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1) -> str:
+    return os.path.join(tag_dir, megatron_rank_dir(tp_rank, pp_rank, pp_size), MEGATRON_FILE)
+
+
+def is_megatron_directory(tag_dir: str) -> bool:
+    """Whether `tag_dir` is a Megatron-layout checkpoint (iter_N or release, holding mp_rank_XX[_YYY] folders)."""
+    return any(os.path.isfile(os.path.join(tag_dir, name, MEGATRON_FILE)) for name in _listing(tag_dir)
+               if name.startswith("mp_rank_"))
+
+
+def _listing(directory: str) -> List[str]:
+    return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+
+
 def _first_model_states_file(tag_dir: str) -> str:
+    if is_megatron_directory(tag_dir):
+        first = [name for name in _listing(tag_dir) if name.startswith("mp_rank_00")][0]
+        return os.path.join(tag_dir, first, MEGATRON_FILE)
     for name in (model_states_file(0, 0), model_states_file(0, 3)):
         if os.path.isfile(os.path.join(tag_dir, name)):
             return os.path.join(tag_dir, name)
-    raise InputError(f"{tag_dir} holds no {model_states_file(0, 0)} (nor {model_states_file(0, 3)}): it is not a "
-                     "checkpoint written by pretrain_gpt.py, or it is incomplete")
+    found = ", ".join(_listing(tag_dir)[:6]) or "nothing"
+    raise InputError(f"{tag_dir} holds no {model_states_file(0, 0)} (nor {model_states_file(0, 3)}, nor "
+                     f"mp_rank_00/{MEGATRON_FILE}): it holds {found}, which is no checkpoint layout this trainer "
+                     "reads (DeepSpeed, DeepSpeed universal, Megatron), or it is incomplete")
 
 
-def checkpoint_directory(load_dir: str, iteration: Optional[int] = None) -> str:
-    """The global_step{N} directory to read: the one `latest` names, or that of `iteration`. `load_dir` may
-    also be a global_step{N} directory itself."""
+def read_latest_iteration(directory: str) -> Optional[str]:
+    """The Megatron checkpoint folder `directory`'s latest_checkpointed_iteration.txt names (iter_N or
+    release); None when there is no such file."""
+    path = os.path.join(directory, LATEST_ITERATION_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().strip()
+    if text == RELEASE:
+        return megatron_iteration_dir(0, release=True)
+    if not text.isdigit():
+        raise InputError(f"{path} holds {text!r}, neither an iteration number nor 'release'; write the iteration "
+                         "of a complete checkpoint into it")
+    return megatron_iteration_dir(int(text))
+
+
+def checkpoint_directory(load_dir: str, iteration: Optional[int] = None, universal: bool = False) -> str:
+    """The checkpoint directory to read: the one `latest` (with `universal`: `latest_universal`) names, or that
+    of `iteration`; in a Megatron-layout folder the one latest_checkpointed_iteration.txt names. `load_dir` may
+    also be such a directory itself."""
     if not os.path.isdir(load_dir):
         raise InputError(f"checkpoint directory {load_dir} does not exist; give the --save directory of a run")
-    if iteration is None and TAG_PATTERN.fullmatch(os.path.basename(os.path.normpath(load_dir))):
+    base = os.path.basename(os.path.normpath(load_dir))
+    if iteration is None and (TAG_PATTERN.match(base) or MEGATRON_ITER_PATTERN.fullmatch(base) or base == RELEASE
+                              or os.path.isdir(os.path.join(load_dir, UNIVERSAL_DIR))):
         _first_model_states_file(load_dir)
         return load_dir
     if iteration is not None:
-        tag_dir = os.path.join(load_dir, f"global_step{iteration}")
-        if not os.path.isdir(tag_dir):
-            raise InputError(f"{load_dir} has no checkpoint of iteration {iteration} ({tag_dir} does not exist); "
-                             f"it has: {', '.join(available_tags(load_dir)) or 'none'}")
-        return tag_dir
-    tag = read_latest_tag(load_dir)
+        for name in (f"global_step{iteration}", megatron_iteration_dir(iteration)):
+            if os.path.isdir(os.path.join(load_dir, name)):
+                return os.path.join(load_dir, name)
+        raise InputError(f"{load_dir} has no checkpoint of iteration {iteration} "
+                         f"({os.path.join(load_dir, f'global_step{iteration}')} does not exist); "
+                         f"it has: {', '.join(available_tags(load_dir)) or 'none'}")
+    tag = read_latest_tag(load_dir, LATEST_UNIVERSAL_FILE if universal else LATEST_TAG_FILE)
+    if tag is None and not universal:
+        tag = read_latest_iteration(load_dir)
     if tag is None:
         tags = available_tags(load_dir)
-        hint = (f"it has {', '.join(tags)} but no '{LATEST_TAG_FILE}' file: pass --iteration N" if tags else
-                "give the --save directory of a training run")
+        pointer = LATEST_UNIVERSAL_FILE if universal else f"'{LATEST_TAG_FILE}' (nor {LATEST_ITERATION_FILE})"
+        hint = (f"it has {', '.join(tags)} but no {pointer} file: pass --iteration N" if tags else
+                f"it holds {', '.join(_listing(load_dir)[:6]) or 'nothing'}; give the --save directory of a "
+                "training run")
         raise InputError(f"{load_dir} is not a checkpoint directory: {hint}")
-    latest, tag_dir = os.path.join(load_dir, LATEST_TAG_FILE), os.path.join(load_dir, tag)
+    tag_dir = os.path.join(load_dir, tag)
     if not os.path.isdir(tag_dir):
-        raise InputError(f"{latest} names checkpoint '{tag}', but {tag_dir} does not exist; pass --iteration N "
-                         f"for one that does ({', '.join(available_tags(load_dir)) or 'none found'})")
+        raise InputError(f"{load_dir}'s pointer file names checkpoint '{tag}', but {tag_dir} does not exist; pass "
+                         f"--iteration N for one that does ({', '.join(available_tags(load_dir)) or 'none found'})")
     return tag_dir
 
 
-def read_latest_tag(directory: str) -> Optional[str]:
-    """The checkpoint name `directory`'s `latest` file holds; None when there is no `latest`. A `latest` that
+def read_latest_tag(directory: str, pointer: str = LATEST_TAG_FILE) -> Optional[str]:
+    """The checkpoint name `directory`'s `latest` file (or `pointer`) holds; None when there is none. One that
     cannot be read, or holds no name like 'global_step1000', is an InputError naming the file."""
-    path = os.path.join(directory, LATEST_TAG_FILE)
+    path = os.path.join(directory, pointer)
     if not os.path.lexists(path):
         return None
     try:
@@ -155,46 +197,58 @@ def read_latest_tag(directory: str) -> Optional[str]:
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); it names the "
                          f"checkpoint to resume: restore it, or point --load elsewhere") from err
-    if not TAG_PATTERN.fullmatch(tag):
+    if not TAG_PATTERN.match(tag):
         raise InputError(f"{path} holds {tag!r}, not a checkpoint name like 'global_step1000'; write the name "
                          f"of a complete checkpoint directory into it")
     return tag
 
 
 def available_tags(load_dir: str) -> List[str]:
-    tags = [name for name in os.listdir(load_dir) if TAG_PATTERN.fullmatch(name)
+    tags = [name for name in os.listdir(load_dir) if (TAG_PATTERN.match(name) or MEGATRON_ITER_PATTERN.fullmatch(name))
             and os.path.isdir(os.path.join(load_dir, name))]
-    return sorted(tags, key=lambda tag: int(TAG_PATTERN.fullmatch(tag).group(1)))
+    return sorted(tags, key=lambda tag: int((TAG_PATTERN.match(tag) or MEGATRON_ITER_PATTERN.fullmatch(tag)).group(1)))
 
 
 # ----------------------------------------------------------------------------- metadata
 
 def read_client_state(tag_dir: str) -> dict:
-    """The first model-parallel rank's model-states file: DeepSpeed's bookkeeping plus our client state."""
-    state = load_file(_first_model_states_file(tag_dir))
-    if not isinstance(state, dict) or "args" not in state or "iteration" not in state:
-        raise InputError(f"{_first_model_states_file(tag_dir)} carries no trainer state (iteration, args): it was "
-                         "not written by pretrain_gpt.py")
-    return state
+    """The first model-parallel rank's model-states file (a Megatron checkpoint's first rank file): DeepSpeed's
+    bookkeeping plus the client state, `args` as a dict whichever way it was saved."""
+    path = _first_model_states_file(tag_dir)
+    state = load_file(path)
+    if not isinstance(state, dict) or ARGS not in state or ITERATION not in state:
+        found = ", ".join(sorted(state)[:8]) if isinstance(state, dict) else type(state).__name__
+        raise InputError(f"{path} carries no trainer state (iteration, args) but {found}: it was not written by "
+                         "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
+    return {**state, ARGS: args_of(state)}
 
 
 def holds_optimizer_state(tag_dir: str, state: Mapping[str, object]) -> bool:
     """Whether the checkpoint in tag_dir (client state `state`) carries the optimizer's state."""
-    if not state.get(OPTIMIZER_SAVED, True):
+    if not state.get(OPTIMIZER_SAVED, True) or is_megatron_directory(tag_dir):
         return False
-    if not state.get(UNIVERSAL_MARK):
-        return True
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
+    if not os.path.isdir(universal):
+        return True
     return any(os.path.isfile(os.path.join(universal, entry, "exp_avg.pt")) for entry in os.listdir(universal))
 
 
-def layout_of(state: Mapping[str, object]) -> Layout:
-    """The layout a checkpoint's client state (of read_client_state) records."""
-    args, universal = state["args"], bool(state.get(UNIVERSAL_MARK))
+def pipeline_engine_of(args: Mapping[str, object]) -> bool:
+    """Whether flags `args` ran DeepSpeed's pipeline engine (upstream's default) or its plain engine."""
+    return bool(args.get("ds_pipeline_enabled", not args.get("no_pipeline_parallel")))
+
+
+def layout_of(state: Mapping[str, object], tag_dir: Optional[str] = None) -> Layout:
+    """The layout a checkpoint's client state (of read_client_state) records; a universal checkpoint (our
+    writer's mark, or a zero/ folder of per-parameter state in `tag_dir`) fixes no DP size or ZeRO stage."""
+    args = state[ARGS]
+    megatron = tag_dir is not None and is_megatron_directory(tag_dir)
+    universal = bool(state.get(UNIVERSAL_MARK)) or megatron or (
+        tag_dir is not None and os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR)))
     return Layout(tensor=int(args["tensor_model_parallel_size"]), pipeline=int(args["pipeline_model_parallel_size"]),
                   data=None if universal else int(args["data_parallel_size"]),
                   zero_stage=None if universal else int(args["zero_stage"]),
-                  pipeline_engine=bool(args.get("ds_pipeline_enabled", not args.get("no_pipeline_parallel"))))
+                  pipeline_engine=pipeline_engine_of(args), megatron=megatron)
 
 
 def training_dtype(args: Mapping[str, object]) -> torch.dtype:
@@ -203,33 +257,74 @@ def training_dtype(args: Mapping[str, object]) -> torch.dtype:
 
 # ----------------------------------------------------------------------------- weights
 
-def piece_prefix(piece: int, num_layers: int) -> str:
-    """GPTModel's name prefix for the parameters of pipeline piece `piece` (DeepSpeed's layer number)."""
-    if piece == EMBEDDING_PIECE:
-        return "embedding."
-    if piece < layer_piece(num_layers):
-        return f"layers.{piece - layer_piece(0)}."
-    return ""  # the final LayerNorm piece holds `final_layernorm`, as GPTModel does
-
-
 def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress) -> dict:
-    pieces = layer_piece(num_layers) + 1  # embedding, the layers, the final LayerNorm
+    """The layer files: numbered as upstream's (model/pipe.py), or as earlier versions of this project numbered
+    them (embedding layer_00)."""
+    old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))
+    positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
     model = {}
-    for piece in range(pieces):
-        progress(f"reading piece {piece + 1}/{pieces} ({layout.tensor} tensor-parallel shard(s))")
-        shards = [load_file(os.path.join(tag_dir, layer_file(piece, tp))) for tp in range(layout.tensor)]
-        prefix = piece_prefix(piece, num_layers)
+    for index, position in enumerate(positions):
+        progress(f"reading piece {index + 1}/{len(positions)} ({layout.tensor} tensor-parallel shard(s))")
+        shards = [load_file(os.path.join(tag_dir, layer_file(position, tp))) for tp in range(layout.tensor)]
         for key in shards[0]:
-            model[prefix + key] = join_shards(prefix + key, [shard[key] for shard in shards])
+            name = (old_position_name if old else name_at_position)(position, key, num_layers)
+            model[name] = join_shards(name, [shard[key] for shard in shards])
     return model
 
 
+def _module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
+    """A plain engine's `module` under GPTModel's names: nested as upstream's, or flat as earlier versions."""
+    return flatten(module) if is_nested(module) else flatten(nest(module))
+
+
 def _plain_engine_weights(tag_dir: str, layout: Layout, first_state: dict, progress: Progress) -> dict:
-    shards = [first_state["module"]]
+    shards = [_module_names(first_state["module"])]
     for tp in range(1, layout.tensor):
         progress(f"reading tensor-parallel shard {tp + 1}/{layout.tensor}")
-        shards.append(load_file(os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)))["module"])
+        shards.append(_module_names(load_file(os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)))["module"]))
     return {name: join_shards(name, [shard[name] for shard in shards]) for name in shards[0]}
+
+
+def _megatron_weights(tag_dir: str, layout: Layout, progress: Progress) -> dict:
+    """Each stage's layers numbered from 0 in its file; the stages' layers follow one another."""
+    model, first_layer = {}, 0
+    for pp in range(layout.pipeline):
+        shards = []
+        for tp in range(layout.tensor):
+            progress(f"reading pipeline stage {pp + 1}/{layout.pipeline}, tensor-parallel shard {tp + 1}/"
+                     f"{layout.tensor}")
+            shards.append(flatten(load_file(_megatron_rank_file(tag_dir, tp, pp, layout.pipeline))[MEGATRON_MODEL]))
+        stage_layers = set()
+        for key in shards[0]:
+            name = key
+            if key.startswith("layers."):
+                _, number, rest = key.split(".", 2)
+                stage_layers.add(int(number))
+                name = f"layers.{first_layer + int(number)}.{rest}"
+            model[name] = join_shards(name, [shard[key] for shard in shards])
+        first_layer += len(stage_layers)
+    return model
+
+
+def _universal_weights(tag_dir: str, num_layers: int, padded_vocab_size: int, progress: Progress) -> dict:
+    """zero/<engine name>/fp32.pt of a universal checkpoint, the vocabulary padding ds_to_universal strips put
+    back (as zeros, as DeepSpeed's loader pads it)."""
+    universal = os.path.join(tag_dir, UNIVERSAL_DIR)
+    entries = sorted(entry for entry in os.listdir(universal) if os.path.isdir(os.path.join(universal, entry)))
+    model = {}
+    for index, entry in enumerate(entries):
+        progress(f"reading per-parameter state {index + 1}/{len(entries)}: {entry}")
+        tensor = load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
+        name = model_name(entry, num_layers)
+        model[name] = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+    return model
+
+
+def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """`tensor` with zero rows appended up to `rows` (a vocabulary whose padding ds_to_universal stripped)."""
+    if tensor.dim() == 0 or tensor.shape[0] >= rows:
+        return tensor
+    return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
 def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_rank: List[torch.Tensor]
@@ -264,7 +359,8 @@ def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress) -> dict:
             groups = zero_optimizer_state(tag_dir, args, tp, dp)["fp32_flat_groups"]
             flats.append(torch.cat([group.flatten() for group in groups]))
         dtype = training_dtype(args)
-        shards.append({name: tensor.to(dtype) for name, tensor in zero3_flat_params(param_shapes, flats).items()})
+        shards.append({current_name(name): tensor.to(dtype)
+                       for name, tensor in zero3_flat_params(param_shapes, flats).items()})
     return {name: join_shards(name, [shard[name] for shard in shards]) for name in shards[0]}
 
 
@@ -274,21 +370,29 @@ def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int,
     return load_file(path)["optimizer_state_dict"]
 
 
-def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = _quiet) -> Checkpoint:
-    """The checkpoint in `load_dir` (its newest, or that of `iteration`) with the full model weights."""
-    tag_dir = checkpoint_directory(load_dir, iteration)
+def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = _quiet,
+                    universal: bool = False) -> Checkpoint:
+    """The checkpoint in `load_dir` (its newest, or that of `iteration`; with `universal` the one
+    `latest_universal` names) with the full model weights."""
+    tag_dir = checkpoint_directory(load_dir, iteration, universal)
     state = read_client_state(tag_dir)
-    args = state["args"]
-    layout = layout_of(state)
+    args = state[ARGS]
+    layout = layout_of(state, tag_dir)
     num_layers = int(args["num_layers"])
-    if layout.pipeline_engine:
+    engine_weights = (any(name.startswith("layer_") for name in os.listdir(tag_dir)) if layout.pipeline_engine
+                      else state.get("module") is not None or not layout.universal)
+    if layout.megatron:
+        model = _megatron_weights(tag_dir, layout, progress)
+    elif not engine_weights:  # DeepSpeed's ds_to_universal copies the model-states files only
+        model = _universal_weights(tag_dir, num_layers, int(args["padded_vocab_size"]), progress)
+    elif layout.pipeline_engine:
         model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress)
     elif layout.zero_stage == 3:
         model = _zero3_weights(tag_dir, state, progress)
     else:
         model = _plain_engine_weights(tag_dir, layout, state, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0]
-    return Checkpoint(directory=tag_dir, iteration=int(state["iteration"]),
-                      consumed_train_samples=int(state["consumed_train_samples"]), args=MappingProxyType(dict(args)),
+    return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
+                      consumed_train_samples=recorded_consumed_samples(state), args=MappingProxyType(dict(args)),
                       layout=layout, padded_vocab_size=padded_vocab_size, model=MappingProxyType(model),
-                      has_optimizer_state=holds_optimizer_state(tag_dir, state))
+                      has_optimizer_state=holds_optimizer_state(tag_dir, state), old=not is_current(state))

@@ -8,14 +8,21 @@ data-parallel size and, between ZeRO stages 0-2, the stage (their weights files 
 A checkpoint written by tools/convert_checkpoint.py (universal) resumes at any data-parallel size and ZeRO
 stage: ZeRO 1-3 load its per-parameter state through DeepSpeed's universal-checkpoint loader, ZeRO 0 its
 torch optimizer state. Tensor- and pipeline-parallel sizes and the engine must match in every case; the
-message names the conversion that makes them match.
+message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
+output, named by `latest_universal`; --universal-checkpoint) hold no engine weight files and resume through
+that loader alone, at any layout.
+
+Checkpoints the engine cannot load as they are (the Megatron layout; pipeline or universal checkpoints of
+earlier versions of this project, numbered differently) are refused with the one command that converts them.
 """
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from megatron.checkpoint.layout import LATEST_TAG_FILE
-from megatron.checkpoint.reader import Layout, checkpoint_directory, holds_optimizer_state, layout_of, read_client_state
+from megatron.checkpoint.client_state import has_rng, is_current
+from megatron.checkpoint.layout import ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR
+from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
+                                        read_client_state)
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
 
@@ -33,6 +40,7 @@ class LoadOptions:
     override_lr_scheduler: bool = False  # the command line's schedule, whatever the checkpoint's
     use_checkpoint_lr_scheduler: bool = False  # the checkpoint's schedule, whatever the command line's
     reset_iteration: bool = False  # restore everything but the iteration and consumed-sample counts
+    universal: bool = False  # --universal-checkpoint: the checkpoint latest_universal names
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,23 @@ class ResumePlan:
     restore_progress: bool  # iteration and consumed samples (False with --finetune)
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
+
+
+def _engine_weights_missing(tag_dir: str, layout: Layout) -> bool:
+    """ds_to_universal copies only the model-states files: a pipeline engine then has no layer files to read."""
+    return layout.pipeline_engine and os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR)) and not any(
+        name.startswith("layer_") for name in os.listdir(tag_dir))
+
+
+def _pointer_exists(load_dir: str, universal: bool) -> bool:
+    names = (LATEST_UNIVERSAL_FILE,) if universal else (LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, LATEST_ITERATION_FILE)
+    return any(os.path.exists(os.path.join(load_dir, name)) for name in names)
+
+
+def _unloadable(load_dir: str, what: str, layout: Layout) -> InputError:
+    return InputError(f"--load {load_dir} holds {what}, which DeepSpeed's engine cannot load as it is; convert it "
+                      f"once with\n  {convert_command(load_dir, layout.tensor, layout.pipeline, layout.pipeline_engine)}"
+                      f"\nthen --load the new directory")
 
 
 def convert_command(load_dir: str, tensor: int, pipeline: int, pipeline_engine: bool) -> str:
@@ -89,27 +114,40 @@ def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: 
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool,
                 model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run)."""
-    if not load_dir or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE)):
+    if not load_dir or not _pointer_exists(load_dir, options.universal):
         return None
     if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
         raise InputError("--override-lr-scheduler and --use-checkpoint-lr-scheduler contradict each other; give one")
-    tag_dir = checkpoint_directory(load_dir)
+    universal_pointer = options.universal or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE))
+    tag_dir = checkpoint_directory(load_dir, universal=universal_pointer and os.path.exists(
+        os.path.join(load_dir, LATEST_UNIVERSAL_FILE)))
     state = read_client_state(tag_dir)
-    layout = layout_of(state)
-    check_model_flags(load_dir, state["args"], model_flags)
+    layout = layout_of(state, tag_dir)
+    if layout.megatron:
+        raise _unloadable(load_dir, f"a Megatron-layout checkpoint ({os.path.basename(tag_dir)}/mp_rank_*/"
+                                    "model_optim_rng.pt)", layout)
+    if not is_current(state) and (layout.pipeline_engine or layout.universal):
+        raise _unloadable(load_dir, "a checkpoint an earlier version of this project wrote (pipeline pieces "
+                                    "numbered from layer_00)", layout)
+    check_model_flags(load_dir, state[ARGS], model_flags)
     load_optimizer = holds_optimizer_state(tag_dir, state) and not (options.finetune or options.no_load_optim)
-    check_layout(load_dir, layout, run, weights_only=not load_optimizer)
-    universal = layout.universal and run.zero_stage >= 1 and (load_optimizer or run.zero_stage == 3)
+    from_universal_files = _engine_weights_missing(tag_dir, layout)
+    if not from_universal_files:
+        check_layout(load_dir, layout, run, weights_only=not load_optimizer)
+    elif run.zero_stage == 0:
+        raise InputError(f"--load {load_dir}: DeepSpeed's universal checkpoint {os.path.basename(tag_dir)} loads "
+                         "through ZeRO's universal loader only; resume it with --zero-stage 1 (or higher)")
+    universal = from_universal_files or (layout.universal and run.zero_stage >= 1
+                                         and (load_optimizer or run.zero_stage == 3))
     if universal and run.zero_stage == 3 and run.tensor > 1:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal-checkpoint loader cannot cut tensor-parallel "
                          "shards under ZeRO stage 3; resume it with --zero-stage 1 or 2")
     if layout.universal and load_optimizer and run.zero_stage == 0 and mixed_precision:
         raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
                          "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")
-    args = state["args"]
+    args = state[ARGS]
     return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,
-                      load_rng=not (options.finetune or options.no_load_rng)
-                      and "rng_state" in state, restore_progress=not (options.finetune or options.reset_iteration),
+                      load_rng=not (options.finetune or options.no_load_rng) and has_rng(state), restore_progress=not (options.finetune or options.reset_iteration),
                       padded_vocab_size=args.get("padded_vocab_size"),
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
 

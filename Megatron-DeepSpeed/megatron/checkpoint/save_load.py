@@ -25,15 +25,20 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
+from deepspeed.pipe import PipelineModule
 
 from megatron import device
+from megatron.checkpoint.client_state import (build_client_state, recorded_args, recorded_consumed_samples,
+                                              rng_states, tracker_states, universal_info)
 from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
-                                        POINTER_LINK)
-from megatron.checkpoint.reader import Layout, model_states_file
+                                        POINTER_LINK, ITERATION, model_states_file)
+from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
+from megatron.checkpoint.reader import Layout, load_file, pipeline_engine_of
 from megatron.checkpoint.resume import LoadOptions, ResumePlan, plan_resume
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
+from megatron.files.atomic import write_atomically
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 from megatron.tokenizer import vocab_size_with_padding
 
@@ -128,20 +133,21 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     if latest_tag(save_dir) == tag:  # a run resumed at its last iteration: that state is already saved
         _log.info(f"checkpoint {tag} is already the latest in {save_dir}; not saving it again")
         return step_dir
-    client_state = {"iteration": iteration, "consumed_train_samples": consumed_train_samples,
-                    "args": {**flags, "padded_vocab_size": padded_vocab_size,
-                             "tokenizer_vocab_size": tokenizer_vocab_size},
-                    OPTIMIZER_SAVED: save_optimizer}
-    if save_rng:
-        client_state.update(rng_state=_rng_state(), tensor_parallel_rng_state=rng_tracker.get_states())
+    args = recorded_args(flags, consumed_train_samples, padded_vocab_size, tokenizer_vocab_size)
+    pipeline_engine = pipeline_engine_of(flags)
+    info = universal_info(parameter_names(flags["num_layers"]), flags["num_layers"], pipeline_engine,
+                          tokenizer_vocab_size or padded_vocab_size, padded_vocab_size)
+    state = build_client_state(args, iteration, _rng_state() if save_rng else None,
+                         rng_tracker.get_states() if save_rng else None, info)
+    state[OPTIMIZER_SAVED] = save_optimizer
     try:
-        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
+        dist.barrier()  # every model-states file written
         if dist.get_rank() == 0:
             for script in DEEPSPEED_RECOVERY_SCRIPTS:
                 if os.path.isfile(os.path.join(save_dir, script)):
                     os.remove(os.path.join(save_dir, script))
-            if not save_optimizer:
-                _remove_optimizer_state(step_dir, flags)
+            _rewrite_model_states(step_dir, flags, save_optimizer, pipeline_engine)
         fsync_tree(step_dir)
     except (OSError, RuntimeError) as err:
         raise _save_failure(save_dir, tag, err, sum(p.numel() for p in engine.module.parameters())) from err
@@ -155,19 +161,34 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     return step_dir
 
 
-def _remove_optimizer_state(tag_dir: str, flags: Mapping[str, Any]) -> None:
-    """--no-save-optim: drop what DeepSpeed saved of the optimizer (its ZeRO partitions; under ZeRO 0 the state
-    inside each model-states file)."""
-    for name in os.listdir(tag_dir):
-        if name.endswith("_optim_states.pt"):
-            os.remove(os.path.join(tag_dir, name))
-    if flags["zero_stage"] == 0:
-        for mp_rank in range(flags["tensor_model_parallel_size"] * flags["pipeline_model_parallel_size"]):
-            path = os.path.join(tag_dir, model_states_file(mp_rank, 0))
-            state = torch.load(path, map_location="cpu", weights_only=False)
+def _rewrite_model_states(tag_dir: str, flags: Mapping[str, Any], save_optimizer: bool, pipeline_engine: bool
+                          ) -> None:
+    """What DeepSpeed's files need to be upstream's: under the plain engine each model-states file's `module`
+    nested as upstream's GPTModel.state_dict_for_save_checkpoint nests it. And --no-save-optim: drop what
+    DeepSpeed saved of the optimizer (its ZeRO partitions; under ZeRO 0 the state inside each model-states
+    file)."""
+    if not save_optimizer:
+        for name in os.listdir(tag_dir):
+            if name.endswith("_optim_states.pt"):
+                os.remove(os.path.join(tag_dir, name))
+    zero_stage = flags["zero_stage"]
+    nest_module = not pipeline_engine and zero_stage < 3
+    if not nest_module and (save_optimizer or zero_stage != 0):
+        return
+    for mp_rank in range(flags["tensor_model_parallel_size"] * flags["pipeline_model_parallel_size"]):
+        path = os.path.join(tag_dir, model_states_file(mp_rank, zero_stage))
+        state = dict(load_file(path))
+        if nest_module:
+            state["module"] = nest(state["module"])
+        if not save_optimizer and zero_stage == 0:
             state["optimizer"] = None
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)
+        write_atomically(path, lambda handle: torch.save(state, handle))
+
+
+def load_module(src: Mapping[str, Any], dst: torch.nn.Module) -> None:
+    """DeepSpeed's custom_load_fn for the plain engine: a `module` nested as upstream's (or flat, as earlier
+    versions of this project wrote it) into GPTModel."""
+    dst.load_state_dict(flatten(src) if is_nested(src) else flatten(nest(src)))
 
 
 def load_options(config: JobConfig) -> LoadOptions:
@@ -175,7 +196,7 @@ def load_options(config: JobConfig) -> LoadOptions:
     return LoadOptions(finetune=checkpoint.finetune, no_load_optim=checkpoint.no_load_optim,
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
                        use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
-                       reset_iteration=checkpoint.reset_iteration)
+                       reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint)
 
 
 def plan_load(config: JobConfig) -> Optional[ResumePlan]:
@@ -216,24 +237,26 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     samples), or (0, 0) when there is nothing to load (a fresh run, as in Megatron) or when fine-tuning."""
     if plan is None:
         return 0, 0
+    pipelined = isinstance(engine.module, PipelineModule)  # its pieces load themselves from the layer files
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).
     try:
         load_path, client_state = engine.load_checkpoint(load_dir, tag=plan.tag,
                                                          load_optimizer_states=plan.load_optimizer or plan.universal,
                                                          load_lr_scheduler_states=False,
-                                                         load_module_only=not plan.load_optimizer)
+                                                         load_module_only=not plan.load_optimizer,
+                                                         custom_load_fn=None if pipelined else load_module)
     except (OSError, RuntimeError, EOFError) as err:
         raise RunError(f"--load {load_dir}: loading checkpoint {plan.tag} failed ({type(err).__name__}: {err}); if "
                        f"a file of it is damaged, restore it or resume from an older checkpoint") from err
-    if load_path is None or not client_state or "iteration" not in client_state:
+    if load_path is None or not client_state or ITERATION not in client_state:
         raise InputError(f"--load {load_dir}: checkpoint {plan.tag} could not be read as a checkpoint of this "
                          "trainer; point --load at a --save directory")
     if plan.universal:
         _unshare_adam_steps(engine.optimizer)
     if plan.load_rng:
-        _set_rng_state(client_state["rng_state"])
-        rng_tracker.set_states(client_state["tensor_parallel_rng_state"])
+        _set_rng_state(rng_states(client_state))
+        rng_tracker.set_states(tracker_states(client_state))
     if not plan.restore_progress:
         return 0, 0
-    return client_state["iteration"], client_state["consumed_train_samples"]
+    return client_state[ITERATION], recorded_consumed_samples(client_state)

@@ -24,15 +24,18 @@ from typing import Dict, List, Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR,
-                                        UNIVERSAL_MARK)
-from megatron.checkpoint.optimizer_state import (OptimizerState, decay_groups, model_name, pipeline_stage_pieces,
-                                                 stage_name)
-from megatron.checkpoint.reader import (Progress, _quiet, layer_file, model_parallel_rank, model_states_file,
-                                        piece_prefix)
+from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
+from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
+                                        LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
+                                        model_parallel_rank, model_states_file)
+from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
+                                       spec_position, stage_name)
+from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
+from megatron.checkpoint.reader import Progress, _quiet
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig, layer_piece
+from megatron.model.gpt import GPTConfig
+from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,11 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
     if not target.pipeline_engine:
         return list(names)
     stage_pieces = pipeline_stage_pieces(num_layers, target.pipeline)[pp_rank]
-    tied_piece = layer_piece(num_layers) + 1
-    holds_embedding = 0 in stage_pieces or tied_piece in stage_pieces
-    stage = [stage_name(name, num_layers) for name in names if name.startswith("embedding.")] if holds_embedding else []
+    tied_piece = final_norm_spec(num_layers) + 1
+    holds_embedding = EMBEDDING_SPEC in stage_pieces or tied_piece in stage_pieces
+    stage = [stage_name(name, num_layers) for name in names if name.startswith(EMBEDDING_PREFIX)] if holds_embedding else []
     for name in names:
-        if not name.startswith("embedding."):
+        if not name.startswith(EMBEDDING_PREFIX):
             converted = stage_name(name, num_layers)
             if int(converted.split(".", 1)[0]) in stage_pieces:
                 stage.append(converted)
@@ -129,7 +132,7 @@ def _deepspeed_bookkeeping(state: TrainingState, target: TargetLayout) -> dict:
             "ds_version": importlib.metadata.version("deepspeed")}
 
 
-def recorded_args(args: Mapping[str, object], target: TargetLayout, padded_vocab_size: int) -> dict:
+def target_args(args: Mapping[str, object], target: TargetLayout, padded_vocab_size: int) -> dict:
     """The flags to record: the source's, with the target's parallel layout."""
     recorded = dict(args)
     recorded.update(tensor_model_parallel_size=target.tensor, pipeline_model_parallel_size=target.pipeline,
@@ -158,18 +161,22 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     tag = f"global_step{state.iteration}"
     tag_dir = os.path.join(out_dir, tag)
     names = list(model)
-    args = recorded_args(state.args, target, config.vocab_size)
+    flags = target_args(state.args, target, config.vocab_size)
+    args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
+                         state.consumed_train_samples, config.vocab_size,
+                         flags.get("tokenizer_vocab_size"))
+    info = universal_info(names, num_layers, target.pipeline_engine,
+                          int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size)
 
     if target.pipeline_engine:
-        pieces = layer_piece(num_layers) + 1
-        for piece in range(pieces):
-            prefix = piece_prefix(piece, num_layers)
-            piece_names = [name for name in names if name.startswith(prefix) and
-                           (prefix or not name.startswith(("embedding.", "layers.")))]
+        positions = positions_with_parameters(num_layers)
+        for index, position in enumerate(positions):
+            piece_names = [name for name in names if spec_position(name, num_layers)[0] == position]
             for tp in range(tp_size):
-                progress(f"writing piece {piece + 1}/{pieces}, tensor-parallel shard {tp + 1}/{tp_size}")
-                _save(os.path.join(tag_dir, layer_file(piece, tp)),
-                      {name[len(prefix):]: shard_of(name, model[name], tp, tp_size).clone() for name in piece_names})
+                progress(f"writing piece {index + 1}/{len(positions)}, tensor-parallel shard {tp + 1}/{tp_size}")
+                _save(os.path.join(tag_dir, layer_file(position, tp)),
+                      {spec_position(name, num_layers)[1]: shard_of(name, model[name], tp, tp_size).clone()
+                       for name in piece_names})
 
     for pp in range(target.pipeline):
         stage_names = engine_parameter_names(names, num_layers, target, pp)
@@ -178,14 +185,13 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
         for tp in range(tp_size):
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
-            module = None if target.pipeline_engine else {
-                name: shard_of(name, model[name], tp, tp_size).clone() for name in names}
+            module = None if target.pipeline_engine else nest({
+                name: shard_of(name, model[name], tp, tp_size).clone() for name in names})
             zero0 = None if optimizer is None else _zero0_optimizer(stage_names, stage_shapes, optimizer, num_layers,
                                                                     tp, tp_size)
-            client = {"iteration": state.iteration, "consumed_train_samples": state.consumed_train_samples,
-                      "args": args, UNIVERSAL_MARK: True}
-            if state.rng_state is not None:
-                client.update(rng_state=state.rng_state, tensor_parallel_rng_state=_tensor_parallel_rng(state, tp))
+            client = build_client_state(args, state.iteration, state.rng_state,
+                                  _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
+            client[UNIVERSAL_MARK] = True
             contents = {"module": module, "optimizer": zero0, **_deepspeed_bookkeeping(state, target), **client}
             _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name

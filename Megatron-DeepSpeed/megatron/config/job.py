@@ -152,6 +152,7 @@ class CheckpointConfig:
     use_checkpoint_lr_scheduler: bool
     reset_iteration: bool  # restore everything but the iteration and sample counts
     no_save_rng: bool
+    universal_checkpoint: bool  # --load's latest_universal, through DeepSpeed's universal loader
 
 
 @dataclass(frozen=True)

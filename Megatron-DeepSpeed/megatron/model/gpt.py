@@ -10,8 +10,8 @@ piece draws its initial weights from its own random stream, seeded by (init_seed
 do not depend on which process or pipeline stage builds which piece. Parallelism is applied from outside by a
 plan keyed by module path (model/parallelize.py); the model itself knows nothing about it. Tensors are
 batch-first: hidden states are [batch, seq, hidden]. Parameter names follow Megatron, so it is obvious which
-linears become column-parallel (attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
-(attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
+linears become column-parallel (self_attention.query_key_value, mlp.dense_h_to_4h) or row-parallel
+(self_attention.dense, mlp.dense_4h_to_h) under tensor parallelism.
 """
 import contextlib
 import functools
@@ -79,7 +79,7 @@ class GPTConfig:
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
 
-EMBEDDING_PIECE = 0  # piece indices: the embedding, then the layers 1..num_layers (DeepSpeed's layer numbering)
+EMBEDDING_PIECE = 0  # seed indices (seeded_init): the embedding, then the layers 1..num_layers
 
 
 def layer_piece(layer_number: int) -> int:
@@ -193,14 +193,14 @@ class TransformerLayer(nn.Module):
     def __init__(self, config: GPTConfig, layer_number: int = 1):
         super().__init__()
         self.input_layernorm = layer_norm(config)
-        self.attention = SelfAttention(config, layer_number)
+        self.self_attention = SelfAttention(config, layer_number)
         self.post_attention_layernorm = layer_norm(config)
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.attention(normalize(self.input_layernorm, hidden), attention_mask,
+        hidden = hidden + self.dropout(self.self_attention(normalize(self.input_layernorm, hidden), attention_mask,
                                                       kv_cache))
         return hidden + self.dropout(self.mlp(normalize(self.post_attention_layernorm, hidden)))
 

@@ -6,10 +6,10 @@ path in GPTModel, what each module becomes; every split module keeps this rank's
 weights, so the result computes what the single-process model computes.
 
   embedding.word_embeddings      vocabulary rows split; output all-reduced
-  layers.*.attention             whole heads per rank; the attention kernel runs in the model-parallel random
+  layers.*.self_attention             whole heads per rank; the attention kernel runs in the model-parallel random
                                  stream (each rank's heads drop out differently)
   query_key_value, dense_h_to_4h column-parallel (output features split)
-  attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
+  self_attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
   lm_head, loss                  vocab-split logits and vocab-parallel cross entropy (full logits never exist)
 With sequence_parallel, activations between the tensor-parallel regions are split along the sequence: the
 embedding's dropout first scatters it, LayerNorms and dropout run on the local chunk (dropout in the
@@ -101,9 +101,9 @@ GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
     "embedding.word_embeddings": VocabParallel(),
     "embedding.dropout": SequenceChunkingDropout(),
     "layers.*.input_layernorm": SequenceParallel(),
-    "layers.*.attention": HeadParallelAttention(),
-    "layers.*.attention.query_key_value": ColumnParallel(),
-    "layers.*.attention.dense": RowParallel(),
+    "layers.*.self_attention": HeadParallelAttention(),
+    "layers.*.self_attention.query_key_value": ColumnParallel(),
+    "layers.*.self_attention.dense": RowParallel(),
     "layers.*.post_attention_layernorm": SequenceParallel(),
     "layers.*.mlp.dense_h_to_4h": ColumnParallel(*_FFN),
     "layers.*.mlp.dense_4h_to_h": RowParallel(*_FFN),
@@ -115,7 +115,7 @@ GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
 
 
 def tensor_parallel_partition_dim(name: str) -> Optional[int]:
-    """For a parameter's full name in GPTModel (e.g. 'layers.3.attention.dense.weight'), the dim along which
+    """For a parameter's full name in GPTModel (e.g. 'layers.3.self_attention.dense.weight'), the dim along which
     tensor parallelism splits it over the ranks, or None where every rank holds all of it. Splitting a full
     checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of) and joining them back
     (torch.cat along the same dim) both follow this rule."""

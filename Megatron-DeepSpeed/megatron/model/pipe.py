@@ -1,10 +1,19 @@
 """The GPT model as DeepSpeed pipeline stages: gpt.py's pieces as LayerSpecs, plus thin adapters for the
 pipeline's calling convention (every piece takes and returns one tensor or a tuple of tensors).
 
-    spec 0          EmbeddingPipe   (tokens, position_ids[, attention_mask]) -> hidden[, attention_mask]
-    specs 1..L      TransformerLayerPipe, one per layer: hidden[, attention_mask] -> the same
-    spec L+1        FinalLayerNormPipe: drops the attention mask
-    spec L+2        the LM head: EmbeddingPipe again, tied (TiedLayerSpec), scoring against its word embeddings
+The spec list has upstream Megatron-DeepSpeed's (b4d4a0e GPTModelPipe) positions, because DeepSpeed names each
+piece's checkpoint file and parameters by position (layer_01-model_00-model_states.pt, '3.mlp.x'): checkpoints
+then move between the two trainers and upstream's tools read ours. Upstream has parameterless steps at 0, 2 and
+L+3 (a dtype cast and the [s, b, h] transposes); ours are batch-first, so those positions hold `same_inputs`.
+
+    spec 0          same_inputs
+    spec 1          EmbeddingPipe   (tokens, position_ids[, attention_mask]) -> hidden[, attention_mask]
+    spec 2          same_inputs
+    specs 3..L+2    TransformerLayerPipe, one per layer: hidden[, attention_mask] -> the same
+    spec L+3        same_inputs
+    spec L+4        FinalLayerNormPipe: a bare LayerNorm (weight, bias) that drops the attention mask
+    spec L+5        the LM head: EmbeddingPipe again, tied (TiedLayerSpec 'embed'), scoring against its word
+                    embeddings
     loss_fn         LanguageModelLossPipe(logits, (labels, loss_mask))
 
 Stages are cut between transformer layers (partition "type:TransformerLayerPipe"): the first stage also holds
@@ -33,8 +42,26 @@ from megatron.model.parallelize import apply_tensor_parallel
 
 _log = logging.getLogger(__name__)
 
-TIED_EMBEDDING = "embedding"
+TIED_EMBEDDING = "embed"  # upstream's key: the tied parameters are named tied_modules.embed.*
 TIED_WEIGHT = "word_embeddings.weight"  # of the tied EmbeddingPipe: the input embedding and the LM head's weight
+
+
+EMBEDDING_SPEC = 1  # spec positions (module docstring)
+FIRST_LAYER_SPEC = 3
+
+
+def layer_spec(layer_number: int) -> int:
+    """The spec position of transformer layer `layer_number` (0-based)."""
+    return FIRST_LAYER_SPEC + layer_number
+
+
+def final_norm_spec(num_layers: int) -> int:
+    return layer_spec(num_layers) + 1
+
+
+def same_inputs(inputs):
+    """Holds one of upstream's parameterless positions (module docstring)."""
+    return inputs
 
 
 def _as_tuple(inputs) -> tuple:
@@ -80,14 +107,20 @@ class TransformerLayerPipe(TransformerLayer):
 
 
 class FinalLayerNormPipe(nn.Module):
-    gpt_model_path = ""  # its final_layernorm is GPTModel's
+    """GPTModel's final_layernorm whose parameters are this module's own `weight` and `bias`, as upstream's bare
+    LayerNorm spec holds them (the norm module itself, possibly an adaptor's kernel or a sequence-parallel
+    wrapper, is kept out of the state dict)."""
+
+    gpt_model_path = "final_layernorm"
 
     def __init__(self, config: GPTConfig, prepare):
         super().__init__()
-        self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
+        norm = prepare(layer_norm(config), self.gpt_model_path)
+        self.weight, self.bias = norm.weight, norm.bias
+        self._norm = (norm,)  # a tuple: not registered as a submodule
 
     def forward(self, inputs) -> torch.Tensor:
-        return normalize(self.final_layernorm, _as_tuple(inputs)[0])
+        return normalize(self._norm[0], _as_tuple(inputs)[0])
 
 
 class LanguageModelLossPipe(nn.Module):
@@ -131,8 +164,11 @@ class GPTPipe(PipelineModule):
             return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker,
                                          path=path)
 
-        specs = [TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),
+        specs = [same_inputs,
+                 TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),
+                 same_inputs,
                  *(LayerSpec(TransformerLayerPipe, config, number, prepare) for number in range(config.num_layers)),
+                 same_inputs,
                  LayerSpec(FinalLayerNormPipe, config, prepare),
                  TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, forward_fn=lm_head_logits,
                                tied_weight_attr=TIED_WEIGHT)]
@@ -153,14 +189,14 @@ class GPTPipe(PipelineModule):
     def layers_per_stage(self) -> list:
         """How many transformer layers each stage holds (uneven when --num-layers is not a multiple of the
         number of stages)."""
-        first_layer, after_last_layer = layer_piece(0), layer_piece(self.num_transformer_layers)
+        first_layer, after_last_layer = layer_spec(0), layer_spec(self.num_transformer_layers)
         return [max(0, min(int(stop), after_last_layer) - max(int(start), first_layer))
                 for start, stop in zip(self.parts[:-1], self.parts[1:])]
 
     def single_process_name(self, name: str) -> str:
         """GPTModel's name for a parameter of this stage: its piece's path in GPTModel, then its name inside the
-        piece ('tied_modules.embedding.x' -> 'embedding.x', '3.mlp.x' -> 'layers.2.mlp.x',
-        '<L+1>.final_layernorm.x' -> 'final_layernorm.x')."""
+        piece ('tied_modules.embed.x' -> 'embedding.x', '4.mlp.x' -> 'layers.1.mlp.x',
+        '<L+4>.weight' -> 'final_layernorm.weight')."""
         parts = name.split(".")
         owner = 2 if parts[0] == "tied_modules" else 1
         piece = self.get_submodule(".".join(parts[:owner]))

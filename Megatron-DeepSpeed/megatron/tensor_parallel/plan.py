@@ -1,7 +1,7 @@
 """Declarative tensor parallelism: a plan maps module paths to parallel styles, and one function applies it.
 
 A plan is a mapping {path pattern: style}. Patterns are dotted module paths as named_modules() spells them, in
-which `*` stands for any one component (a layer index): "layers.*.attention.dense"; "" is the root. A style
+which `*` stands for any one component (a layer index): "layers.*.self_attention.dense"; "" is the root. A style
 says what the module at such a path becomes (`apply`), checks first that it can be split (`check`), and names
 which of its parameters are split across tensor-parallel ranks and along which dim (`partition_dims`): that is
 all that joining shards into full weights, or splitting full weights into shards, needs to know.

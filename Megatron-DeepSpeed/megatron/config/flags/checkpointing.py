@@ -25,6 +25,9 @@ def add_flags(parser) -> None:
     group.add_argument("--no-load-lr-state", action="store_true",
                        help="Accepted; always so here: no LR-scheduler state is saved (the schedule is a "
                             "function of the flags and the consumed samples).")
+    group.add_argument("--universal-checkpoint", action="store_true",
+                       help="Resume the DeepSpeed universal checkpoint that --load's latest_universal names (the "
+                            "output of DeepSpeed's ds_to_universal), at any TP / PP / DP layout.")
     group.add_argument("--reset-iteration", action="store_true",
                        help="Load everything from --load but count iterations and consumed samples from 0.")
     group.add_argument("--override-lr-scheduler", action="store_true",
