@@ -14,8 +14,8 @@ import tempfile
 import zipfile
 from typing import Optional
 
-from megatron.checkpoint.layout import LATEST_TAG_FILE, TAG_PATTERN
-from megatron.checkpoint.reader import read_latest_tag
+from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
+from megatron.checkpoint.reader import read_latest_iteration, read_latest_tag
 from megatron.errors import InputError
 
 _log = logging.getLogger(__name__)
@@ -36,10 +36,20 @@ def latest_tag(directory: str) -> Optional[str]:
     return tag
 
 
+def resume_tag(directory: str) -> Optional[str]:
+    """The checkpoint a run resuming from `directory` finds: `latest`'s, else `latest_universal`'s (DeepSpeed's
+    ds_to_universal writes only that), else the Megatron layout's iter_N or release; None when none."""
+    return (latest_tag(directory) or read_latest_tag(directory, LATEST_UNIVERSAL_FILE)
+            or read_latest_iteration(directory))
+
+
 def checkpoint_iteration(directory: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `directory` would resume from; None when it holds none."""
-    tag = latest_tag(directory) if directory else None
-    return None if tag is None else int(TAG_PATTERN.fullmatch(tag).group(1))
+    tag = resume_tag(directory) if directory else None
+    if tag is None:
+        return None
+    number = TAG_PATTERN.match(tag) or MEGATRON_ITER_PATTERN.fullmatch(tag)
+    return int(number.group(1)) if number else 0  # Megatron's release
 
 
 def _same_directory(first: str, second: Optional[str]) -> bool:
@@ -116,7 +126,7 @@ def check_checkpoint_directories(load: Optional[str], save: Optional[str]) -> Op
     """Every start-up check of --load and --save; returns the directory to resume from (None: fresh)."""
     resume = resume_directory(load, save)
     if resume:
-        check_files_whole(os.path.join(resume, latest_tag(resume)))
+        check_files_whole(os.path.join(resume, resume_tag(resume)))
     if save:
         check_no_rollback(save, checkpoint_iteration(resume) or 0, resume)
         check_writable_directory(save)
