@@ -1,0 +1,191 @@
+"""The checkpoint layout as upstream Megatron-DeepSpeed b4d4a0e writes it (file numbering, keys, client-state types,
+DeepSpeed's universal_checkpoint_info), and reading every layout a user brings: checkpoints of earlier versions
+of this project and the Megatron layout that upstream's deepspeed_to_megatron.py wrote (tests/data/README.md)."""
+import argparse
+import os
+import re
+import shutil
+
+import pytest
+import torch
+from deepspeed.checkpoint import constants as ds
+
+from megatron.checkpoint import names
+from megatron.checkpoint.convert import reshape
+from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
+                                        NP_RNG_STATE, RANDOM_RNG_STATE, RNG_TRACKER_STATES, TORCH_RNG_STATE,
+                                        UNIVERSAL_CHECKPOINT_INFO)
+from megatron.checkpoint.optimizer_state import read_optimizer_state
+from megatron.checkpoint.reader import Layout, read_checkpoint
+from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, plan_resume
+from megatron.checkpoint.shards import shard_of, split_dim
+from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.errors import InputError
+from megatron.model.gpt import GPTConfig, GPTModel
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "checkpoints")
+OLD, MEGATRON = os.path.join(DATA, "old_tp2pp2"), os.path.join(DATA, "megatron_tp1pp1")
+CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=3, hidden_size=16, num_attention_heads=2,
+                   ffn_hidden_size=32)
+FLAGS = {"num_layers": 3, "hidden_size": 16, "num_attention_heads": 2, "ffn_hidden_size": 32,
+         "max_position_embeddings": 16, "seq_length": 16, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+         "init_method_std": 0.02, "openai_gelu": False, "checkpoint_activations": False, "seed": 3,
+         "tokenizer_vocab_size": 50, "zero_stage": 1, "data_parallel_size": 1}
+RNG = {"python": ("state",), "numpy": ("numpy state",), "torch": torch.ByteTensor([1, 2]),
+       "device": torch.ByteTensor([3])}
+
+
+def model():
+    return GPTModel(CONFIG).state_dict()
+
+
+def write(directory, target, rng=None):
+    state = TrainingState(iteration=7, consumed_train_samples=56, args=FLAGS, rng_state=rng,
+                          tensor_parallel_rng_states=({"model-parallel-rng": torch.ByteTensor([4])},) * target.tensor)
+    return write_checkpoint(str(directory), model(), CONFIG, state, target)
+
+
+# --- what is written -------------------------------------------------------------------------------------------
+
+def test_pipeline_files_are_numbered_and_keyed_as_upstreams(tmp_path):
+    tag_dir = write(tmp_path, TargetLayout(2, 2), RNG)
+    layer_files = sorted(name for name in os.listdir(tag_dir) if name.startswith("layer_"))
+    # _to_float16 at 0, the embedding 01, a transpose at 02, layers 03..05, a transpose at 06, the final norm 07.
+    assert layer_files == [f"layer_{n:02d}-model_{tp:02d}-model_states.pt" for n in (1, 3, 4, 5, 7) for tp in (0, 1)]
+    load = lambda name: torch.load(os.path.join(tag_dir, name), weights_only=False)  # noqa: E731
+    assert list(load("layer_01-model_01-model_states.pt")) == ["word_embeddings.weight", "position_embeddings.weight"]
+    assert load("layer_01-model_01-model_states.pt")["word_embeddings.weight"].shape == (32, 16)  # vocab-split
+    assert "self_attention.query_key_value.weight" in load("layer_04-model_00-model_states.pt")
+    assert list(load("layer_07-model_00-model_states.pt")) == ["weight", "bias"]  # a bare LayerNorm
+    torch.testing.assert_close(load("layer_07-model_00-model_states.pt")["weight"], model()["final_layernorm.weight"])
+
+
+def test_client_state_has_upstreams_keys_and_types(tmp_path):
+    tag_dir = write(tmp_path, TargetLayout(2, 2), RNG)
+    state = torch.load(os.path.join(tag_dir, "mp_rank_03_model_states.pt"), weights_only=False)
+    assert isinstance(state["args"], argparse.Namespace)
+    args = state["args"]
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.num_layers) == (2, 2, 3)
+    assert (args.consumed_train_samples, args.padded_vocab_size) == (56, 64)
+    assert state[CHECKPOINT_VERSION] == 3.0 and state["iteration"] == 7 and state["tokens"] == 56 * 16
+    assert (state[RANDOM_RNG_STATE], state[NP_RNG_STATE]) == (("state",), ("numpy state",))
+    assert torch.equal(state[TORCH_RNG_STATE], RNG["torch"]) and torch.equal(state[CUDA_RNG_STATE], RNG["device"])
+    assert set(state[RNG_TRACKER_STATES]) == {"model-parallel-rng"}
+    without_rng = torch.load(os.path.join(write(tmp_path / "no-rng", TargetLayout(1, 1)), "mp_rank_00_model_states.pt"),
+                             weights_only=False)
+    assert RANDOM_RNG_STATE not in without_rng and RNG_TRACKER_STATES not in without_rng
+
+
+def test_plain_engine_module_is_nested_as_upstreams_gpt_model(tmp_path):
+    tag_dir = write(tmp_path, TargetLayout(2, 1, pipeline_engine=False))
+    module = torch.load(os.path.join(tag_dir, "mp_rank_01_model_states.pt"), weights_only=False)["module"]
+    language_model = module["language_model"]
+    assert set(language_model) == {"embedding", "encoder"}
+    assert set(language_model["embedding"]) == {"word_embeddings", "position_embeddings"}
+    assert torch.equal(language_model["embedding"]["word_embeddings"]["weight"],
+                       shard_of("embedding.word_embeddings.weight", model()["embedding.word_embeddings.weight"], 1, 2))
+    assert {"layers.2.self_attention.dense.weight", "final_layernorm.bias"} <= set(language_model["encoder"])
+    full = model()
+    assert all(torch.equal(names.flatten(names.nest(full))[name], tensor) for name, tensor in full.items())
+
+
+@pytest.mark.parametrize("pipeline_engine", [True, False])
+def test_universal_info_joins_each_parameter_along_its_split_dimension(tmp_path, pipeline_engine):
+    """What DeepSpeed's ds_to_universal does with each parameter, decided by the info's patterns as it decides
+    (re.match, at most one per list): replicated ones are taken once, row-parallel ones joined on dim 1, the
+    vocabulary cut to the tokenizer's size, the rest joined on dim 0."""
+    tag_dir = write(tmp_path, TargetLayout(2, 1, pipeline_engine))
+    info = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), weights_only=False)[UNIVERSAL_CHECKPOINT_INFO]
+    assert (info[ds.ORIGINAL_VOCAB_SIZE], info[ds.PADDED_VOCAB_SIZE]) == (50, 64)
+
+    def matches(key, engine_name):
+        found = [pattern for pattern in info.get(key, []) if re.match(pattern, engine_name)]
+        assert len(found) <= 1, (key, engine_name, found)
+        return bool(found)
+
+    for name in model():
+        engine_name = names.stage_name(name, 3) if pipeline_engine else name
+        replicated = matches(ds.TP_REPLICATED_PARAMETER_PATTERNS, engine_name)
+        row = matches(ds.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS, engine_name)
+        vocabulary = matches(ds.VOCABULARY_PARAMETER_PATTERNS, engine_name)
+        assert (replicated, row) == (split_dim(name) is None, split_dim(name) == 1), name
+        assert vocabulary == (name == "embedding.word_embeddings.weight"), name
+        assert matches(ds.PIPELINE_REPLICATED_PARAMETER_PATTERNS, engine_name) == (
+            pipeline_engine and name.startswith("embedding.")), name
+
+
+def test_names_of_each_layout_invert():
+    for name in model():
+        assert names.model_name(names.stage_name(name, 3), 3) == name
+        assert names.name_at_position(*names.spec_position(name, 3), 3) == name
+    assert names.stage_name("layers.1.mlp.dense_h_to_4h.bias", 3) == "4.mlp.dense_h_to_4h.bias"
+    assert names.stage_name("final_layernorm.weight", 3) == "7.weight"
+    assert names.model_name("2.attention.dense.weight", 3, old=True) == "layers.1.self_attention.dense.weight"
+    assert names.model_name("tied_modules.embedding.word_embeddings.weight", 3, old=True) == \
+        "embedding.word_embeddings.weight"
+
+
+def test_written_checkpoint_reads_back_with_its_optimizer_state(tmp_path):
+    write(tmp_path, TargetLayout(2, 2), RNG)
+    checkpoint = read_checkpoint(str(tmp_path))
+    assert not checkpoint.old and checkpoint.consumed_train_samples == 56 and checkpoint.iteration == 7
+    assert all(torch.equal(checkpoint.model[name], tensor) for name, tensor in model().items())
+
+
+# --- what is read ----------------------------------------------------------------------------------------------
+
+def test_earlier_versions_checkpoint_reads_as_upstreams_tool_converted_it():
+    """Two real files: this project's earlier layout, and the Megatron layout upstream's deepspeed_to_megatron.py
+    wrote from the same weights (trained in upstream's layout)."""
+    old, megatron = read_checkpoint(OLD), read_checkpoint(MEGATRON)
+    assert old.old and old.layout == Layout(2, 2, 1, 1, True)
+    assert megatron.layout.megatron and megatron.layout.describe() == "Megatron layout, TP 1 x PP 1"
+    assert (old.iteration, old.consumed_train_samples) == (megatron.iteration, megatron.consumed_train_samples) == (2, 8)
+    assert list(old.model) == list(megatron.model) and len(old.model) == 28
+    for name, tensor in old.model.items():
+        assert torch.equal(tensor, megatron.model[name]), name
+
+
+def test_earlier_versions_checkpoint_converts_with_one_command(tmp_path):
+    options, run = LoadOptions(), Layout(2, 2, 1, 1, True)
+    with pytest.raises(InputError, match=r"earlier version of this project.*\n.*convert_checkpoint\.py --load"):
+        plan_resume(OLD, run, options, False, {})
+    converted = str(tmp_path / "converted")
+    source = reshape(OLD, converted, TargetLayout(2, 2))
+    plan = plan_resume(converted, run, options, False, {flag: source.args[flag] for flag in MODEL_FLAGS})
+    assert plan.load_optimizer and plan.universal
+    again = read_checkpoint(converted)
+    assert not again.old and all(torch.equal(again.model[name], tensor) for name, tensor in source.model.items())
+    before, after = read_optimizer_state(source), read_optimizer_state(again)
+    assert before.step == after.step == 2
+    for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+        for name, tensor in before.tensors(kind).items():
+            assert torch.equal(after.tensors(kind)[name], tensor), (kind, name)
+
+
+def test_megatron_layout_resume_is_refused_with_the_conversion(tmp_path):
+    with pytest.raises(InputError, match=r"Megatron-layout checkpoint \(iter_0000002/mp_rank_\*/model_optim_rng.pt\)"
+                                         r".*\n  .*convert_checkpoint\.py --load"):
+        plan_resume(MEGATRON, Layout(1, 1, 1, 1, True), LoadOptions(finetune=True), False, {})
+
+
+def test_megatron_release_and_bad_pointer(tmp_path):
+    release = tmp_path / "release_ckpt"
+    shutil.copytree(MEGATRON, release)
+    os.rename(release / "iter_0000002", release / "release")
+    (release / LATEST_ITERATION_FILE).write_text("release")
+    assert read_checkpoint(str(release)).directory.endswith("release")
+    (release / LATEST_ITERATION_FILE).write_text("soon")
+    with pytest.raises(InputError, match=r"latest_checkpointed_iteration.txt holds 'soon', neither an iteration"):
+        read_checkpoint(str(release))
+
+
+def test_an_unknown_layout_is_named_in_one_line(tmp_path):
+    step = tmp_path / "global_step5"
+    step.mkdir()
+    (step / "weights.bin").write_bytes(b"x")
+    (tmp_path / LATEST_TAG_FILE).write_text("global_step5")
+    with pytest.raises(InputError, match=r"global_step5 holds no mp_rank_00_model_states.pt .* it holds weights.bin, "
+                                         r"which is no checkpoint layout this trainer reads") as error:
+        read_checkpoint(str(tmp_path))
+    assert "\n" not in str(error.value)
