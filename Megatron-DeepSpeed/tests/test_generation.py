@@ -192,3 +192,27 @@ def test_command_line_refuses_bad_input_before_loading_anything(tmp_path, capsys
         run_cli(main, ["--load", str(tmp_path / "missing"), "--prompt", "1"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: checkpoint directory {tmp_path / 'missing'} does not exist")
+
+
+def test_upstreams_model_flags_are_accepted_and_checked_against_the_checkpoint():
+    """Upstream's generate_samples_gpt.py command lines give the model's shape; the checkpoint here is the Megatron
+    layout upstream's deepspeed_to_megatron.py wrote (tests/data/README.md): 2 layers, hidden 16, 2 heads, 16."""
+    import os
+
+    from megatron.inference.command_line import tokenizer_from_flags
+    from tasks.zeroshot_gpt.evaluate import parse_args as evaluation_flags
+    from tools.generate_text import main, parse_args
+
+    load = os.path.join(os.path.dirname(__file__), "data", "checkpoints", "megatron_tp1pp1")
+    shape = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--max-position-embeddings",
+             "16"]
+    tokenizer, recorded = tokenizer_from_flags(parse_args(["--load", load, "--prompt", "1", *shape, "--seq-length",
+                                                           "16"]))
+    assert tokenizer.vocab_size == 41 and recorded["num_layers"] == 2
+    with pytest.raises(InputError, match=r"^--hidden-size 32 differs from the checkpoint's 16 \(--load .*\); give"):
+        main(["--load", load, "--prompt", "1", "--hidden-size", "32"])
+    with pytest.raises(InputError, match=r"^--seq-length 8 differs from the checkpoint's 16"):
+        main(["--load", load, "--prompt", "1", "--seq-length", "8"])
+    # Zero-shot evaluation's --seq-length is its window, which may be shorter than training's.
+    tokenizer_from_flags(evaluation_flags(["--load", load, "--task", "LAMBADA", "--valid-data", "x", *shape,
+                                           "--seq-length", "8"]))

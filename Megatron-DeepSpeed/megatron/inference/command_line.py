@@ -44,11 +44,21 @@ def _dtype(args) -> torch.dtype:
     return dtype
 
 
+def check_model_shape(args, recorded) -> None:
+    """InputError naming the first model-shape flag given with another value than the checkpoint records."""
+    for name in args.model_shape_flags:
+        given = getattr(args, name)
+        if given is not None and recorded.get(name) is not None and given != int(recorded[name]):
+            raise InputError(f"--{name.replace('_', '-')} {given} differs from the checkpoint's {recorded[name]} "
+                             f"(--load {args.load}); give the checkpoint's value or drop the flag")
+
+
 def tokenizer_from_flags(args):
     """(tokenizer, the checkpoint's recorded flags): the tokenizer flags given, each missing one as the model was
     trained. Cheap, so that prompts and data can be checked before the model is loaded."""
     inference_flags.validate(vars(args))
     recorded = recorded_flags(args.load, args.iteration)
+    check_model_shape(args, recorded)
     tokenizer = build_checkpoint_tokenizer({name: getattr(args, name) for name in TOKENIZER_FLAGS}, recorded)
     if recorded.get("padded_vocab_size") is not None:  # read_checkpoint gives the true size; this only fails early
         check_vocabulary(int(recorded["padded_vocab_size"]), tokenizer.vocab_size, recorded, args.load)

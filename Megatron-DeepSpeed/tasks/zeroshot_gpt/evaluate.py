@@ -24,7 +24,7 @@ TASKS = ("WIKITEXT103", "LAMBADA")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    inference_flags.add_flags(parser)
+    inference_flags.add_flags(parser, seq_length_flag=False)  # --seq-length is the evaluation window here
     group = parser.add_argument_group("task")
     group.add_argument("--task", choices=TASKS, required=True)
     group.add_argument("--valid-data", required=True, help="The task's local file (WikiText text, LAMBADA JSONL).")

@@ -8,7 +8,19 @@ from megatron.config.flags import parallelism, precision, stopping, tokenizer, t
 from megatron.errors import InputError
 
 
-def add_flags(parser) -> None:
+# Upstream's generate_samples_gpt.py takes the model's shape on its command line; here the checkpoint records it,
+# so these are accepted for its users' scripts and must agree with the checkpoint (inference/command_line.py).
+MODEL_SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "seq_length")
+
+
+def add_flags(parser, seq_length_flag: bool = True) -> None:
+    """`seq_length_flag` False where the tool gives --seq-length its own meaning."""
+    shape = parser.add_argument_group("model shape (optional: checked against the checkpoint)")
+    checked = MODEL_SHAPE_FLAGS if seq_length_flag else MODEL_SHAPE_FLAGS[:-1]
+    parser.set_defaults(model_shape_flags=checked)
+    for name in checked:
+        shape.add_argument(f"--{name.replace('_', '-')}", type=int,
+                           help="As upstream's generation scripts take it; must equal the checkpoint's.")
     group = parser.add_argument_group("checkpoint and parallelism")
     group.add_argument("--load", required=True,
                        help="The --save directory of a training run (any TP x PP x DP layout and ZeRO stage), or one "
