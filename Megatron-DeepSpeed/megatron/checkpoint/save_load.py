@@ -148,6 +148,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
                 if os.path.isfile(os.path.join(save_dir, script)):
                     os.remove(os.path.join(save_dir, script))
             _rewrite_model_states(step_dir, flags, save_optimizer, pipeline_engine)
+        dist.barrier()  # no rank flushes a file that rank 0 is still replacing
         fsync_tree(step_dir)
     except (OSError, RuntimeError) as err:
         raise _save_failure(save_dir, tag, err, sum(p.numel() for p in engine.module.parameters())) from err
