@@ -169,6 +169,25 @@ def test_megatron_layout_resume_is_refused_with_the_conversion(tmp_path):
         plan_resume(MEGATRON, Layout(1, 1, 1, 1, True), LoadOptions(finetune=True), False, {})
 
 
+def test_a_folder_with_latest_universal_only_reads_its_universal_checkpoint(tmp_path):
+    """What DeepSpeed's ds_to_universal leaves: global_stepN_universal/ (zero/<engine name>/fp32.pt, vocabulary
+    rows cut to the tokenizer's) and latest_universal naming it."""
+    step = tmp_path / "global_step7_universal"
+    tag_dir = write(tmp_path / "source", TargetLayout(2, 2))
+    os.makedirs(step / "zero")
+    shutil.copy(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), step)
+    for name, tensor in model().items():
+        folder = step / "zero" / names.stage_name(name, 3)
+        folder.mkdir()
+        torch.save({"param": tensor[:50] if name == names.WORD_EMBEDDINGS else tensor}, folder / "fp32.pt")
+    (tmp_path / "latest_universal").write_text(step.name)
+    checkpoint = read_checkpoint(str(tmp_path))
+    assert checkpoint.directory == str(step) and checkpoint.layout.universal
+    for name, tensor in model().items():
+        expected = torch.cat([tensor[:50], torch.zeros(14, 16)]) if name == names.WORD_EMBEDDINGS else tensor
+        assert torch.equal(checkpoint.model[name], expected), name
+
+
 def test_megatron_release_and_bad_pointer(tmp_path):
     release = tmp_path / "release_ckpt"
     shutil.copytree(MEGATRON, release)

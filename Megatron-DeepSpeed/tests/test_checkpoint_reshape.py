@@ -1,8 +1,11 @@
 """Reshaped checkpoints resume training exactly (fp32, dropout 0, real gloo processes): a TP2 x PP2 x DP2 ZeRO-1
 checkpoint continues on one process, and its TP1 copy continues again at TP2 x PP2; ZeRO-2 and ZeRO-3 checkpoints
-written at DP2 continue at DP1 (each on the other stage). The resumed losses are the uninterrupted run's, within
-the parity tests' tolerance; reshaping itself changes no weight (the examiner)."""
+written at DP2 continue at DP1 (each on the other stage); DeepSpeed's own ds_to_universal output of a TP2 x DP2
+checkpoint continues at TP1 x PP2. The resumed losses are the uninterrupted run's, within the parity tests'
+tolerance; reshaping itself changes no weight (the examiner)."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -72,4 +75,19 @@ def test_zero_checkpoint_at_dp2_continues_at_dp1(stage, resumed_stage, data_pref
     reshape(str(tmp_path / "dp2"), str(tmp_path / "dp1"), TargetLayout(1, 1, pipeline_engine=False),
             iteration=SAVED_AT)
     resumed, _ = run(1, data_prefix, *PLAIN, "--zero-stage", str(resumed_stage), "--load", str(tmp_path / "dp1"))
+    assert_continues(resumed, straight)
+
+
+def test_deepspeeds_universal_conversion_continues_at_another_layout(data_prefix, tmp_path):
+    """ds_to_universal joins each parameter's tensor-parallel slices as the checkpoint's universal_checkpoint_info
+    says; resumed with --universal-checkpoint (latest_universal) at another TP, PP and DP."""
+    vocab = ["--vocab-size", "255"]  # 256 tokens, no padding rows: ds_to_universal strips those (upstream's rule)
+    straight, _ = run(4, data_prefix, *vocab, "--tensor-model-parallel-size", "2", *saved(tmp_path))
+    step = tmp_path / f"global_step{SAVED_AT}"
+    subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(step),
+                    "--output_folder", f"{step}_universal", "--num_extract_workers", "1", "--num_merge_workers", "1"],
+                   check=True, capture_output=True)
+    assert read_checkpoint(str(tmp_path), universal=True).directory == f"{step}_universal"
+    resumed, _ = run(2, data_prefix, *vocab, "--pipeline-model-parallel-size", "2", "--load", str(tmp_path),
+                     "--universal-checkpoint")
     assert_continues(resumed, straight)

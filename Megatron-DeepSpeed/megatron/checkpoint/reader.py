@@ -169,8 +169,8 @@ def checkpoint_directory(load_dir: str, iteration: Optional[int] = None, univers
                          f"({os.path.join(load_dir, f'global_step{iteration}')} does not exist); "
                          f"it has: {', '.join(available_tags(load_dir)) or 'none'}")
     tag = read_latest_tag(load_dir, LATEST_UNIVERSAL_FILE if universal else LATEST_TAG_FILE)
-    if tag is None and not universal:
-        tag = read_latest_iteration(load_dir)
+    if tag is None and not universal:  # a folder of DeepSpeed's ds_to_universal, or of the Megatron layout
+        tag = read_latest_tag(load_dir, LATEST_UNIVERSAL_FILE) or read_latest_iteration(load_dir)
     if tag is None:
         tags = available_tags(load_dir)
         pointer = LATEST_UNIVERSAL_FILE if universal else f"'{LATEST_TAG_FILE}' (nor {LATEST_ITERATION_FILE})"
