@@ -16,7 +16,7 @@ from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATE
                                         NP_RNG_STATE, RANDOM_RNG_STATE, RNG_TRACKER_STATES, TORCH_RNG_STATE,
                                         UNIVERSAL_CHECKPOINT_INFO)
 from megatron.checkpoint.optimizer_state import read_optimizer_state
-from megatron.checkpoint.reader import Layout, read_checkpoint
+from megatron.checkpoint.reader import Layout, load_file, read_checkpoint
 from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, plan_resume
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
@@ -52,7 +52,7 @@ def test_pipeline_files_are_numbered_and_keyed_as_upstreams(tmp_path):
     layer_files = sorted(name for name in os.listdir(tag_dir) if name.startswith("layer_"))
     # _to_float16 at 0, the embedding 01, a transpose at 02, layers 03..05, a transpose at 06, the final norm 07.
     assert layer_files == [f"layer_{n:02d}-model_{tp:02d}-model_states.pt" for n in (1, 3, 4, 5, 7) for tp in (0, 1)]
-    load = lambda name: torch.load(os.path.join(tag_dir, name), weights_only=False)  # noqa: E731
+    load = lambda name: load_file(os.path.join(tag_dir, name))  # noqa: E731
     assert list(load("layer_01-model_01-model_states.pt")) == ["word_embeddings.weight", "position_embeddings.weight"]
     assert load("layer_01-model_01-model_states.pt")["word_embeddings.weight"].shape == (32, 16)  # vocab-split
     assert "self_attention.query_key_value.weight" in load("layer_04-model_00-model_states.pt")
@@ -62,7 +62,7 @@ def test_pipeline_files_are_numbered_and_keyed_as_upstreams(tmp_path):
 
 def test_client_state_has_upstreams_keys_and_types(tmp_path):
     tag_dir = write(tmp_path, TargetLayout(2, 2), RNG)
-    state = torch.load(os.path.join(tag_dir, "mp_rank_03_model_states.pt"), weights_only=False)
+    state = load_file(os.path.join(tag_dir, "mp_rank_03_model_states.pt"))
     assert isinstance(state["args"], argparse.Namespace)
     args = state["args"]
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.num_layers) == (2, 2, 3)
@@ -71,14 +71,13 @@ def test_client_state_has_upstreams_keys_and_types(tmp_path):
     assert (state[RANDOM_RNG_STATE], state[NP_RNG_STATE]) == (("state",), ("numpy state",))
     assert torch.equal(state[TORCH_RNG_STATE], RNG["torch"]) and torch.equal(state[CUDA_RNG_STATE], RNG["device"])
     assert set(state[RNG_TRACKER_STATES]) == {"model-parallel-rng"}
-    without_rng = torch.load(os.path.join(write(tmp_path / "no-rng", TargetLayout(1, 1)), "mp_rank_00_model_states.pt"),
-                             weights_only=False)
+    without_rng = load_file(os.path.join(write(tmp_path / "no-rng", TargetLayout(1, 1)), "mp_rank_00_model_states.pt"))
     assert RANDOM_RNG_STATE not in without_rng and RNG_TRACKER_STATES not in without_rng
 
 
 def test_plain_engine_module_is_nested_as_upstreams_gpt_model(tmp_path):
     tag_dir = write(tmp_path, TargetLayout(2, 1, pipeline_engine=False))
-    module = torch.load(os.path.join(tag_dir, "mp_rank_01_model_states.pt"), weights_only=False)["module"]
+    module = load_file(os.path.join(tag_dir, "mp_rank_01_model_states.pt"))["module"]
     language_model = module["language_model"]
     assert set(language_model) == {"embedding", "encoder"}
     assert set(language_model["embedding"]) == {"word_embeddings", "position_embeddings"}
@@ -95,7 +94,7 @@ def test_universal_info_joins_each_parameter_along_its_split_dimension(tmp_path,
     (re.match, at most one per list): replicated ones are taken once, row-parallel ones joined on dim 1, the
     vocabulary cut to the tokenizer's size, the rest joined on dim 0."""
     tag_dir = write(tmp_path, TargetLayout(2, 1, pipeline_engine))
-    info = torch.load(os.path.join(tag_dir, "mp_rank_00_model_states.pt"), weights_only=False)[UNIVERSAL_CHECKPOINT_INFO]
+    info = load_file(os.path.join(tag_dir, "mp_rank_00_model_states.pt"))[UNIVERSAL_CHECKPOINT_INFO]
     assert (info[ds.ORIGINAL_VOCAB_SIZE], info[ds.PADDED_VOCAB_SIZE]) == (50, 64)
 
     def matches(key, engine_name):
