@@ -139,7 +139,8 @@ def test_earlier_versions_checkpoint_reads_as_upstreams_tool_converted_it():
     old, megatron = read_checkpoint(OLD), read_checkpoint(MEGATRON)
     assert old.old and old.layout == Layout(2, 2, 1, 1, True)
     assert megatron.layout.megatron and megatron.layout.describe() == "Megatron layout, TP 1 x PP 1"
-    assert (old.iteration, old.consumed_train_samples) == (megatron.iteration, megatron.consumed_train_samples) == (2, 8)
+    assert (old.iteration, old.consumed_train_samples) == (2, 8)
+    assert (megatron.iteration, megatron.consumed_train_samples) == (2, 8)
     assert list(old.model) == list(megatron.model) and len(old.model) == 28
     for name, tensor in old.model.items():
         assert torch.equal(tensor, megatron.model[name]), name
@@ -162,10 +163,15 @@ def test_earlier_versions_checkpoint_converts_with_one_command(tmp_path):
             assert torch.equal(after.tensors(kind)[name], tensor), (kind, name)
 
 
-def test_megatron_layout_resume_is_refused_with_the_conversion(tmp_path):
+def test_megatron_layout_loads_weights_only_and_a_resume_is_refused_with_the_conversion():
+    run, shape = Layout(2, 1, 2, 1, True), {flag: read_checkpoint(MEGATRON).args[flag] for flag in MODEL_FLAGS}
     with pytest.raises(InputError, match=r"Megatron-layout checkpoint \(iter_0000002/mp_rank_\*/model_optim_rng.pt\)"
-                                         r".*\n  .*convert_checkpoint\.py --load"):
-        plan_resume(MEGATRON, Layout(1, 1, 1, 1, True), LoadOptions(finetune=True), False, {})
+                                         r".*--finetune or --no-load-optim.*\n  .*convert_checkpoint\.py --load"):
+        plan_resume(MEGATRON, run, LoadOptions(), False, shape)
+    plan = plan_resume(MEGATRON, run, LoadOptions(finetune=True), False, shape)
+    assert plan.foreign and not (plan.load_optimizer or plan.load_rng or plan.restore_progress or plan.universal)
+    plan = plan_resume(OLD, Layout(1, 2, 1, 2, True), LoadOptions(no_load_optim=True), False, shape)
+    assert plan.foreign and plan.restore_progress and not plan.load_optimizer
 
 
 def test_a_folder_with_latest_universal_only_reads_its_universal_checkpoint(tmp_path):

@@ -91,3 +91,28 @@ def test_deepspeeds_universal_conversion_continues_at_another_layout(data_prefix
     resumed, _ = run(2, data_prefix, *vocab, "--pipeline-model-parallel-size", "2", "--load", str(tmp_path),
                      "--universal-checkpoint")
     assert_continues(resumed, straight)
+
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "checkpoints")
+# The model of tests/data/checkpoints (its README), on synthetic tokens.
+DATA_MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
+              "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer", "--vocab-size", "40",
+              "--make-vocab-size-divisible-by", "32", "--mock-data", "--micro-batch-size", "2", "--global-batch-size",
+              "4", "--lr", "1e-2", "--hidden-dropout", "0", "--attention-dropout", "0", "--num-workers", "0",
+              "--seed", "7", "--log-interval", "1", "--eval-iters", "0", "--train-iters", "4"]
+
+
+@pytest.mark.parametrize("source, flags, target", [("megatron_tp1pp1", ["--finetune"], TargetLayout(2, 1)),
+                                                   ("old_tp2pp2", ["--no-load-optim", "--override-lr-scheduler"],
+                                                    TargetLayout(1, 2))])
+def test_layouts_the_engine_cannot_load_train_as_their_conversion(source, flags, target, tmp_path):
+    """Upstream's Megatron layout and this project's earlier one load their weights into another layout directly;
+    training then goes as from the checkpoint convert_checkpoint.py makes of them (--finetune from iteration 0,
+    --no-load-optim from the checkpoint's iteration 2)."""
+    converted = str(tmp_path / "converted")
+    reshape(os.path.join(DATA, source), converted, target)
+    layout = ["--tensor-model-parallel-size", str(target.tensor), "--pipeline-model-parallel-size",
+              str(target.pipeline)]
+    direct, _ = run_on_ranks(train, 2, [*DATA_MODEL, *layout, *flags, "--load", os.path.join(DATA, source)])[0]
+    through_conversion, _ = run_on_ranks(train, 2, [*DATA_MODEL, *layout, *flags, "--load", converted])[0]
+    assert direct == through_conversion and len(direct) == (4 if "--finetune" in flags else 2)

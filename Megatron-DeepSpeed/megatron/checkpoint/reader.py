@@ -35,8 +35,8 @@ from megatron.checkpoint.layout import (ARGS, ITERATION, LATEST_ITERATION_FILE, 
                                         OPTIMIZER_SAVED, RELEASE, TAG_PATTERN,
                                         UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file, megatron_iteration_dir,
                                         megatron_rank_dir, model_states_file, optimizer_states_file)
-from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position, nest,
-                                       old_position_name, positions_with_parameters)
+from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position,
+                                       nest, old_position_name, positions_with_parameters)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.config.model_config import ModelConfig
@@ -281,7 +281,8 @@ def _plain_engine_weights(tag_dir: str, layout: Layout, first_state: dict, progr
     shards = [_module_names(first_state["module"])]
     for tp in range(1, layout.tensor):
         progress(f"reading tensor-parallel shard {tp + 1}/{layout.tensor}")
-        shards.append(_module_names(load_file(os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)))["module"]))
+        path = os.path.join(tag_dir, model_states_file(tp, layout.zero_stage))
+        shards.append(_module_names(load_file(path)["module"]))
     return {name: join_shards(name, [shard[name] for shard in shards]) for name in shards[0]}
 
 

@@ -13,14 +13,17 @@ output, named by `latest_universal`; --universal-checkpoint) hold no engine weig
 that loader alone, at any layout.
 
 Checkpoints the engine cannot load as they are (the Megatron layout; pipeline or universal checkpoints of
-earlier versions of this project, numbered differently) are refused with the one command that converts them.
+earlier versions of this project, numbered differently) load their weights only (--finetune, --no-load-optim:
+read by reader.py and copied into this rank's modules, at any layout); a full resume of them is refused with the
+one command that converts them.
 """
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from megatron.checkpoint.client_state import has_rng, is_current
-from megatron.checkpoint.layout import ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR
+from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, RELEASE,
+                                        UNIVERSAL_DIR)
 from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
                                         read_client_state)
 from megatron.config.model_config import ARCHITECTURE_FLAGS
@@ -52,6 +55,7 @@ class ResumePlan:
     restore_progress: bool  # iteration and consumed samples (False with --finetune)
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
+    foreign: bool = False  # a layout the engine cannot load: its weights are read here and copied in
 
 
 def _engine_weights_missing(tag_dir: str, layout: Layout) -> bool:
@@ -66,8 +70,9 @@ def _pointer_exists(load_dir: str, universal: bool) -> bool:
 
 
 def _unloadable(load_dir: str, what: str, layout: Layout) -> InputError:
-    return InputError(f"--load {load_dir} holds {what}, which DeepSpeed's engine cannot load as it is; convert it "
-                      f"once with\n  {convert_command(load_dir, layout.tensor, layout.pipeline, layout.pipeline_engine)}"
+    return InputError(f"--load {load_dir} holds {what}, which DeepSpeed's engine cannot resume as it is (its weights "
+                      f"alone load with --finetune or --no-load-optim); convert it once with\n  "
+                      f"{convert_command(load_dir, layout.tensor, layout.pipeline, layout.pipeline_engine)}"
                       f"\nthen --load the new directory")
 
 
@@ -123,21 +128,25 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
         os.path.join(load_dir, LATEST_UNIVERSAL_FILE)))
     state = read_client_state(tag_dir)
     layout = layout_of(state, tag_dir)
-    if layout.megatron:
-        raise _unloadable(load_dir, f"a Megatron-layout checkpoint ({os.path.basename(tag_dir)}/mp_rank_*/"
-                                    "model_optim_rng.pt)", layout)
-    if not is_current(state) and (layout.pipeline_engine or layout.universal):
-        raise _unloadable(load_dir, "a checkpoint an earlier version of this project wrote (pipeline pieces "
-                                    "numbered from layer_00)", layout)
+    weights_only = options.finetune or options.no_load_optim
+    foreign = layout.megatron or (not is_current(state) and (layout.pipeline_engine or layout.universal))
+    if foreign and not weights_only:
+        what = (f"a Megatron-layout checkpoint ({os.path.basename(tag_dir)}/mp_rank_*/model_optim_rng.pt), without "
+                "optimizer state" if layout.megatron else "a checkpoint an earlier version of this project wrote "
+                "(pipeline pieces numbered from layer_00)")
+        raise _unloadable(load_dir, what, layout)
+    if foreign and run.zero_stage == 3:
+        raise InputError(f"--load {load_dir}: its weights are copied into this run's modules, which ZeRO stage 3 "
+                         "partitions; load it with --zero-stage 0-2, or convert it first")
     check_model_flags(load_dir, state[ARGS], model_flags)
-    load_optimizer = holds_optimizer_state(tag_dir, state) and not (options.finetune or options.no_load_optim)
-    from_universal_files = _engine_weights_missing(tag_dir, layout)
-    if not from_universal_files:
+    load_optimizer = holds_optimizer_state(tag_dir, state) and not weights_only
+    from_universal_files = not foreign and _engine_weights_missing(tag_dir, layout)
+    if not (from_universal_files or foreign):
         check_layout(load_dir, layout, run, weights_only=not load_optimizer)
-    elif run.zero_stage == 0:
+    elif from_universal_files and run.zero_stage == 0:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal checkpoint {os.path.basename(tag_dir)} loads "
                          "through ZeRO's universal loader only; resume it with --zero-stage 1 (or higher)")
-    universal = from_universal_files or (layout.universal and run.zero_stage >= 1
+    universal = from_universal_files or (layout.universal and not foreign and run.zero_stage >= 1
                                          and (load_optimizer or run.zero_stage == 3))
     if universal and run.zero_stage == 3 and run.tensor > 1:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal-checkpoint loader cannot cut tensor-parallel "
@@ -146,8 +155,11 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
         raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
                          "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")
     args = state[ARGS]
+    release = os.path.basename(tag_dir) == RELEASE  # Megatron's: weights to start from, no progress
     return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,
-                      load_rng=not (options.finetune or options.no_load_rng) and has_rng(state), restore_progress=not (options.finetune or options.reset_iteration),
+                      load_rng=not (options.finetune or options.no_load_rng or foreign) and has_rng(state),
+                      restore_progress=not (options.finetune or options.reset_iteration or release),
+                      foreign=foreign,
                       padded_vocab_size=args.get("padded_vocab_size"),
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
 

@@ -34,8 +34,9 @@ from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
                                         POINTER_LINK, ITERATION, model_states_file)
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
-from megatron.checkpoint.reader import Layout, load_file, pipeline_engine_of
+from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, ResumePlan, plan_resume
+from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
 from megatron.files.atomic import write_atomically
@@ -233,11 +234,33 @@ def _unshare_adam_steps(zero_optimizer) -> None:
             parameter_state["step"] = parameter_state["step"].clone()
 
 
-def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional[ResumePlan]) -> tuple[int, int]:
+def _copy_weights_in(engine, load_dir: str, parallel_state) -> Checkpoint:
+    """A layout the engine cannot load (plan.foreign): the full weights, read here, cut into this rank's shards
+    and copied into its module; the optimizer's master copies refreshed from them, as DeepSpeed does after a
+    weights-only load."""
+    checkpoint = read_checkpoint(load_dir)
+    module, tp_rank = engine.module, parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    pipelined = isinstance(module, PipelineModule)
+    for name, parameter in module.named_parameters():
+        full_name = module.single_process_name(name) if pipelined else name
+        parameter.copy_(shard_of(full_name, checkpoint.model[full_name], tp_rank, tp_size))
+    if hasattr(engine.optimizer, "refresh_fp32_params"):
+        engine.optimizer.refresh_fp32_params()
+    return checkpoint
+
+
+def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional[ResumePlan],
+                    parallel_state) -> tuple[int, int]:
     """Resume from `load_dir` (--load) as `plan` (of plan_load) says: returns (iteration, consumed train
     samples), or (0, 0) when there is nothing to load (a fresh run, as in Megatron) or when fine-tuning."""
     if plan is None:
         return 0, 0
+    if plan.foreign:
+        checkpoint = _copy_weights_in(engine, load_dir, parallel_state)
+        _log.info(f"--load {load_dir}: weights of {checkpoint.layout.describe()} copied in; the optimizer starts "
+                  "fresh")
+        return (checkpoint.iteration, checkpoint.consumed_train_samples) if plan.restore_progress else (0, 0)
     pipelined = isinstance(engine.module, PipelineModule)  # its pieces load themselves from the layer files
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).

@@ -88,7 +88,8 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
     stage_pieces = pipeline_stage_pieces(num_layers, target.pipeline)[pp_rank]
     tied_piece = final_norm_spec(num_layers) + 1
     holds_embedding = EMBEDDING_SPEC in stage_pieces or tied_piece in stage_pieces
-    stage = [stage_name(name, num_layers) for name in names if name.startswith(EMBEDDING_PREFIX)] if holds_embedding else []
+    stage = ([stage_name(name, num_layers) for name in names if name.startswith(EMBEDDING_PREFIX)]
+             if holds_embedding else [])
     for name in names:
         if not name.startswith(EMBEDDING_PREFIX):
             converted = stage_name(name, num_layers)

@@ -402,7 +402,8 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
         raise InputError(f"--skip-train: --load {load_dir} holds no checkpoint to evaluate; give the --save "
                          "directory of a training run")
     with torch.no_grad():  # the pipeline engine re-synchronises tied weights in place while loading
-        iteration, _ = load_checkpoint(trainer.engine, load_dir, trainer.rng_tracker, trainer.resume)
+        iteration, _ = load_checkpoint(trainer.engine, load_dir, trainer.rng_tracker, trainer.resume,
+                                       trainer.parallel)
     log_last_rank("skipping training (--skip-train is on) ...")
     losses = evaluate_splits(trainer, iteration, ("validation", "test"))
     return TrainingResult(iteration, [], [], losses.get("validation"), trainer.engine.module, trainer.parallel)
@@ -453,7 +454,7 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     state = TrainState()
     with watchdog.phase("loading the checkpoint"), torch.no_grad():  # the pipeline engine re-synchronises
         state.iteration, state.consumed_train_samples = load_checkpoint(  # tied weights in place while loading
-            engine, checkpoint.load, trainer.rng_tracker, trainer.resume)
+            engine, checkpoint.load, trainer.rng_tracker, trainer.resume, parallel)
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
     with releasing(train_batches, valid):
