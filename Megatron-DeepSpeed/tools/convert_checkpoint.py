@@ -1,5 +1,7 @@
 """Convert a checkpoint of pretrain_gpt.py: reshape it to another tensor/pipeline-parallel layout, export it as a
-Hugging Face GPT-2 model, or import one. One CPU process; no distributed world needed.
+Hugging Face GPT-2 model, or import one. One CPU process; no distributed world needed. --load reads any layout
+(recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one), the
+Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
@@ -21,7 +23,8 @@ from megatron.errors import InputError, run_cli
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--load", help="checkpoint directory (a --save directory of pretrain_gpt.py)")
+    source.add_argument("--load", help="checkpoint directory (a --save directory, upstream's or Megatron's "
+                                       "checkpoint folder, or a universal checkpoint folder)")
     source.add_argument("--from-hf", metavar="HF_DIR", help="transformers GPT2LMHeadModel directory to import")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration to read (default: the one in 'latest')")
     output = parser.add_mutually_exclusive_group(required=True)

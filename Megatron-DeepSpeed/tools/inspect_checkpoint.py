@@ -1,4 +1,4 @@
-"""Show a checkpoint (of pretrain_gpt.py at any layout, or a Hugging Face GPT-2 directory) as its iteration,
+"""Show a checkpoint (any layout convert_checkpoint.py reads, or a Hugging Face GPT-2 directory) as its iteration,
 layout, key flags and every parameter at its full shape; or compare two.
 
     inspect_checkpoint.py A            name, shape, dtype and norm of every full tensor
