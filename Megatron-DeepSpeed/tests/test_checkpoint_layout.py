@@ -17,7 +17,7 @@ from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATE
                                         UNIVERSAL_CHECKPOINT_INFO)
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.reader import Layout, load_file, read_checkpoint
-from megatron.checkpoint.resume import MODEL_FLAGS, LoadOptions, plan_resume
+from megatron.checkpoint.resume import LoadOptions, plan_resume
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.errors import InputError
@@ -152,7 +152,7 @@ def test_earlier_versions_checkpoint_converts_with_one_command(tmp_path):
         plan_resume(OLD, run, options, False, {})
     converted = str(tmp_path / "converted")
     source = reshape(OLD, converted, TargetLayout(2, 2))
-    plan = plan_resume(converted, run, options, False, {flag: source.args[flag] for flag in MODEL_FLAGS})
+    plan = plan_resume(converted, run, options, False, source.model_config.to_flags())
     assert plan.load_optimizer and plan.universal
     again = read_checkpoint(converted)
     assert not again.old and all(torch.equal(again.model[name], tensor) for name, tensor in source.model.items())
@@ -164,7 +164,7 @@ def test_earlier_versions_checkpoint_converts_with_one_command(tmp_path):
 
 
 def test_megatron_layout_loads_weights_only_and_a_resume_is_refused_with_the_conversion():
-    run, shape = Layout(2, 1, 2, 1, True), {flag: read_checkpoint(MEGATRON).args[flag] for flag in MODEL_FLAGS}
+    run, shape = Layout(2, 1, 2, 1, True), read_checkpoint(MEGATRON).model_config.to_flags()
     with pytest.raises(InputError, match=r"Megatron-layout checkpoint \(iter_0000002/mp_rank_\*/model_optim_rng.pt\)"
                                          r".*--finetune or --no-load-optim.*\n  .*convert_checkpoint\.py --load"):
         plan_resume(MEGATRON, run, LoadOptions(), False, shape)

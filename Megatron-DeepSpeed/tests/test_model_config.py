@@ -91,7 +91,7 @@ def assert_built_as(model: GPTModel, expected: ModelConfig, dropout: tuple):
     for index, layer in enumerate(model.layers):
         assert layer.mlp.dense_h_to_4h.out_features == expected.ffn_hidden_size
         assert layer.mlp.gelu_approximation == ("tanh" if expected.openai_gelu else "none")
-        attention = layer.attention
+        attention = layer.self_attention
         assert attention.num_heads == expected.num_attention_heads
         assert isinstance(attention.attend, UnfusedAttention) is not expected.masked_softmax_fusion
         assert attention.attend.coefficient == (index + 1 if expected.apply_query_key_layer_scaling else None)

@@ -26,11 +26,12 @@ def recorded_args(flags: Mapping[str, Any], consumed_train_samples: int, padded_
 
 
 def build_client_state(args: argparse.Namespace, iteration: int, rng: Optional[Mapping[str, Any]],
-                 tracker_states: Optional[Mapping[str, Any]], universal_info: Mapping[str, Any]) -> dict:
+                       tracker_states: Optional[Mapping[str, Any]], universal_info: Mapping[str, Any]) -> dict:
     """What DeepSpeed's save_checkpoint is handed as client_state. `rng` holds python / numpy / torch /
-    device generator states (None: --no-save-rng)."""
-    state = {ARGS: args, CHECKPOINT_VERSION: CHECKPOINT_VERSION_VALUE, ITERATION: iteration,
-             TOKENS: getattr(args, CONSUMED_TRAIN_SAMPLES) * int(getattr(args, "seq_length")),
+    device generator states (None: --no-save-rng). `tokens` counts samples x --seq-length (0 for flags that
+    record no sequence length, as an imported model's may not)."""
+    tokens = getattr(args, CONSUMED_TRAIN_SAMPLES) * int(getattr(args, "seq_length", None) or 0)
+    state = {ARGS: args, CHECKPOINT_VERSION: CHECKPOINT_VERSION_VALUE, ITERATION: iteration, TOKENS: tokens,
              UNIVERSAL_CHECKPOINT_INFO: dict(universal_info)}
     if rng is not None:
         state.update({RANDOM_RNG_STATE: rng["python"], NP_RNG_STATE: rng["numpy"], TORCH_RNG_STATE: rng["torch"],
