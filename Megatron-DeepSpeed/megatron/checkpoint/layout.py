@@ -51,7 +51,6 @@ OLD_ATTENTION = ".attention."
 LANGUAGE_MODEL = "language_model"
 EMBEDDING = "embedding"
 ENCODER = "encoder"
-WORD_EMBEDDINGS_FOR_HEAD = "word_embeddings_for_head"  # the last pipeline stage's copy of the tied weight
 MEGATRON_MODEL = "model"
 MEGATRON_FILE = "model_optim_rng.pt"
 MEGATRON_ITER_PATTERN = re.compile(r"iter_(\d{7})")
