@@ -16,7 +16,7 @@ def run_script(name, *args, timeout=900, env=None):
 
 @pytest.mark.parametrize("args, message", [
     (["--model_size=huge"], "unknown model size preset 'huge'; valid names: 345M, 1.3B, 2.7B, 3.7B, "
-                            "345M_without_mp, tiny"),
+                            "345M_without_mp, 125M_MoE64, 1.3B_MoE128, tiny"),
     (["--data_path=/nonexistent/corpus_text_document"], "bash test/dataset_preprocess_gpt.sh"),
     (["--nproc=3"], "needs a multiple of TP 2 x PP 2 = 4 processes, but 3 are launched"),
     (["--train_iters=abc"], "--train_iters='abc' is not a whole number"),

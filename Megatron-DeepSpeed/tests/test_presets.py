@@ -29,7 +29,19 @@ MOCK = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100
 
 
 def test_names():
-    assert presets.preset_names() == ("345M", "1.3B", "2.7B", "3.7B", "345M_without_mp", "tiny")
+    assert presets.preset_names() == ("345M", "1.3B", "2.7B", "3.7B", "345M_without_mp", "125M_MoE64", "1.3B_MoE128",
+                                      "tiny")
+
+
+@pytest.mark.parametrize("name, shape, moe", [
+    ("125M_MoE64", (1, 1, 12, 768, 12, 2048, 4, 256, 4.5e-4, 4.5e-6), ([64], 8)),
+    ("1.3B_MoE128", (1, 1, 24, 2048, 16, 2048, 8, 512, 1.2e-4, 1.0e-6), ([128], 8)),
+])
+def test_moe_presets_are_upstreams_moe_examples_on_8_devices(name, shape, moe):
+    args = validate_args(parse_args(["--model-size", name, *MOCK]), 8, "cuda")
+    assert tuple(getattr(args, column) for column in COLUMNS) == shape
+    assert (args.num_experts, args.moe_expert_parallel_size, args.moe_loss_coeff) == (*moe, 0.01)
+    assert args.ds_pipeline_enabled is False and args.data_parallel_size == 8
 
 
 @pytest.mark.parametrize("name", sorted(DESIGN_TABLE))
@@ -86,7 +98,7 @@ def test_unknown_name_lists_valid_names():
     with pytest.raises(InputError) as caught:
         presets.get_preset("7B")
     assert "'7B'" in str(caught.value)
-    assert "345M, 1.3B, 2.7B, 3.7B, 345M_without_mp, tiny" in str(caught.value)
+    assert "345M, 1.3B, 2.7B, 3.7B, 345M_without_mp, 125M_MoE64, 1.3B_MoE128, tiny" in str(caught.value)
 
 
 def test_unknown_run_kind():
@@ -132,5 +144,5 @@ def test_cli_shell_format_evaluates_in_bash():
 def test_cli_unknown_name_exits_2_listing_names():
     result = run_module("7B")
     assert result.returncode == 2
-    assert "345M, 1.3B, 2.7B, 3.7B, 345M_without_mp, tiny" in result.stderr
+    assert "345M, 1.3B, 2.7B, 3.7B, 345M_without_mp, 125M_MoE64, 1.3B_MoE128, tiny" in result.stderr
     assert "Traceback" not in result.stderr

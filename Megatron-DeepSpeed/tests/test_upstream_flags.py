@@ -19,7 +19,7 @@ BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
 # deepspeed.add_config_arguments adds.
 B4D4A0E_FLAGS = """
 --num-layers 4 | ok
---num-experts 8 | no
+--num-experts 8 | ok
 --mlp-type residual | ok
 --topk 2 | ok
 --expert-interval 1 | ok
@@ -253,13 +253,14 @@ def test_unsupported_flags_at_values_that_leave_their_feature_off_are_inert():
     assert not any(hasattr(args, entry.dest) for entry in UNSUPPORTED_FLAGS)
 
 
-def test_mixture_of_experts_stops_the_command_line_with_exactly_one_line(capsys):
+def test_mixture_of_experts_on_the_pipeline_engine_stops_with_exactly_one_line(capsys):
     from pretrain_gpt import main
     with pytest.raises(SystemExit) as caught:
         run_cli(main, BASE + ["--num-experts", "8"])
     assert caught.value.code == 2
-    assert capsys.readouterr().err == ("error: --num-experts: Megatron-DeepSpeed's mixture-of-experts is not "
-                                       "supported by this trainer\n")
+    assert capsys.readouterr().err == ("error: --num-experts above 1 needs DeepSpeed's plain engine: its pipeline "
+                                       "engine does not carry the MoE loss between stages (upstream runs MoE so "
+                                       "too); add --no-pipeline-parallel and use --pipeline-model-parallel-size 1\n")
 
 
 def test_argparse_errors_are_one_line_without_usage(capsys):

@@ -58,6 +58,12 @@ MOE_DENSE_JSON = {  # ds_config_gpt_TEMPLATE.json as the script's sed fills it (
         "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}},
     "wall_clock_breakdown": False}
 
+# examples/MoE/ds_pretrain_gpt_125M_MoE64.sh (mixture of experts: 64 experts shrunk to 4 on one process, so
+# EP_PARALLEL_SIZE = NUM_GPUS = 1), with its JSON as MOE_DENSE_JSON; --deepspeed-activation-checkpointing recomputes
+# through DeepSpeed's reentrant checkpoint, which the MoE losses must survive.
+MOE_125M_SH = MOE_DENSE_SH.replace("--num-experts 1", "--num-experts 4").replace(
+    "--checkpoint-activations", "--checkpoint-activations --create-moe-param-group --no-pipeline-parallel")
+
 # examples/curriculum_learning/ds_pretrain_gpt2.sh with its baseline config (curriculum learning off).
 CURRICULUM_BASELINE_SH = f"""--tensor-model-parallel-size 1 {MODEL} --micro-batch-size 4 --global-batch-size 4
     --train-iters 2 --train-tokens 100000 --lr-decay-tokens 1024 --save {{out}}/ckpt --load {{out}}/ckpt
@@ -109,6 +115,7 @@ CHECKPOINT_CONTENTS = f"""{MODEL} --micro-batch-size 2 --global-batch-size 4 --t
     --num-workers 0 --save {{out}}/../ckpt_contents --save-interval 2"""
 
 SINGLE_PROCESS_SETS = {"pretrain_gpt.sh": (PRETRAIN_GPT_SH, None), "MoE dense": (MOE_DENSE_SH, MOE_DENSE_JSON),
+                       "MoE 125M-MoE64": (MOE_125M_SH, MOE_DENSE_JSON),
                        "curriculum baseline": (CURRICULUM_BASELINE_SH, CURRICULUM_BASELINE_JSON),
                        "gpt3 175B": (GPT3_175B_SH, None),
                        "gpt3 175B, plain engine": (GPT3_175B_SH + " --no-pipeline-parallel", None),
@@ -182,6 +189,8 @@ def test_upstream_flag_set_trains_on_cpu(single_process_runs, name):
     records = parse_log(stdout).iterations
     assert records and len(losses) == records[-1].iteration and all(0 < loss < 10 for loss in losses), stdout
     assert " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): " in stdout
+    if name.startswith("MoE 125M"):  # upstream's `moe loss` beside the lm loss
+        assert all(record.moe_loss > 0 and record.dropped_tokens >= 0 for record in records), stdout
 
 
 def test_token_budget_and_token_schedule(single_process_runs):

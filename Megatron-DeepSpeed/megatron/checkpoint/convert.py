@@ -48,6 +48,9 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress)
     config = gpt_config(source.model_config, source.padded_vocab_size)
+    if source.moe is not None:
+        raise InputError(f"--load {load_dir} holds a mixture-of-experts model: reshaping its expert files is not "
+                         "supported yet; resume it at the layout it was trained with")
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
@@ -79,6 +82,9 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     source = read_checkpoint(load_dir, iteration, progress)
     args, model_config = source.args, source.model_config
     config = gpt_config(model_config, source.padded_vocab_size)
+    if source.moe is not None:
+        raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and transformers' GPT-2 has no "
+                         "experts; it cannot be exported")
     vocab_size = unpadded_vocab_size(args)
     weights = hf.to_hf_state_dict(source.model, config, vocab_size)
     dtype = next(iter(source.model.values())).dtype

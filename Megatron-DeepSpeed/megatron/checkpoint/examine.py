@@ -39,6 +39,12 @@ def examine(path: str, progress: Progress = _quiet) -> Examined:
               f"layout: {checkpoint.layout.describe()}",
               "flags: " + " ".join(f"--{flag.replace('_', '-')}={checkpoint.args[flag]}" for flag in KEY_FLAGS
                                    if flag in checkpoint.args)]
+    moe = checkpoint.moe
+    if moe is not None:
+        experts = " ".join(map(str, moe.num_experts))
+        header.append(f"mixture of experts: --num-experts {experts} --expert-interval {moe.expert_interval} "
+                      f"--mlp-type {moe.mlp_type} --topk {moe.topk} --moe-expert-parallel-size "
+                      f"{checkpoint.args['moe_expert_parallel_size']}")
     return Examined(header, checkpoint.model, from_hf=False)
 
 

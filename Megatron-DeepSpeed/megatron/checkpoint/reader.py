@@ -10,6 +10,8 @@ recognised from the files (checkpoint/layout.py names them all).
                         mp_rank_{mp:02d}_model_states.pt            client state (module is None)
       plain engine:     mp_rank_{mp:02d}_model_states.pt            client state + module (nested as upstream's
                         GPTModel nests it; flat GPTModel names in earlier versions)
+      MoE (plain):      layer_{i}_expert_{e}_mp_rank_{mp:02d}_model_states.pt   one expert's weights under
+                        MoEGPTModel's names with the global expert index (the module holds the rest)
       ZeRO 1/2:         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 and Adam partitions
       ZeRO 3:           zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt  client state, empty module
                         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 partitions: the weights
@@ -22,6 +24,7 @@ The client state (checkpoint/client_state.py) holds iteration, the flags (consum
 states. Tensor-parallel shards are joined with shards.join_shards; the result is keyed by the single-process
 GPTModel's parameter names, the tied word embedding once.
 """
+import dataclasses
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -30,7 +33,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 import torch
 
 from megatron.checkpoint.client_state import args_of, is_current, recorded_consumed_samples
-from megatron.checkpoint.layout import (ARGS, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
+from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
                                         OPTIMIZER_SAVED, RELEASE, TAG_PATTERN,
                                         UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file, megatron_iteration_dir,
@@ -38,8 +41,10 @@ from megatron.checkpoint.layout import (ARGS, ITERATION, LATEST_ITERATION_FILE, 
 from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position,
                                        nest, old_position_name, positions_with_parameters)
 from megatron.checkpoint.shards import join_shards
-from megatron.errors import InputError
+from megatron.config.flags.moe import recorded_moe_config
+from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
+from megatron.errors import InputError
 
 Progress = Callable[[str], None]
 
@@ -89,6 +94,11 @@ class Checkpoint:
     def model_config(self) -> ModelConfig:
         """The model the recorded flags describe (dropout and activation checkpointing as trained)."""
         return ModelConfig.from_flags(self.args, f"the flags recorded in {self.directory}")
+
+    @property
+    def moe(self) -> Optional[MoEConfig]:
+        """Its mixture of experts as a single process holds them all (None: dense)."""
+        return whole_model_moe(self.args)
 
 
 # ----------------------------------------------------------------------------- files
@@ -255,6 +265,13 @@ def training_dtype(args: Mapping[str, object]) -> torch.dtype:
     return torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
 
 
+def whole_model_moe(args: Mapping[str, object]) -> Optional[MoEConfig]:
+    """The MoE section of a checkpoint's recorded flags, for a model holding every expert (expert-parallel size 1);
+    None for a dense model."""
+    moe = recorded_moe_config(args)
+    return dataclasses.replace(moe, expert_parallel_size=1) if moe.enabled else None
+
+
 # ----------------------------------------------------------------------------- weights
 
 def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress) -> dict:
@@ -328,6 +345,19 @@ def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
+def _expert_weights(tag_dir: str, progress: Progress) -> dict:
+    """Every expert of an MoE checkpoint, under the single-process model's names: the union of the expert files of
+    all model-parallel ranks (a tensor-parallel rank may hold the same experts as another, then with the same
+    values, or other experts)."""
+    names = sorted(name for name in os.listdir(tag_dir) if EXPERT_FILE_PATTERN.fullmatch(name))
+    experts = {}
+    for index, name in enumerate(names):
+        progress(f"reading expert file {index + 1}/{len(names)}")
+        for key, tensor in load_file(os.path.join(tag_dir, name)).items():
+            experts.setdefault(key, tensor)
+    return experts
+
+
 def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_rank: List[torch.Tensor]
                       ) -> Dict[str, torch.Tensor]:
     """Full tensors from ZeRO-3 flat partitions (one flat tensor per data-parallel rank, its groups
@@ -392,6 +422,7 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
         model = _zero3_weights(tag_dir, state, progress)
     else:
         model = _plain_engine_weights(tag_dir, layout, state, progress)
+        model.update(_expert_weights(tag_dir, progress))
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0]
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
                       consumed_train_samples=recorded_consumed_samples(state), args=MappingProxyType(dict(args)),

@@ -29,6 +29,9 @@ from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_opti
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
 
+# The mixture-of-experts flags a checkpoint must share with the run: which layers hold how many experts, and how
+# they are spread (DeepSpeed saves the experts' optimizer state per expert-parallel rank).
+MOE_FLAGS = ("num_experts", "expert_interval", "mlp_type", "moe_expert_parallel_size")
 # The flags that define the learning-rate schedule; Megatron checks them against the checkpoint's.
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters",
                   "lr_warmup_samples", "lr_warmup_fraction")
@@ -109,7 +112,8 @@ def check_layout(load_dir: str, checkpoint: Layout, run: Layout, weights_only: b
 
 def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: Mapping[str, object]) -> None:
     """The run's model flags (a ModelConfig's to_flags) must repeat the architecture the checkpoint records."""
-    differing = [flag for flag in ARCHITECTURE_FLAGS if flag in recorded and recorded[flag] != run_flags.get(flag)]
+    differing = [flag for flag in ARCHITECTURE_FLAGS + MOE_FLAGS
+                 if flag in recorded and recorded[flag] != run_flags.get(flag)]
     if differing:
         described = ", ".join(f"--{flag.replace('_', '-')} {run_flags.get(flag)} (checkpoint: {recorded[flag]})"
                               for flag in differing)

@@ -32,10 +32,11 @@ from megatron.checkpoint.client_state import (build_client_state, recorded_args,
                                               rng_states, tracker_states, universal_info)
 from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
-                                        POINTER_LINK, ITERATION, model_states_file)
+                                        POINTER_LINK, ITERATION, LANGUAGE_MODEL, UNIVERSAL_CHECKPOINT_INFO,
+                                        model_states_file)
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
-from megatron.checkpoint.resume import LoadOptions, ResumePlan, plan_resume
+from megatron.checkpoint.resume import MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
@@ -141,6 +142,8 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     state = build_client_state(args, iteration, _rng_state() if save_rng else None,
                          rng_tracker.get_states() if save_rng else None, info)
     state[OPTIMIZER_SAVED] = save_optimizer
+    if getattr(engine, "has_moe_layers", False):  # DeepSpeed writes its own for MoE and refuses ours
+        del state[UNIVERSAL_CHECKPOINT_INFO]
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
         dist.barrier()  # every model-states file written
@@ -189,8 +192,13 @@ def _rewrite_model_states(tag_dir: str, flags: Mapping[str, Any], save_optimizer
 
 def load_module(src: Mapping[str, Any], dst: torch.nn.Module) -> None:
     """DeepSpeed's custom_load_fn for the plain engine: a `module` nested as upstream's (or flat, as earlier
-    versions of this project wrote it) into GPTModel."""
-    dst.load_state_dict(flatten(src) if is_nested(src) else flatten(nest(src)))
+    versions of this project wrote it) into GPTModel. An MoE model's experts arrive flat beside the nested dict:
+    DeepSpeed merges them in from its expert files."""
+    if not is_nested(src):
+        dst.load_state_dict(flatten(nest(src)))
+        return
+    experts = {name: tensor for name, tensor in src.items() if name != LANGUAGE_MODEL}
+    dst.load_state_dict({**flatten(src), **experts})
 
 
 def load_options(config: JobConfig) -> LoadOptions:
@@ -207,8 +215,9 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
     parallel, precision = config.parallel, config.precision
     run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
+    model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in MOE_FLAGS}}
     return plan_resume(config.checkpoint.load, run, load_options(config), precision.fp16 or precision.bf16,
-                       config.model.to_flags())
+                       model_flags)
 
 
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, tensor_parallel_size: int,

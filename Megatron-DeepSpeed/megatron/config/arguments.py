@@ -12,7 +12,7 @@ import argparse
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from megatron.config.flags import (activation_checkpointing, checkpointing, common, data, logging_flags, model,
+from megatron.config.flags import (activation_checkpointing, checkpointing, common, data, logging_flags, model, moe,
                                    optimizer, parallelism, precision, schedule, stopping, tokenizer, training,
                                    unsupported)
 from megatron.config.flags.parallelism import DEEPSPEED_JSON
@@ -20,13 +20,14 @@ from megatron.config.job import JobConfig
 from megatron.config.presets import get_preset, preset_names
 
 # Registration order is the order of --help.
-_GROUPS = (model, activation_checkpointing, training, schedule, optimizer, precision, data, tokenizer, checkpointing,
+_GROUPS = (model, moe, activation_checkpointing, training, schedule, optimizer, precision, data, tokenizer, checkpointing,
            logging_flags, parallelism, stopping, unsupported)
 _LIMITS = tuple(group.LIMITS for group in (model, training, schedule, optimizer, precision, data, tokenizer,
                                            checkpointing, logging_flags, parallelism))
 _DEFAULTS_AFTER_PRESET = MappingProxyType({
     **parallelism.PRESET_DEFAULTS, **schedule.PRESET_DEFAULTS, **model.PRESET_DEFAULTS,
-    **activation_checkpointing.PRESET_DEFAULTS, **training.PRESET_DEFAULTS, **data.PRESET_DEFAULTS})
+    **activation_checkpointing.PRESET_DEFAULTS, **training.PRESET_DEFAULTS, **data.PRESET_DEFAULTS,
+    **moe.PRESET_DEFAULTS})
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -84,6 +85,7 @@ def resolve(values: Mapping, world_size: int, device_name: str) -> dict:
     data.validate(values)
     tokenizer.validate(values)
     values.update(parallelism.features(values))
+    moe.validate(values)
     values.update(parallelism.backend(values, device_name))
     checkpointing.validate(values)
     return values
@@ -98,6 +100,7 @@ def build_job_config(values: Mapping[str, Any]) -> JobConfig:
     """The frozen configuration of values resolve() returned (or of a checkpoint's recorded flags with them)."""
     return JobConfig(
         model=model.section(values),
+        moe=moe.section(values),
         activation_checkpointing=activation_checkpointing.section(values),
         parallel=parallelism.section(values),
         batch=training.section(values),

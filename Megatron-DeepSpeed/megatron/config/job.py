@@ -16,6 +16,35 @@ from megatron.config.model_config import ModelConfig  # the model section: one m
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Mixture of experts (megatron/config/flags/moe.py): which layers hold DeepSpeed MoE layers, and theirs
+    options. Dense when every count is 1."""
+    num_experts: Tuple[int, ...]  # as given: one count, or one per MoE layer
+    expert_interval: int
+    mlp_type: str  # "residual": PR-MoE, the dense MLP plus the experts mixed by a learned coefficient
+    topk: int
+    train_capacity_factor: float
+    eval_capacity_factor: float
+    min_capacity: int
+    token_dropping: bool
+    loss_coeff: float  # weight of the summed load-balancing losses added to the LM loss
+    create_param_group: bool
+    expert_parallel_size: int
+
+    def experts_of_layer(self, layer_number: int) -> int:
+        """Experts of 1-based transformer layer `layer_number` (1: a dense MLP), as upstream assigns them: layers
+        whose number is a multiple of expert_interval, counted from the list in order."""
+        if layer_number % self.expert_interval:
+            return 1
+        index = (layer_number - 1) // self.expert_interval
+        return self.num_experts[0] if len(self.num_experts) == 1 else self.num_experts[index]
+
+    @property
+    def enabled(self) -> bool:
+        return max(self.num_experts) > 1
+
+
+@dataclass(frozen=True)
 class ActivationCheckpointingConfig:
     """How --checkpoint-activations recomputes: torch.utils.checkpoint, or deepspeed.checkpointing with these
     options of deepspeed.checkpointing.configure."""
@@ -189,6 +218,7 @@ class StoppingConfig:
 @dataclass(frozen=True)
 class JobConfig:
     model: ModelConfig
+    moe: MoEConfig
     activation_checkpointing: ActivationCheckpointingConfig
     parallel: ParallelConfig
     batch: BatchConfig

@@ -38,6 +38,8 @@ class _Size:
     no_pipeline: bool = False
     full_run_iters: int = FULL_RUN_ITERS
     lr_decay_iters: int = FULL_RUN_LR_DECAY_ITERS
+    experts: int = 1  # mixture of experts in every second layer (upstream's --expert-interval 2) when above 1
+    expert_parallel: int = 1
 
 
 # 345M_without_mp: pure data parallel over 8 devices (ZeRO stage 1 is the default), micro batch 8
@@ -47,6 +49,9 @@ class _Size:
 # over 2 stages, 4 heads split over TP 2, global 8 = micro 2 x DP 2 x 2 micro batches, so gradient
 # accumulation and pipeline overlap both happen. 300 iterations take a few minutes on 2 cores, and
 # the schedule decays over exactly those 300 (a 500k-iteration "full" run would be no demo).
+# 125M_MoE64, 1.3B_MoE128: upstream's examples/MoE/ds_pretrain_gpt_125M_MoE64.sh and ds_pretrain_gpt_1.3B_MoE128.sh
+# (b4d4a0e) on 8 devices: their shapes, batches and learning rates, 64 / 128 experts spread over the 8 ranks
+# (EP_PARALLEL_SIZE = min(experts, devices)), --moe-loss-coeff 0.01, no pipeline (upstream runs MoE without one).
 _TABLE = (
     #     name               TP PP layers hidden heads  seq  mbs gbs  lr      min lr
     _Size("345M",             1, 2, 24,    1024,  16,   1024, 4,  16, 1.5e-4, 1.5e-5),
@@ -55,6 +60,10 @@ _TABLE = (
     _Size("3.7B",             2, 2, 32,    3072,  32,   2048, 4,  16, 1.2e-4, 1.2e-5),
     _Size("345M_without_mp",  1, 1, 24,    1024,  16,   1024, 8,  64, 1.5e-4, 1.5e-5,
           no_pipeline=True),
+    _Size("125M_MoE64",       1, 1, 12,    768,   12,   2048, 4,  256, 4.5e-4, 4.5e-6,
+          no_pipeline=True, experts=64, expert_parallel=8),
+    _Size("1.3B_MoE128",      1, 1, 24,    2048,  16,   2048, 8,  512, 1.2e-4, 1.0e-6,
+          no_pipeline=True, experts=128, expert_parallel=8),
     _Size("tiny",             2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
           full_run_iters=300, lr_decay_iters=300),
 )
@@ -98,7 +107,14 @@ def get_preset(name, run="full"):
         "attention_dropout": 0.0,
         "train_iters": size.full_run_iters if run == "full" else PERFORMANCE_RUN_ITERS,
         "lr_decay_iters": size.lr_decay_iters,
+        **_moe_values(size),
     }
+
+
+def _moe_values(size: _Size) -> dict:
+    if size.experts == 1:
+        return {}
+    return {"num_experts": [size.experts], "moe_expert_parallel_size": size.expert_parallel, "moe_loss_coeff": 0.01}
 
 
 def format_shell(preset):
@@ -106,6 +122,8 @@ def format_shell(preset):
     def shell_value(value):
         if isinstance(value, bool):
             return "true" if value else "false"
+        if isinstance(value, list):
+            return shlex.quote(" ".join(map(str, value)))
         return shlex.quote(str(value))
     return "".join(f"{key.upper()}={shell_value(value)}\n" for key, value in preset.items())
 
@@ -117,6 +135,8 @@ def format_flags(preset):
         flag = "--" + key.replace("_", "-")
         if value is True:
             lines.append(flag)
+        elif isinstance(value, list):
+            lines.append(" ".join([flag, *map(str, value)]))
         elif value is not False:
             lines.append(f"{flag} {value}")
     return "".join(line + "\n" for line in lines)

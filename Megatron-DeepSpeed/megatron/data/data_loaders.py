@@ -1,6 +1,7 @@
 """Train / validation / test data loaders from the job configuration: Megatron-format files, or synthetic tokens."""
 import signal
 
+import torch
 from torch.utils.data import DataLoader
 
 from megatron.config.job import JobConfig
@@ -52,8 +53,10 @@ def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, 
     sampler = SAMPLERS[dataloader_type](total_samples=len(dataset), consumed_samples=consumed_samples,
                                         micro_batch_size=micro_batch_size, data_parallel_rank=data_parallel_rank,
                                         data_parallel_size=data_parallel_size)
+    # A generator of its own: each iterator draws its workers' base seed from it. From torch's global stream it
+    # would shift the draws of dropout and of the MoE gates, which a resumed run restores before its loaders exist.
     return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
-                      persistent_workers=num_workers > 0, worker_init_fn=_outlive_sigterm)
+                      persistent_workers=num_workers > 0, worker_init_fn=_outlive_sigterm, generator=torch.Generator())
 
 
 def _outlive_sigterm(worker_id: int) -> None:

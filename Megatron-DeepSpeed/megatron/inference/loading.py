@@ -17,6 +17,7 @@ from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
+from megatron.model.moe import build_model
 from megatron.model.kernels import Kernels
 from megatron.model.parallelize import apply_tensor_parallel
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
@@ -94,9 +95,9 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
                                                    tokenizer_vocab_size, padding_unit)
     inference = dataclasses.replace(checkpoint.model_config, hidden_dropout=0.0, attention_dropout=0.0,
                                     checkpoint_activations=False)
-    config = gpt_config(inference, weights[WORD_EMBEDDINGS].shape[0], kernels)
+    config = gpt_config(inference, weights[WORD_EMBEDDINGS].shape[0], kernels, moe=checkpoint.moe)
     with torch.device("meta"):  # the weights come from the checkpoint: skip the random initialisation
-        model = GPTModel(config)
+        model = build_model(config)
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, strict=True, assign=True)
     if tensor_parallel_size > 1:
         tp_rank = parallel_state.get_tensor_model_parallel_rank()

@@ -54,6 +54,9 @@ class GPTConfig:
     attention_softmax_in_fp32: bool = False
     kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/model/kernels.py)
     torch_compile: bool = False  # model/provider.py compiles each layer (--torch-compile)
+    # Mixture of experts (None: dense): config/job.py's MoEConfig, which model/moe.py reads to build those layers
+    # with DeepSpeed's MoE; this file stays dense.
+    moe: Optional[object] = None
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -274,15 +277,26 @@ class GPTModel(nn.Module):
 
         attention_mask: None for causal attention, else bool [batch, 1, seq, seq] with True = masked.
         """
-        hidden = self.embedding(tokens, position_ids)
-        if self.config.checkpoint_activations and torch.is_grad_enabled():
-            step = self.config.checkpoint_num_layers  # layers recomputed as one chunk
-            # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
-            masks = () if attention_mask is None else (attention_mask,)
-            for start in range(0, len(self.layers), step):
-                chunk = functools.partial(run_layers, self.layers[start:start + step])
-                hidden = self.checkpoint_layer(chunk, hidden, *masks)
-        else:
-            hidden = run_layers(self.layers, hidden, attention_mask)
+        hidden = self.transformer(self.embedding(tokens, position_ids), attention_mask)
+        return self.head(hidden, labels, loss_mask)
+
+    def recomputing(self) -> bool:
+        return self.config.checkpoint_activations and torch.is_grad_enabled()
+
+    def layer_chunks(self) -> list:
+        """The layers in the chunks that --checkpoint-activations recomputes together; all in one otherwise."""
+        step = self.config.checkpoint_num_layers if self.recomputing() else len(self.layers)
+        return [self.layers[start:start + step] for start in range(0, len(self.layers), step)]
+
+    def transformer(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
+        masks = () if attention_mask is None else (attention_mask,)
+        for chunk in self.layer_chunks():
+            run = functools.partial(run_layers, chunk)
+            hidden = self.checkpoint_layer(run, hidden, *masks) if self.recomputing() else run(hidden, *masks)
+        return hidden
+
+    def head(self, hidden: torch.Tensor, labels: Optional[torch.Tensor] = None,
+             loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         logits = self.lm_head(normalize(self.final_layernorm, hidden), self.embedding.word_embeddings.weight)
         return logits if labels is None else self.loss(logits, labels, loss_mask)

@@ -5,19 +5,23 @@ Fields carry the same names on both sides except those in RENAMED, so a new mode
 both dataclasses have it (and GPTConfig refuses a flag it lacks instead of dropping it).
 """
 from dataclasses import fields
+from typing import Optional
 
+from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
 from megatron.model.gpt import GPTConfig
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
 
 RENAMED = {"seed": "init_seed"}  # ModelConfig field -> GPTConfig field
-NOT_FLAGS = ("vocab_size", "kernels")  # GPTConfig fields no flag gives
+NOT_FLAGS = ("vocab_size", "kernels", "moe")  # GPTConfig fields no flag of ModelConfig gives
 
 
-def gpt_config(model: ModelConfig, padded_vocab_size: int, kernels: Kernels = PORTABLE_KERNELS) -> GPTConfig:
-    """The GPTConfig of `model` with `padded_vocab_size` embedding rows and `kernels`."""
+def gpt_config(model: ModelConfig, padded_vocab_size: int, kernels: Kernels = PORTABLE_KERNELS,
+               moe: Optional[MoEConfig] = None) -> GPTConfig:
+    """The GPTConfig of `model` with `padded_vocab_size` embedding rows and `kernels`; `moe`: its experts (the
+    MoE flags' own section, config/flags/moe.py; None: dense)."""
     values = {RENAMED.get(name, name): value for name, value in model.to_flags().items()}
-    return GPTConfig(vocab_size=padded_vocab_size, kernels=kernels, **values)
+    return GPTConfig(vocab_size=padded_vocab_size, kernels=kernels, moe=moe, **values)
 
 
 def model_config_of(config: GPTConfig) -> ModelConfig:

@@ -2,26 +2,40 @@
 from torch import nn
 
 from megatron.config.job import ParallelConfig
+from megatron.errors import InputError
 from megatron.model.cross_entropy import compiled_chunk_kernels
 from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, TransformerLayer
+from megatron.model.moe import MoEGPTModel, expert_parallel_rank
 from megatron.model.parallelize import apply_tensor_parallel
 from megatron.model.pipe import GPTPipe
 
 
 def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, parallel_state, rng_tracker):
     """Its pipeline stage on DeepSpeed's pipeline engine (the default, as upstream), or with
-    --no-pipeline-parallel the whole plain model; tensor-parallel pieces sharded either way; with
+    --no-pipeline-parallel the whole plain model (with experts: this rank's); tensor-parallel pieces sharded
+    either way; with
     --torch-compile each transformer layer and the loss's per-chunk math compiled."""
     if parallel_config.pipeline_engine:
         model = GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
     else:
-        model = GPTModel(model_config)
+        model = plain_model(model_config, parallel_config)
         model.checkpoint_layer = rng_tracker.checkpoint  # recomputation that rewinds the tracker's streams too
         if parallel_config.tensor > 1:
             apply_tensor_parallel(model, parallel_state, parallel_config.sequence_parallel, rng_tracker=rng_tracker)
     if model_config.torch_compile:
         apply_torch_compile(model)
     return model
+
+
+def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig) -> GPTModel:
+    """The whole GPTModel, or with experts an MoEGPTModel holding this rank's experts (model/moe.py)."""
+    if model_config.moe is None:
+        return GPTModel(model_config)
+    if parallel_config.tensor > 1 and parallel_config.distributed_backend == "gloo":
+        raise InputError(f"--tensor-model-parallel-size {parallel_config.tensor} with --num-experts above 1 over "
+                         "gloo: DeepSpeed's MoE layer gathers tokens over the tensor-parallel ranks with a flat "
+                         "all_gather_into_tensor that gloo refuses; use nccl/hccl, or tensor-parallel size 1")
+    return MoEGPTModel(model_config, expert_parallel_rank(model_config.moe.expert_parallel_size))
 
 
 def apply_torch_compile(model: nn.Module) -> None:

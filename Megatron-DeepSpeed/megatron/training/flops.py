@@ -7,10 +7,16 @@ logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's l
 too, so the two can be compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
+A mixture-of-experts model counts the work each token does (its active parameters): an MoE layer's MLP term is
+that of the top-k experts a token is routed to, plus the dense MLP of PR-MoE; the gate's small product is left out,
+as Megatron leaves out LayerNorms. Attention is 8h^2 of the 24h^2 per layer and token, the MLP 16h^2.
+
 Peaks are dense (no sparsity) tensor-core figures from the vendors' data sheets, by the dtype a run trains in.
 A device missing from the table (a CPU, an unknown chip) has no peak: its MFU is reported as "n/a".
 """
 from typing import Optional
+
+from megatron.config.job import MoEConfig
 
 # (device-name substring, {training dtype: peak TFLOP/s per device}); the first substring found in the device's
 # name wins, so more specific names come first. fp32 runs use the TF32 tensor-core peak where the chip has one.
@@ -28,11 +34,22 @@ _PEAK_TFLOPS = (
 
 
 def flops_per_iteration(global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int,
-                        vocab_size: int, recompute: bool = False) -> float:
-    """Megatron's FLOPs of one training iteration; `recompute` counts the second forward pass (f = 4)."""
+                        vocab_size: int, recompute: bool = False, moe: Optional[MoEConfig] = None) -> float:
+    """Megatron's FLOPs of one training iteration; `recompute` counts the second forward pass (f = 4); with `moe`,
+    the MLPs of the MoE layers count as many times as a token uses them (active parameters)."""
     passes = 4 if recompute else 3
-    return (24.0 * passes * global_batch_size * seq_length * num_layers * hidden_size ** 2
-            * (1.0 + seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * num_layers * hidden_size)))
+    mlp_uses = sum(active_mlps(moe, layer + 1) for layer in range(num_layers)) if moe else num_layers
+    layers = (8.0 * num_layers + 16.0 * mlp_uses) / 24.0  # layer equivalents of dense work
+    return (24.0 * passes * global_batch_size * seq_length * hidden_size ** 2
+            * (layers + num_layers * seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * hidden_size)))
+
+
+def active_mlps(moe: MoEConfig, layer_number: int) -> int:
+    """MLPs a token runs through in 1-based layer `layer_number`: 1 in a dense layer; in an MoE layer its top-k
+    experts, plus the dense MLP of PR-MoE (--mlp-type residual)."""
+    if moe.experts_of_layer(layer_number) == 1:
+        return 1
+    return moe.topk + (moe.mlp_type == "residual")
 
 
 def tflops_per_device(flops: float, seconds_per_iteration: float, world_size: int) -> float:

@@ -32,6 +32,8 @@ class IterationRecord:
     mfu: float | None = None  # a fraction; None where the line says "n/a" (the device's peak is unknown)
     num_zeros: float | None = None
     params_norm: float | None = None
+    moe_loss: float | None = None
+    dropped_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ _ITERATION_FIELDS = {
     "learning rate": ("learning_rate", float),
     "global batch size": ("global_batch_size", int),
     "lm loss": ("lm_loss", float),
+    "moe loss": ("moe_loss", float),
+    "dropped tokens": ("dropped_tokens", int),
     "loss scale": ("loss_scale", float),
     "grad norm": ("grad_norm", float),
     "num zeros": ("num_zeros", float),
@@ -93,23 +97,26 @@ def perplexity(loss):
 
 def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learning_rate,
                    global_batch_size, lm_loss, loss_scale, grad_norm, skipped_iterations,
-                   nan_iterations, samples_per_second, tflops, mfu=None, num_zeros=None, params_norm=None):
+                   nan_iterations, samples_per_second, tflops, mfu=None, num_zeros=None, params_norm=None,
+                   moe_loss=None, dropped_tokens=None):
     """The periodic training line, byte for byte as Megatron-DeepSpeed prints it, plus model FLOPs
     utilisation at the end (megatron/training/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
     digits instead of rounding to 0.00. num_zeros and params_norm (--log-num-zeros-in-grad, --log-params-norm)
-    appear only when given, after the grad norm as upstream puts them."""
+    appear only when given, after the grad norm as upstream puts them. An MoE model's moe_loss follows the lm loss
+    as upstream's `moe loss`, then (ours) the expert assignments its gates dropped over the interval."""
     tflops_text = f"{tflops:.2f}" if tflops >= 0.01 or tflops == 0 else f"{tflops:.1e}"
     optional = ""
     if num_zeros is not None:
         optional += f" num zeros: {num_zeros:.1f} |"
     if params_norm is not None:
         optional += f" params norm: {params_norm:.3f} |"
+    moe = "" if moe_loss is None else f" moe loss: {moe_loss:.6E} | dropped tokens: {dropped_tokens:d} |"
     return (f" iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"
             f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
             f" learning rate: {learning_rate:.3E} |"
             f" global batch size: {global_batch_size:5d} |"
-            f" lm loss: {lm_loss:.6E} |"
+            f" lm loss: {lm_loss:.6E} |{moe}"
             f" loss scale: {loss_scale:.1f} |"
             f" grad norm: {grad_norm:.3f} |{optional}"
             f" number of skipped iterations: {skipped_iterations:3d} |"
@@ -122,6 +129,13 @@ def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learnin
 def parameter_count_line(tp_rank, pp_rank, count):
     """What each data-parallel rank 0 prints about its model piece, as Megatron-DeepSpeed prints it."""
     return f" > number of parameters on (tensor, pipeline) model parallel rank ({tp_rank}, {pp_rank}): {count}"
+
+
+def active_parameter_count_line(tp_rank, pp_rank, count):
+    """Ours, after upstream's line for an MoE model: the parameters one token uses (top-k experts per MoE layer),
+    which the TFLOPs and MFU figures count."""
+    return (f" > number of active parameters per token on (tensor, pipeline) model parallel rank ({tp_rank}, "
+            f"{pp_rank}): {count}")
 
 
 def memory_line(rank, iteration, stats):

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.moe.utils import is_moe_param
 from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
@@ -35,6 +36,7 @@ from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import Kernels, select_kernels
+from megatron.model.moe import MoEGPTModel, active_parameter_count
 from megatron.model.pipe import pipeline_micro_batch
 from megatron.parallel_state import ParallelState, initialize_distributed
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
@@ -42,10 +44,12 @@ from megatron.tensor_parallel.deepspeed_checkpointing import deepspeed_checkpoin
 from megatron.tokenizer import build_tokenizer
 from megatron.training.divergence import DivergenceMonitor
 from megatron.training.exit_requests import ExitRequests
-from megatron.training.log_lines import exit_line, final_evaluation_lines, parameter_count_line
-from megatron.training.metrics import (counted_once_per_replica, optimizer_state_statistics, parameters_norm,
-                                       stepped_optimizer, zeros_among)
+from megatron.training.log_lines import (active_parameter_count_line, exit_line, final_evaluation_lines,
+                                         parameter_count_line)
+from megatron.training.metrics import (counted_once_per_replica, expert_squares, optimizer_state_statistics,
+                                       parameters_norm, stepped_optimizer, zeros_among)
 from megatron.training.metrics_log import IterationFigures, MetricsLog, StepTimers
+from megatron.training.moe_losses import MoEFigures, take_moe_figures
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
 from megatron.training.optimizer import build_optimizer
 from megatron.training.watchdog import Watchdog
@@ -125,8 +129,8 @@ class Fp32GradientClipping:
     DeepSpeed clips that path itself but keeps no norm to report, and under pipeline parallelism its norm
     counts replicated parameters from the first stage only, so later stages' parameters are left out. Here
     every parameter counts once per model replica: tensor-parallel shards on every rank, replicated parameters
-    on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it. DeepSpeed's own clipping is
-    then switched off (gradient_clipping 0 in its config).
+    on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it, each expert of an MoE layer once
+    (training/metrics.py, expert_squares). DeepSpeed's own clipping is then switched off (gradient_clipping 0 in its config).
 
     A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/training/divergence.py): the
     gradients are dropped, and the torch optimizer leaves every parameter without a gradient, and its state,
@@ -140,13 +144,13 @@ class Fp32GradientClipping:
 
     def __call__(self, optimizer, args, kwargs) -> None:
         gradients = [p.grad for p in self.model.parameters() if p.grad is not None]
-        counted = [p.grad.detach() for p in self.model.parameters()
-                   if p.grad is not None and counted_once_per_replica(p, self.parallel.tp_rank)]
+        counted = [p.grad.detach() for p in self.model.parameters() if p.grad is not None and
+                   not is_moe_param(p) and counted_once_per_replica(p, self.parallel.tp_rank)]
         squares = sum((gradient.float().pow(2).sum() for gradient in counted),
                       torch.zeros((), dtype=torch.float32, device=device.current_device()))
         figures = torch.stack([squares, zeros_among(counted) if self.count_zeros else torch.zeros_like(squares)])
         dist.all_reduce(figures, group=self.parallel.get_model_parallel_group())
-        norm = figures[0].sqrt()
+        norm = (figures[0] + expert_squares(self.model, gradients=True)).sqrt()
         self.norm = norm.item()
         self.num_zeros = figures[1].item() if self.count_zeros else None
         if not math.isfinite(self.norm):
@@ -160,11 +164,12 @@ class Fp32GradientClipping:
                 gradient.mul_(scale.to(gradient.dtype))
 
 
-def train_step(engine, batches: Batches, num_micro_batches: int, parallel: ParallelState) -> float:
+def train_step(engine, batches: Batches, num_micro_batches: int,
+               parallel: ParallelState) -> tuple[float, Optional[MoEFigures]]:
     """One optimizer step over `num_micro_batches` micro-batches (the engine's gradient accumulation steps);
-    returns the loss averaged over them and over the data-parallel ranks."""
+    returns the LM loss averaged over them and over the data-parallel ranks, and an MoE model's figures."""
     if isinstance(engine, PipelineEngine):  # train_batch does the averaging itself
-        return engine.train_batch(map(pipeline_micro_batch, batches)).item()
+        return engine.train_batch(map(pipeline_micro_batch, batches)).item(), None
     total = torch.zeros((), device=device.current_device())
     for index in range(num_micro_batches):
         # The boundary is set explicitly: DeepSpeed would count it from its running micro-step total, which a
@@ -176,7 +181,8 @@ def train_step(engine, batches: Batches, num_micro_batches: int, parallel: Paral
         engine.backward(loss)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
-    return data_parallel_mean(total / num_micro_batches, parallel)
+    moe = take_moe_figures(engine.module, parallel)
+    return (moe.lm_loss, moe) if moe else (data_parallel_mean(total / num_micro_batches, parallel), None)
 
 
 def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, parallel: ParallelState,
@@ -198,7 +204,8 @@ def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, 
                             attention_mask=batch["attention_mask"], labels=batch["labels"],
                             loss_mask=batch["loss_mask"]).float()
     engine.train()
-    return data_parallel_mean(total / (eval_iters * num_micro_batches), parallel)
+    moe = take_moe_figures(engine.module, parallel)  # the LM loss alone, as upstream evaluates
+    return moe.lm_loss if moe else data_parallel_mean(total / (eval_iters * num_micro_batches), parallel)
 
 
 def learning_rate_schedule(schedule: ScheduleConfig) -> Callable[[int], float]:
@@ -281,10 +288,13 @@ def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
 
 
 def report_parameter_count(model: torch.nn.Module, parallel: ParallelState) -> None:
-    """Each data-parallel rank 0 prints its model piece's size, as upstream does."""
+    """Each data-parallel rank 0 prints its model piece's size, as upstream does (an MoE model: with its local
+    experts), and for an MoE model also the parameters a token uses."""
     if parallel.dp_rank == 0:
         count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         _log.info(parameter_count_line(parallel.tp_rank, parallel.pp_rank, count))
+        if isinstance(model, MoEGPTModel):
+            _log.info(active_parameter_count_line(parallel.tp_rank, parallel.pp_rank, active_parameter_count(model)))
 
 
 def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None) -> Trainer:
@@ -317,7 +327,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     kernels = select_kernels(device.device_name(), adaptor_kernels)
     if parallel.rank == 0:
         _log.info(f"kernels: {kernels.description()}")
-    model_config = gpt_config(config.model, padded_vocab, kernels)
+    model_config = gpt_config(config.model, padded_vocab, kernels, moe=config.moe if config.moe.enabled else None)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)
     report_parameter_count(model, parallel)
@@ -334,7 +344,9 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
         sum_sequence_parallel_gradients_each_step(model, parallel.get_tensor_model_parallel_group(),
                                                   config.batch.num_micro_batches)
     pipelined = isinstance(model, PipelineModule)
-    optimizer = build_optimizer(model, config.optimizer, kernels)
+    optimizer = build_optimizer(model, config.optimizer, kernels,
+                                moe_param_groups=config.moe.enabled and (config.moe.create_param_group or
+                                                                         config.parallel.zero_stage > 0))
     clipping = step_guard = None
     if config.parallel.zero_stage == 0 and not (config.precision.fp16 or config.precision.bf16):
         clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad,
@@ -431,13 +443,13 @@ def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool
 
 
 def figures_of_step(trainer: Trainer, state: TrainState, loss: float, grad_norm: float, batch_size: int,
-                    lr: float) -> IterationFigures:
+                    lr: float, moe: Optional[MoEFigures] = None) -> IterationFigures:
     """The iteration's figures for the log; norms and statistics are collectives, so every rank computes them."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     logging_config = config.logging
     figures = IterationFigures(loss=loss, learning_rate=lr, batch_size=batch_size,
                                loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)), grad_norm=grad_norm,
-                               num_zeros=clipping.num_zeros if clipping else None)
+                               num_zeros=clipping.num_zeros if clipping else None, moe=moe)
     if logging_config.log_params_norm:
         figures.params_norm = parameters_norm(engine.module, parallel)
     if logging_config.log_optimizer_states_to_tensorboard and \
@@ -493,8 +505,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                 if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
                     engine.set_train_batch_size(batch_size)
                 set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-                loss = train_step(engine, train_batches, batch.schedule.micro_batches(state.consumed_train_samples),
-                                  parallel)
+                loss, moe = train_step(engine, train_batches,
+                                       batch.schedule.micro_batches(state.consumed_train_samples), parallel)
                 grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
                 skipped_now = skipped_steps()
                 update_skipped = skipped_now > skipped_before
@@ -508,7 +520,7 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
             skipped_before = skipped_now
             state.nan_iterations += int(bad)
             metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
-                                                     schedule(state.consumed_train_samples)))
+                                                     schedule(state.consumed_train_samples), moe))
             divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
 
             paused = time.perf_counter()

@@ -3,6 +3,8 @@ gradients, Adam's moment statistics. The first two count every parameter once pe
 counted_once_per_replica), then sum over the ranks that hold different pieces of the replica."""
 import torch
 import torch.distributed as dist
+from deepspeed.moe.utils import is_moe_param
+from deepspeed.utils import groups
 
 from megatron import device
 
@@ -22,17 +24,33 @@ def _local_piece(parameter) -> torch.Tensor:
 
 def parameters_norm(model: torch.nn.Module, parallel) -> float:
     """L2 norm of all parameters of the model (--log-params-norm); a collective over the model-parallel group,
-    and over the data-parallel group when ZeRO-3 partitions the parameters."""
+    and over the data-parallel group when ZeRO-3 partitions the parameters (over all ranks for MoE experts)."""
     squares = torch.zeros((), dtype=torch.float32, device=device.current_device())
     partitioned = False
     for parameter in model.parameters():
         partitioned = partitioned or hasattr(parameter, "ds_tensor")
-        if counted_once_per_replica(parameter, parallel.tp_rank):
+        if not is_moe_param(parameter) and counted_once_per_replica(parameter, parallel.tp_rank):
             squares += _local_piece(parameter).detach().float().pow(2).sum()
     if partitioned:
         dist.all_reduce(squares, group=parallel.get_data_parallel_group())
     dist.all_reduce(squares, group=parallel.get_model_parallel_group())
-    return squares.sqrt().item()
+    return (squares + expert_squares(model)).sqrt().item()
+
+
+def expert_squares(model: torch.nn.Module, gradients: bool = False) -> torch.Tensor:
+    """Sum of squares of the MoE experts' weights (or their gradients), each expert counted once (a collective
+    over all ranks when the model has experts). Ranks of one expert-data-parallel group hold the same experts with
+    the same values (gradients once reduced); the others hold different experts. So the sum over every rank counts
+    each expert once per member of its group."""
+    total = torch.zeros((), dtype=torch.float32, device=device.current_device())
+    experts = [p for p in model.parameters() if is_moe_param(p) and (p.grad is not None or not gradients)]
+    if not experts:
+        return total
+    for parameter in experts:
+        copies = groups._get_expert_data_parallel_world_size(parameter.group_name)
+        total += (parameter.grad if gradients else parameter).detach().float().pow(2).sum() / copies
+    dist.all_reduce(total)
+    return total
 
 
 def zeros_among(gradients) -> torch.Tensor:

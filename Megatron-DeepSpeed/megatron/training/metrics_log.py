@@ -17,6 +17,7 @@ from megatron.config.job import JobConfig, LoggingConfig
 from megatron.model.gpt import GPTConfig
 from megatron.training.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
 from megatron.training.log_lines import iteration_line, memory_line, perplexity, timers_line, validation_lines
+from megatron.training.moe_losses import MoEFigures
 from megatron.training.tensorboard_log import TensorBoardLog, TensorBoardOptions
 
 _log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class IterationFigures:
     num_zeros: Optional[float] = None
     params_norm: Optional[float] = None
     optimizer_states: Optional[dict] = None
+    moe: Optional[MoEFigures] = None  # an MoE model's
 
 
 def tensorboard_options(logging_config: LoggingConfig) -> TensorBoardOptions:
@@ -88,13 +90,16 @@ class MetricsLog:
         if config.logging.tensorboard_dir and last_rank:
             self.tensorboard = TensorBoardLog(config.logging.tensorboard_dir, tensorboard_options(config.logging))
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+        self.moe_figures = []
         self.memory_reported_at: Optional[int] = None  # Megatron's memory line: after the first logged iteration
         self.last_iteration = 0
         shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
         # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
         # MFU counts the model's work only.
-        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations)
-        self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False)
+        # An MoE model's counts are of its active parameters (megatron/training/flops.py).
+        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations,
+                                                             moe=model.moe)
+        self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False, moe=model.moe)
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)
 
     def _print(self, text: str) -> None:
@@ -106,6 +111,8 @@ class MetricsLog:
         config, tensorboard = self.config, self.tensorboard
         tokens = state.consumed_train_samples * config.data.seq_length
         self.losses.append(figures.loss)
+        if figures.moe is not None:
+            self.moe_figures.append(figures.moe)
         self.last_iteration = state.iteration
         self.samples += figures.batch_size
         if tensorboard is not None and tensorboard.due(state.iteration):
@@ -130,7 +137,7 @@ class MetricsLog:
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
             figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,
             figures.grad_norm, state.skipped_iterations, state.nan_iterations, self.samples / (seconds * iterations),
-            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm))
+            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm, **self._take_moe_means()))
         if self.memory_reported_at is None:
             self._report_memory(state.iteration)
         timer_means = self.timers.take_means(iterations)
@@ -141,6 +148,14 @@ class MetricsLog:
             tensorboard.timers(state.iteration, timer_means)
         state.skipped_iterations = state.nan_iterations = 0
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+
+    def _take_moe_means(self) -> dict:
+        """The interval's mean MoE loss and its dropped assignments, for the line; none for a dense model."""
+        moe, self.moe_figures = self.moe_figures, []
+        if not moe:
+            return {}
+        return {"moe_loss": sum(figures.moe_loss for figures in moe) / len(moe),
+                "dropped_tokens": sum(figures.dropped_tokens for figures in moe)}
 
     def validation(self, state, loss: float) -> None:
         self._print(validation_lines(state.iteration, loss))

@@ -1,7 +1,7 @@
 """Megatron-DeepSpeed flags this trainer deliberately does not implement, as data.
 
 Each flag is parsed with upstream's type and default, so an upstream script that passes it at a value that
-leaves its feature off (e.g. `--num-experts 1` in the dense GPT scripts) still runs. A value that would turn
+leaves its feature off (e.g. `--kd` left off) still runs. A value that would turn
 the feature on stops the run with one line naming the flag and the feature. Knobs that only tune a feature
 (`--topk`, `--kd-temp`, ...) are inert while the feature is off, as upstream; they never stop a run.
 After the check, none of these flags is left among the parsed values.
@@ -14,10 +14,6 @@ from megatron.errors import InputError
 
 def _differs_from_default(value, default, values) -> bool:
     return value != default
-
-
-def _any_expert_count_above_one(value, default, values) -> bool:
-    return any(count > 1 for count in value)
 
 
 def _kv_channels_not_head_dim(value, default, values) -> bool:
@@ -61,26 +57,11 @@ def _removed(flag, replacement, **spec):
                            message=f"{flag}: Megatron-DeepSpeed itself no longer accepts it; use {replacement}")
 
 
-MOE = "mixture-of-experts"
 DISTILLATION = "knowledge distillation"
 BIENCODER = "biencoder / ICT / REALM retrieval training"
 VIT = "vision transformer (ViT) training"
 
 UNSUPPORTED_FLAGS = (
-    # Mixture of experts: --num-experts above 1 turns it on; the dense scripts pass 1 with MoE knobs.
-    _switch("--num-experts", MOE, _any_expert_count_above_one, type=int, nargs="+", default=[1]),
-    _knob("--mlp-type", MOE, type=str, default="standard"),
-    _knob("--topk", MOE, type=int, default=1),
-    _knob("--expert-interval", MOE, type=int, default=2),
-    _knob("--disable-moe-token-dropping", MOE, action="store_false", dest="moe_token_dropping"),
-    _knob("--moe-train-capacity-factor", MOE, type=float, default=1.0),
-    _knob("--moe-eval-capacity-factor", MOE, type=float, default=1.0),
-    _knob("--moe-min-capacity", MOE, type=int, default=4),
-    _knob("--moe-loss-coeff", MOE, type=float, default=0.1),
-    _knob("--create-moe-param-group", MOE, action="store_true"),
-    _knob("--use-tutel", MOE, action="store_true"),
-    _knob("--enable-expert-tensor-parallelism", MOE, action="store_true"),
-    _knob("--moe-expert-parallel-size", MOE, type=int, default=1),
     # Knowledge distillation / mixture of students.
     _switch("--kd", DISTILLATION, action="store_true"),
     _switch("--mos", "mixture-of-students distillation", action="store_true"),
