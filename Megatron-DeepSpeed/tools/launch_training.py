@@ -9,6 +9,11 @@ with the three summary lines of docs/ARCHITECTURE.md, Log lines.
 
 --output_dir=DIR fixes the run directory (default: a new test/output/<run name>/ per run). A full run saves its
 checkpoints in DIR/checkpoints; the same command again resumes from the newest complete one there.
+
+One node without --master_port lets torchrun pick a free port (its --standalone mode), so jobs that share a
+machine do not collide on 29500. Several nodes: every node runs the same command with its --node_rank; the last
+node holds the logging rank (the last global rank), so it writes train.log and run.json and prints the summary;
+the others keep their output in train.node<I>.log of the same run directory and say which node has the summary.
 """
 import argparse
 import glob
@@ -31,12 +36,14 @@ from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
 from megatron.parallel_state import hccl_environment
 from megatron.reports.job_output import FirstFailure
+from megatron.reports.results import TRAIN_LOG_FILE
 from megatron.training.log_lines import parse_log
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
 DEFAULT_TIMEOUT_MINUTES = 60.0
 VOCAB_NAMES = ("gpt2-vocab.json", "vocab.json")
 MERGES_NAMES = ("gpt2-merges.txt", "merges.txt")
+MULTI_NODE_PORT = 29500  # torchrun's default: every node must name the same port
 
 
 def positive_int(flag):
@@ -66,7 +73,8 @@ def parse_args(argv):
     parser.add_argument("--nnodes", type=positive_int("--nnodes"), default=1)
     parser.add_argument("--node_rank", type=int, default=0)
     parser.add_argument("--master_addr", default="127.0.0.1")
-    parser.add_argument("--master_port", type=positive_int("--master_port"), default=29500)
+    parser.add_argument("--master_port", type=positive_int("--master_port"),
+                        help=f"default: a free port on one node, {MULTI_NODE_PORT} on several")
     parser.add_argument("--vocab_file")
     parser.add_argument("--merge_file")
     parser.add_argument("--tokenizer_model")
@@ -231,6 +239,7 @@ def main(argv=None):
                          f" x PP {preset['pipeline_model_parallel_size']} = {model_parallel} processes, but "
                          f"{world_size} are launched ({nproc} per node x {args.nnodes} nodes); add devices or pick "
                          f"a smaller --model_size")
+    last_node = check_nodes(args)
     data_prefix, tokenizer_flags = resolve_data(args)
 
     run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -245,10 +254,8 @@ def main(argv=None):
     if args.run == "full":
         checkpoints = os.path.join(run_dir, "checkpoints")
         flags += ["--save", checkpoints, *resume_flags(checkpoints)]
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--nnodes={args.nnodes}", f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
-               f"--master_port={args.master_port}", os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"),
-               *flags, *passthrough]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rendezvous_flags(args),
+               os.path.join(MEGATRON_ROOT, "pretrain_gpt.py"), *flags, *passthrough]
     environment = dict(os.environ)
     if device_name == "npu":  # before the ranks start, in case CANN reads them before the process group exists
         environment.update(hccl_environment(timeout_minutes, environment))
@@ -259,19 +266,51 @@ def main(argv=None):
                 **model_shape(flags + passthrough, world_size, device_name), "command": shlex.join(command),
                 "start_time": time.time()}
     os.makedirs(run_dir, exist_ok=True)  # only for a job whose flags passed
-    log_path = fresh_log_path(run_dir)
+    logs_here = args.node_rank == last_node
+    log_path = fresh_log_path(run_dir, TRAIN_LOG_FILE if logs_here else f"train.node{args.node_rank}.log")
     print(f"Run {run_name}: {world_size} {device_name} processes; log: {log_path}", flush=True)
     job = run_job(command, environment, log_path)
     run_info["end_time"] = time.time()
-    write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
     with open(log_path, encoding="utf-8", errors="replace") as log:
         parsed = parse_log(log)
     # Forwarded SIGTERM: torchrun reports the signal it got, though the ranks saved and exited 0.
     succeeded = job.returncode == 0 or (job.terminated and parsed.stopped_on_request)
-    if succeeded or parsed.diverged_at is not None:
-        subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir], check=True)
+    if logs_here:
+        write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
+        if succeeded or parsed.diverged_at is not None:
+            summarize(run_dir)
     if not succeeded:
         raise RunError(f"{job.failure.message or f'training failed (exit {job.returncode})'} (log: {log_path})")
+    if not logs_here:
+        print(f"Node {args.node_rank} done. The summary is on node {last_node} (node_rank={last_node}), which holds "
+              f"the logging rank {world_size - 1}: its output and run.json are in {run_dir}", flush=True)
+
+
+def check_nodes(args) -> int:
+    """The node that holds the logging rank (the last global rank; torchrun numbers ranks node by node), once
+    the multi-node flags are consistent."""
+    if not 0 <= args.node_rank < args.nnodes:
+        raise InputError(f"--node_rank={args.node_rank} must be between 0 and --nnodes - 1 = {args.nnodes - 1}")
+    if args.nnodes > 1 and not args.output_dir:
+        raise InputError(f"--nnodes={args.nnodes}: every node writes into one run directory; give "
+                         f"--output_dir=DIR on a file system all nodes see (the same DIR on every node)")
+    return args.nnodes - 1
+
+
+def rendezvous_flags(args) -> list[str]:
+    """torchrun's flags for where the ranks meet: one node without --master_port uses --standalone, where
+    torchrun picks a free port; several nodes meet at --master_addr:--master_port."""
+    if args.nnodes == 1 and args.master_port is None:
+        return ["--standalone", "--nnodes=1"]
+    return [f"--nnodes={args.nnodes}", f"--node_rank={args.node_rank}", f"--master_addr={args.master_addr}",
+            f"--master_port={args.master_port or MULTI_NODE_PORT}"]
+
+
+def summarize(run_dir: str):
+    """The three summary lines (tools/summarize_run.py); its error line is already on the terminal."""
+    result = subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir])
+    if result.returncode != 0:
+        raise RunError(f"the run ended, but its summary failed (exit {result.returncode}); run directory: {run_dir}")
 
 
 def resume_flags(checkpoints: str) -> list[str]:
@@ -287,12 +326,12 @@ def resume_flags(checkpoints: str) -> list[str]:
     return ["--load", checkpoints]
 
 
-def fresh_log_path(run_dir: str) -> str:
-    """train.log of this launch; an earlier launch's log in the same run directory is kept beside it."""
-    path = os.path.join(run_dir, "train.log")
+def fresh_log_path(run_dir: str, name: str) -> str:
+    """The log `name` of this launch; an earlier launch's log in the same run directory is kept beside it."""
+    path = os.path.join(run_dir, name)
     if os.path.exists(path):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
-        os.replace(path, os.path.join(run_dir, f"train.{stamp}.log"))
+        os.replace(path, os.path.join(run_dir, f"{name[:-len('.log')]}.{stamp}.log"))
     return path
 
 
