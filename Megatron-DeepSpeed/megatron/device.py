@@ -97,6 +97,14 @@ def memory_stats() -> dict:
             "reserved_bytes": accel.memory_reserved(), "peak_reserved_bytes": accel.max_memory_reserved()}
 
 
+def total_memory():
+    """Bytes of memory of one device, for checking a layout before a job starts; None on the CPU, whose memory
+    every rank shares with the rest of the host."""
+    if device_name() == "cpu":
+        return None
+    return accelerator().total_memory(0)
+
+
 def reset_peak_memory() -> None:
     """Start a new peak for memory_stats (a no-op where the accelerator keeps none, e.g. on CPU)."""
     accelerator().reset_peak_memory_stats()

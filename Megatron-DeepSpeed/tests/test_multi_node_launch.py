@@ -50,6 +50,7 @@ def one_node(tmp_path_factory):
             pass  # another job holds it already: just as good
         output = finish(launcher("--nproc=4", f"--output_dir={run_dir}"))
     assert output.strip().splitlines()[-3].startswith("Final Performance samples/sec : ")
+    assert "Memory estimate (tools/plan_layout.py): " in output  # the planner's figures for this layout
     reference = losses(run_dir / "train.log")
     assert len(reference) == int(TRAIN_ITERS)
     return run_dir, reference

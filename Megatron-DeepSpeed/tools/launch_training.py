@@ -4,11 +4,14 @@ with the three summary lines of docs/ARCHITECTURE.md, Log lines.
 
   launch_training.py --run full|performance [--model_size=tiny] [--data_path=DIR_OR_PREFIX] [--train_iters=N]
       [--device=auto|cuda|npu|cpu] [--nproc=N] [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
-      [--vocab_file=F --merge_file=F | --tokenizer_model=F] [--output_dir=DIR]
+      [--vocab_file=F --merge_file=F | --tokenizer_model=F] [--output_dir=DIR] [--skip_memory_check]
       [Megatron flags passed through, e.g. --zero-stage 1]
 
 --output_dir=DIR fixes the run directory (default: a new test/output/<run name>/ per run). A full run saves its
 checkpoints in DIR/checkpoints; the same command again resumes from the newest complete one there.
+
+Before starting, it prints the layout planner's memory estimate per device (megatron/planning) and, on an
+accelerator, refuses a layout that cannot fit one, naming the largest term (--skip_memory_check starts anyway).
 
 One node without --master_port lets torchrun pick a free port (its --standalone mode), so jobs that share a
 machine do not collide on 29500. Several nodes: every node runs the same command with its --node_rank; the last
@@ -78,6 +81,8 @@ def parse_args(argv):
     parser.add_argument("--vocab_file")
     parser.add_argument("--merge_file")
     parser.add_argument("--tokenizer_model")
+    parser.add_argument("--skip_memory_check", action="store_true",
+                        help="start even when the layout planner's estimate exceeds a device's memory")
     parser.add_argument("--output_dir", help="the run directory (default: a new one under test/output/); a full "
                                              "run started again with the same one resumes from its checkpoints")
     args, passthrough = parser.parse_known_args(argv)
@@ -189,9 +194,10 @@ def resolve_data(args) -> tuple[str, list[str]]:
     return prefix, ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
 
 
-def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) -> dict:
-    """The shape figures of the results table, as pretrain_gpt.py will see them (preset plus user flags);
-    a flag pretrain_gpt.py would reject is reported now, once, before any process starts."""
+def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) -> tuple[dict, object, int]:
+    """The shape figures of the results table, as pretrain_gpt.py will see them (preset plus user flags), with
+    the validated flags and the tokenizer's vocabulary size; a flag pretrain_gpt.py would reject is reported now,
+    once, before any process starts."""
     from megatron.config.arguments import parse_args as parse_pretrain_args
     from megatron.config.arguments import validate_args
     from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
@@ -199,10 +205,27 @@ def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) ->
     flags = validate_args(parse_pretrain_args(pretrain_flags), world_size, device_name)
     tokenizer = build_tokenizer(flags.tokenizer_type, vocab_file=flags.vocab_file, merge_file=flags.merge_file,
                                 tokenizer_model=flags.tokenizer_model, vocab_size=flags.vocab_size)
-    return {"seq_length": flags.seq_length, "num_layers": flags.num_layers, "hidden_size": flags.hidden_size,
-            "padded_vocab_size": vocab_size_with_padding(tokenizer.vocab_size, flags.make_vocab_size_divisible_by,
-                                                         flags.tensor_model_parallel_size),
-            "train_iters": flags.train_iters, "global_batch_size": flags.global_batch_size}
+    shape = {"seq_length": flags.seq_length, "num_layers": flags.num_layers, "hidden_size": flags.hidden_size,
+             "padded_vocab_size": vocab_size_with_padding(tokenizer.vocab_size, flags.make_vocab_size_divisible_by,
+                                                          flags.tensor_model_parallel_size),
+             "train_iters": flags.train_iters, "global_batch_size": flags.global_batch_size}
+    return shape, flags, tokenizer.vocab_size
+
+
+def check_memory(flags, vocab_size: int, skip: bool) -> None:
+    """Print the layout planner's memory estimate for this job's layout; refuse it when it cannot fit a device
+    (where the device's memory is known) unless `skip`."""
+    from megatron import device
+    from megatron.planning.memory import estimate_memory
+    from megatron.planning.search import describe, require_fit
+    from megatron.planning.shape import from_flags
+
+    memory = estimate_memory(*from_flags(flags, vocab_size))
+    capacity = device.total_memory()
+    print(f"Memory estimate (tools/plan_layout.py): {describe(memory)}"
+          + ("" if capacity is None else f"; a device has {capacity / (1 << 30):.1f} GiB"), flush=True)
+    if capacity is not None and not skip:
+        require_fit(memory, capacity, "--skip_memory_check")
 
 
 def machine_description(device_name: str, nproc: int) -> str:
@@ -261,10 +284,11 @@ def main(argv=None):
         environment.update(hccl_environment(timeout_minutes, environment))
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    shape, pretrain_flags, vocab_size = model_shape(flags + passthrough, world_size, device_name)
+    check_memory(pretrain_flags, vocab_size, args.skip_memory_check)
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
                 "run": args.run, "nproc_per_node": nproc, "nnodes": args.nnodes, "world_size": world_size,
-                **model_shape(flags + passthrough, world_size, device_name), "command": shlex.join(command),
-                "start_time": time.time()}
+                **shape, "command": shlex.join(command), "start_time": time.time()}
     os.makedirs(run_dir, exist_ok=True)  # only for a job whose flags passed
     logs_here = args.node_rank == last_node
     log_path = fresh_log_path(run_dir, TRAIN_LOG_FILE if logs_here else f"train.node{args.node_rank}.log")

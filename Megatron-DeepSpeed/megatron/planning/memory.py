@@ -1,0 +1,130 @@
+"""Memory per device of one training layout, term by term. All figures are bytes for the heaviest pipeline stage.
+
+The peak is the larger of two phases: forward and backward (model states, activations, logits) and the
+optimizer step (model states plus the fp32 gradients the step reads, which exist only then).
+
+Model states, per parameter Ψ of the rank (d = data-parallel size; ZeRO divides by d what its stage shards):
+    weights          model dtype (2 bytes in bf16/fp16, 4 in fp32); ZeRO-3: / d
+    gradients        model dtype; ZeRO-2/3: / d
+    optimizer        Adam's two fp32 moments, plus an fp32 master copy in half precision or under ZeRO >= 1
+                     (DeepSpeed's partitioned optimizer keeps one); / d under ZeRO >= 1
+    step_gradients   the fp32 gradients the step reads where they are a copy (half precision, or ZeRO >= 1):
+                     DeepSpeed flattens its partition (/ d under ZeRO >= 1; whole under ZeRO 0)
+    buckets          ZeRO 1-3: DeepSpeed's gradient bucket, reduce_bucket_size elements of the model dtype
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"), per
+layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
+    kept for backward   s b h (4 + 12 / t) values (4 / t + 12 / t with sequence parallelism): the two LayerNorm
+                        inputs and the QKV and MLP inputs whole; q, k, v, the attention output and the two
+                        4h-wide MLP tensors split (the paper's 34 bytes without its 2 bytes of dropout masks);
+                        plus two 1-byte dropout masks per layer when dropout is on; Megatron's unfused
+                        attention adds its a s^2 b / t scores
+    recompute           only each layer's input (s b h, / t with SP) is kept; one layer's activations are
+                        rebuilt at a time in backward
+    pipeline in flight  DeepSpeed's 1F1B schedule keeps min(PP - stage, micro-batches) micro-batches' activations
+                        on a stage; the first stage holds the most
+    logits and loss     the last stage: b s V / t logits in the model dtype, their gradient, and the loss's
+                        fp32 row chunks (at most 256 MiB, model/cross_entropy.py)
+    fragmentation       a stated share of the sum, for the caching allocator's rounding and free blocks
+"""
+from dataclasses import asdict, dataclass
+
+from megatron.planning.shape import Layout, ModelShape, TrainingSettings, layers_per_stage, stage_parameters
+
+LOSS_CHUNK_BYTES = 1 << 28  # model/cross_entropy.py's CHUNK_BYTES (the loss lives above the planner's layer)
+FRAGMENTATION = 0.05
+STATES = ("weights", "gradients", "optimizer", "buckets")
+TERMS = (*STATES, "step_gradients", "activations", "pipeline_in_flight", "logits_and_loss", "fragmentation")
+FORWARD_BACKWARD = (*STATES, "activations", "pipeline_in_flight", "logits_and_loss")
+OPTIMIZER_STEP = (*STATES, "step_gradients")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device of the heaviest stage, by term (TERMS); `peak_phase` names the phase whose terms, plus
+    fragmentation, make the total."""
+    weights: float
+    gradients: float
+    optimizer: float
+    buckets: float
+    step_gradients: float
+    activations: float
+    pipeline_in_flight: float
+    logits_and_loss: float
+    fragmentation: float
+    peak_phase: str  # "forward/backward" or "optimizer step"
+    stage: int  # the pipeline stage these figures are for
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, term) for term in PHASES[self.peak_phase]) + self.fragmentation
+
+    def largest_term(self) -> str:
+        return max(PHASES[self.peak_phase], key=lambda term: getattr(self, term))
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+PHASES = {"forward/backward": FORWARD_BACKWARD, "optimizer step": OPTIMIZER_STEP}
+
+
+def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSettings) -> dict:
+    """weights, gradients, optimizer, step_gradients and buckets for `parameters` on one rank."""
+    size, half, zero, d = settings.dtype_bytes, settings.dtype != "fp32", layout.zero_stage, layout.data
+    sharded = d if zero >= 1 else 1
+    copied = half or zero >= 1  # an fp32 master copy and fp32 step gradients beside the model's own tensors
+    return {"weights": size * parameters / (d if zero == 3 else 1),
+            "gradients": size * parameters / (d if zero >= 2 else 1),
+            "optimizer": (8 + (4 if copied else 0)) * parameters / sharded,
+            "step_gradients": 4 * parameters / sharded if copied else 0,
+            "buckets": float(size * min(settings.zero_reduce_bucket_size, parameters)) if zero >= 1 else 0.0}
+
+
+def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
+    """One layer, one micro-batch, everything kept for backward without recomputation."""
+    t, sbh = layout.tensor, shape.seq_length * layout.micro_batch * shape.hidden_size
+    replicated = 4 / t if layout.sequence_parallel else 4
+    values = sbh * (replicated + 12 / t)
+    masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
+    scores = 0 if settings.fused_attention else (
+        shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / t * settings.dtype_bytes)
+    return settings.dtype_bytes * values + masks + scores
+
+
+def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
+    """One micro-batch through a stage's layers: all of them, or under recompute their inputs plus one layer."""
+    layers, full = layers_per_stage(shape.num_layers, layout.pipeline), layer_activation_bytes(shape, layout,
+                                                                                                settings)
+    if not layout.recompute:
+        return layers * full
+    layer_input = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes
+    return layers * layer_input / (layout.tensor if layout.sequence_parallel else 1) + full
+
+
+def logits_and_loss_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
+    logits = layout.micro_batch * shape.seq_length * shape.padded_vocab(layout.tensor) / layout.tensor
+    return 2 * logits * settings.dtype_bytes + min(LOSS_CHUNK_BYTES, 4 * logits)
+
+
+def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int) -> int:
+    return max(1, min(layout.pipeline - stage, micro_batches))
+
+
+def estimate_memory(shape: ModelShape, layout: Layout, settings: TrainingSettings,
+                    fragmentation: float = FRAGMENTATION) -> MemoryEstimate:
+    """The memory of the heaviest pipeline stage (first or last: the middle ones hold fewer in flight than the
+    first and no embedding)."""
+    micro_batches = settings.global_batch_size // (layout.micro_batch * layout.data)
+    estimates = []
+    for stage in sorted({0, layout.pipeline - 1}):
+        parameters = stage_parameters(shape, layout.tensor, layout.pipeline, stage, settings.pipeline_engine)
+        terms = model_state_bytes(parameters, layout, settings)
+        one = stage_activation_bytes(shape, layout, settings)
+        terms["activations"] = one
+        terms["pipeline_in_flight"] = (in_flight_micro_batches(layout, stage, micro_batches) - 1) * one
+        terms["logits_and_loss"] = logits_and_loss_bytes(shape, layout, settings) if stage == layout.pipeline - 1 \
+            else 0
+        phase = max(PHASES, key=lambda name: sum(terms[term] for term in PHASES[name]))
+        terms["fragmentation"] = fragmentation * sum(terms[term] for term in PHASES[phase])
+        estimates.append(MemoryEstimate(**terms, peak_phase=phase, stage=stage))
+    return max(estimates, key=lambda estimate: estimate.total)

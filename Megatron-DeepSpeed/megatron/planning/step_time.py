@@ -1,0 +1,73 @@
+"""Estimated seconds per training iteration of a layout: a simple model for ranking layouts, not a prediction
+to the millisecond.
+
+    compute   Megatron's FLOPs of the iteration (megatron/training/flops.py; 4 passes under recompute) over
+              devices x peak x the stated utilisation, stretched by the pipeline bubble (1 + (PP - 1) / m for
+              m micro-batches per step)
+    TP        per micro-batch and layer, 4 all-reduces of the s b h activations (2 forward, 2 backward; 2 more
+              under recompute; sequence parallelism's all-gathers and reduce-scatters move the same bytes), each
+              2 (t - 1) / t of the tensor per device
+    PP        per micro-batch, the s b h activations (/ t with SP) sent forward and their gradient back
+    DP        the gradients' all-reduce (ZeRO 1-2: reduce-scatter plus all-gather, the same bytes; ZeRO-3 1.5x)
+Communication is not assumed to overlap compute (an upper bound). A group runs at the intra-node bandwidth
+when its ranks share a node and at the inter-node bandwidth otherwise; TP is the innermost axis, then DP, then
+PP (docs/ARCHITECTURE.md, Rank layout).
+"""
+from dataclasses import asdict, dataclass
+
+from megatron.planning.shape import Layout, ModelShape, TrainingSettings, layers_per_stage, stage_parameters
+from megatron.training.flops import flops_per_iteration
+
+
+@dataclass(frozen=True)
+class Hardware:
+    devices_per_node: int
+    peak_tflops: float = 989.4  # H100 SXM, dense bf16
+    utilization: float = 0.40  # of the peak, for the compute
+    intra_node_gbps: float = 150.0  # GB/s per device achieved by collectives within a node (NVLink class)
+    inter_node_gbps: float = 25.0  # GB/s per device across nodes (one 200 Gb/s NIC per device)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute: float
+    tensor_parallel: float
+    pipeline_parallel: float
+    data_parallel: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tensor_parallel + self.pipeline_parallel + self.data_parallel
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def _bandwidth(group_size: int, stride: int, hardware: Hardware) -> float:
+    """Bytes per second of a group whose ranks are `stride` apart."""
+    within_node = group_size * stride <= hardware.devices_per_node
+    return 1e9 * (hardware.intra_node_gbps if within_node else hardware.inter_node_gbps)
+
+
+def _all_reduce_bytes(size: float, ranks: int) -> float:
+    return 2 * (ranks - 1) / ranks * size
+
+
+def estimate_step_time(shape: ModelShape, layout: Layout, settings: TrainingSettings,
+                       hardware: Hardware) -> StepTime:
+    t, p, d = layout.tensor, layout.pipeline, layout.data
+    micro_batches = settings.global_batch_size // (layout.micro_batch * d)
+    flops = flops_per_iteration(settings.global_batch_size, shape.seq_length, shape.num_layers, shape.hidden_size,
+                                shape.padded_vocab(t), layout.recompute)
+    compute = flops / (layout.devices * hardware.peak_tflops * 1e12 * hardware.utilization)
+    compute *= 1 + (p - 1) / micro_batches
+    activation = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes
+    layers = layers_per_stage(shape.num_layers, p)
+    collectives = micro_batches * layers * (6 if layout.recompute else 4)
+    tensor = collectives * _all_reduce_bytes(activation, t) / _bandwidth(t, 1, hardware) if t > 1 else 0.0
+    sent = activation / (t if layout.sequence_parallel else 1)
+    pipeline = micro_batches * 2 * sent / _bandwidth(p, t * d, hardware) if p > 1 else 0.0
+    gradients = max(stage_parameters(shape, t, p, stage, settings.pipeline_engine) for stage in (0, p - 1))
+    volume = _all_reduce_bytes(gradients * settings.dtype_bytes, d) * (1.5 if layout.zero_stage == 3 else 1)
+    data = volume / _bandwidth(d, t, hardware) if d > 1 else 0.0
+    return StepTime(compute, tensor, pipeline, data)
