@@ -252,19 +252,26 @@ def run_layers(layers, hidden: torch.Tensor, attention_mask: Optional[torch.Tens
     return hidden
 
 
+def keep_whole(piece: nn.Module, path: str) -> nn.Module:
+    return piece
+
+
 class GPTModel(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, prepare=keep_whole):
+        """prepare(piece, path): what this process keeps of each piece (embedding, each layer, final norm, head,
+        loss), given the piece and its path here as soon as it is built, e.g. its tensor-parallel shard
+        (model/parallelize.py). A process then never holds more than its part plus one whole piece."""
         super().__init__()
         self.config = config
         with seeded_init(config, EMBEDDING_PIECE):
-            self.embedding = Embedding(config)
+            self.embedding = prepare(Embedding(config), "embedding")
         self.layers = nn.ModuleList()
         for layer_number in range(config.num_layers):
             with seeded_init(config, layer_piece(layer_number)):
-                self.layers.append(TransformerLayer(config, layer_number + 1))
-        self.final_layernorm = layer_norm(config)
-        self.lm_head = LMHead()
-        self.loss = LanguageModelLoss()
+                self.layers.append(prepare(TransformerLayer(config, layer_number + 1), f"layers.{layer_number}"))
+        self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
+        self.lm_head = prepare(LMHead(), "lm_head")
+        self.loss = prepare(LanguageModelLoss(), "loss")
         # How --checkpoint-activations recomputes a layer; tensor parallelism swaps in one that also rewinds
         # its own random streams.
         self.checkpoint_layer = checkpoint_layer

@@ -25,7 +25,7 @@ import torch
 from deepspeed.pipe import PipelineModule
 from torch import nn
 
-from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention
+from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
 from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
@@ -134,6 +134,18 @@ def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: 
     """
     context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
     return parallelize_module(module, GPT_TENSOR_PARALLEL_PLAN, context, path)
+
+
+def piece_sharder(parallel_state, sequence_parallel: bool, rng_tracker: RNGStatesTracker):
+    """prepare(piece, path) for GPTModel and model/pipe.py's pieces: each piece sharded by the plan at its GPTModel
+    path as soon as it is built, so a rank holds its shard plus at most one whole piece, never the whole model;
+    the values are those of sharding the whole model afterwards."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return keep_whole
+
+    def prepare(piece: nn.Module, path: str) -> nn.Module:
+        return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker, path=path)
+    return prepare
 
 
 def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ from torch import nn
 
 from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
                                 layer_norm, layer_piece, normalize, seeded_init)
-from megatron.model.parallelize import apply_tensor_parallel
+from megatron.model.parallelize import piece_sharder
 
 _log = logging.getLogger(__name__)
 
@@ -156,13 +156,7 @@ class GPTPipe(PipelineModule):
 
     def __init__(self, config: GPTConfig, parallel_state, rng_tracker, sequence_parallel: bool = False):
         layout = parallel_state.layout
-
-        def prepare(piece: nn.Module, path: str) -> nn.Module:
-            """The piece as it runs on this rank: sharded by the tensor-parallel plan at its GPTModel path."""
-            if layout.tensor == 1:
-                return piece
-            return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker,
-                                         path=path)
+        prepare = piece_sharder(parallel_state, sequence_parallel, rng_tracker)
 
         specs = [same_inputs,
                  TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),

@@ -6,7 +6,7 @@ from megatron.errors import InputError
 from megatron.model.cross_entropy import compiled_chunk_kernels
 from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, TransformerLayer
 from megatron.model.moe import MoEGPTModel, expert_parallel_rank
-from megatron.model.parallelize import apply_tensor_parallel
+from megatron.model.parallelize import apply_tensor_parallel, piece_sharder
 from megatron.model.pipe import GPTPipe
 
 
@@ -18,24 +18,27 @@ def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, par
     if parallel_config.pipeline_engine:
         model = GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
     else:
-        model = plain_model(model_config, parallel_config)
+        model = plain_model(model_config, parallel_config, parallel_state, rng_tracker)
         model.checkpoint_layer = rng_tracker.checkpoint  # recomputation that rewinds the tracker's streams too
-        if parallel_config.tensor > 1:
-            apply_tensor_parallel(model, parallel_state, parallel_config.sequence_parallel, rng_tracker=rng_tracker)
     if model_config.torch_compile:
         apply_torch_compile(model)
     return model
 
 
-def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig) -> GPTModel:
-    """The whole GPTModel, or with experts an MoEGPTModel holding this rank's experts (model/moe.py)."""
+def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parallel_state, rng_tracker) -> GPTModel:
+    """The GPTModel with each piece sharded as soon as it is built (model/parallelize.py's piece_sharder), or with
+    experts an MoEGPTModel holding this rank's experts (model/moe.py), built whole and then sharded."""
+    sequence_parallel = parallel_config.sequence_parallel
     if model_config.moe is None:
-        return GPTModel(model_config)
+        return GPTModel(model_config, piece_sharder(parallel_state, sequence_parallel, rng_tracker))
     if parallel_config.tensor > 1 and parallel_config.distributed_backend == "gloo":
         raise InputError(f"--tensor-model-parallel-size {parallel_config.tensor} with --num-experts above 1 over "
                          "gloo: DeepSpeed's MoE layer gathers tokens over the tensor-parallel ranks with a flat "
                          "all_gather_into_tensor that gloo refuses; use nccl/hccl, or tensor-parallel size 1")
-    return MoEGPTModel(model_config, expert_parallel_rank(model_config.moe.expert_parallel_size))
+    model = MoEGPTModel(model_config, expert_parallel_rank(model_config.moe.expert_parallel_size))
+    if parallel_config.tensor > 1:
+        apply_tensor_parallel(model, parallel_state, sequence_parallel, rng_tracker=rng_tracker)
+    return model
 
 
 def apply_torch_compile(model: nn.Module) -> None:

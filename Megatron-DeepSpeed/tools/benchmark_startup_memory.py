@@ -1,0 +1,101 @@
+"""Peak host memory (RSS) per rank and seconds to build the model at start-up, on the plain engine
+(--no-pipeline-parallel), whose ranks once built the whole model before keeping their tensor-parallel shard.
+
+Each tensor-parallel size runs as its own torchrun job (gloo, fp32 weights, the preset's shape, GPT-2's
+vocabulary); each rank builds its module with model_provider, as pretrain_gpt.py does, and reports its peak RSS
+(the whole process: Python, torch and DeepSpeed included), the RSS before the model was built, the build
+seconds, and its shard's size. With --compare-root the same runs use another checkout's `megatron` (e.g. a
+`git worktree` of an older commit), one after the other.
+
+  PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_startup_memory.py \\
+      [--model-size 1.3B] [--tensor 1 2] [--compare-root /path/to/old/Megatron-DeepSpeed]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from megatron.config.presets import preset_names
+from megatron.errors import RunError, run_cli
+
+THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1 << 30
+RESULT_PREFIX = "startup-memory: "
+
+
+def build_on_this_rank(model_size: str, tensor: int) -> dict:
+    """Build this rank's module as pretrain_gpt.py would (plain engine) and measure it."""
+    import resource
+    import time
+
+    import deepspeed
+    import psutil
+
+    from megatron.config.job import ParallelConfig
+    from megatron.config.presets import get_preset
+    from megatron.model.gpt import GPTConfig
+    from megatron.model.provider import model_provider
+    from megatron.parallel_state import ParallelState
+    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+    from megatron.tokenizer import vocab_size_with_padding
+
+    deepspeed.init_distributed("gloo", verbose=False)
+    preset = get_preset(model_size)
+    parallel = ParallelState(tensor_parallel_size=tensor, pipeline_parallel_size=1)
+    parallel_config = ParallelConfig(tensor=tensor, pipeline=1, data=1, world_size=tensor, sequence_parallel=False,
+                                     pipeline_engine=False, zero_stage=0, distributed_backend="gloo",
+                                     zero_reduce_scatter=False, zero_contigious_gradients=False,
+                                     zero_reduce_bucket_size=0, zero_allgather_bucket_size=0, remote_device="none",
+                                     use_pin_memory=False)
+    config = GPTConfig(vocab_size=vocab_size_with_padding(50257, 128, tensor),
+                       max_position_embeddings=preset["seq_length"], num_layers=preset["num_layers"],
+                       hidden_size=preset["hidden_size"], num_attention_heads=preset["num_attention_heads"])
+    before = psutil.Process().memory_info().rss
+    start = time.perf_counter()
+    model = model_provider(config, parallel_config, parallel, tensor_parallel_rng_tracker(1234, parallel.tp_rank))
+    seconds = time.perf_counter() - start
+    return {"rank": parallel.tp_rank, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "rss_before": before, "seconds": seconds,
+            "shard": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def run(root: str, model_size: str, tensor: int) -> list:
+    """One torchrun job of `tensor` ranks with `root`'s megatron; the ranks' measurements."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tensor}",
+               os.path.abspath(__file__), "--worker", "--model-size", model_size, "--tensor", str(tensor)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode:
+        raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
+                       f"\n{result.stderr[-2000:]}")
+    return sorted((json.loads(line[len(RESULT_PREFIX):]) for line in result.stdout.splitlines()
+                   if line.startswith(RESULT_PREFIX)), key=lambda rank: rank["rank"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-size", choices=preset_names(), default="1.3B")
+    parser.add_argument("--tensor", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--compare-root", help="another checkout's Megatron-DeepSpeed directory")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(RESULT_PREFIX + json.dumps(build_on_this_rank(args.model_size, args.tensor[0])), flush=True)
+        return 0
+    roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
+    print(f"{args.model_size}, plain engine, fp32 weights; GiB per rank")
+    print("| code | TP | rank | peak RSS | RSS before building | shard | build s |")
+    print("|---|---|---|---|---|---|---|")
+    for tensor in args.tensor:
+        for label, root in roots:
+            for rank in run(root, args.model_size, tensor):
+                print(f"| {label} | {tensor} | {rank['rank']} | {rank['peak_rss'] / GIB:.2f} | "
+                      f"{rank['rss_before'] / GIB:.2f} | {rank['shard'] / GIB:.2f} | {rank['seconds']:.1f} |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
