@@ -5,6 +5,7 @@ perplexity that training printed; zero-shot evaluation at TP2 equals the single-
 gets a clear message."""
 import json
 import logging
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -34,19 +35,24 @@ PROMPTS = ["1 2 3 4", "10 12 14 16 18 20", "150 151", "77", "30 33 36 39 42 45 4
 NEW_TOKENS = 12
 
 
-def pretrain_and_log(argv):
-    """pretrain() on this rank; returns the lines it logged (the last rank logs them)."""
-    from megatron.model.provider import model_provider
-    from megatron.training.loop import pretrain
-
+def logged_lines(run) -> list:
+    """The lines run() logs on this rank (the last rank logs the training and evaluation lines)."""
     lines = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.extend(record.getMessage().splitlines())
     logger = logging.getLogger("megatron")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    pretrain(model_provider, argv)
+    run()
     return lines
+
+
+def pretrain_and_log(argv):
+    """pretrain() on this rank; returns the lines it logged."""
+    from megatron.model.provider import model_provider
+    from megatron.training.loop import pretrain
+
+    return logged_lines(lambda: pretrain(model_provider, argv))
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,28 @@ def test_skip_train_reports_the_validation_and_test_perplexity_training_printed(
                (ITERATIONS, training[split].ppl, training[split].loss)
     assert any(line.startswith(f" validation loss at iteration {ITERATIONS} on 16-sample draw from test set | lm loss "
                                f"value: {training['test'].loss:.6E} |") for line in log)
+
+
+def test_skip_train_builds_no_optimizer_and_reads_no_optimizer_state(trained, tmp_path):
+    """The checkpoint without its optimizer-state files evaluates as before; the engine has no optimizer."""
+    weights_only = tmp_path / "checkpoint"
+    shutil.copytree(trained.save, weights_only, symlinks=True)
+    removed = [path.unlink() for path in weights_only.glob("global_step*/*optim_states.pt")]
+    assert removed
+    log, optimizer = run_on_ranks(evaluate_and_report_optimizer, 1, [*TRAINING, *trained.data, "--load",
+                                                                     str(weights_only), "--skip-train"])[0]
+    assert optimizer is None
+    evaluated = {record.prefix: record.loss for record in parse_log(log).validations}
+    assert evaluated == {record.prefix: record.loss for record in parse_log(trained.log).validations}
+
+
+def evaluate_and_report_optimizer(argv):
+    """--skip-train as pretrain() runs it, step by step: the lines it logs and the optimizer its engine holds."""
+    from megatron.model.provider import model_provider
+    from megatron.training.loop import build_trainer, evaluate_checkpoint
+
+    trainer = build_trainer(model_provider, argv)
+    return logged_lines(lambda: evaluate_checkpoint(trainer)), trainer.engine.optimizer
 
 
 def generate_on_ranks(runs):

@@ -203,7 +203,9 @@ def load_module(src: Mapping[str, Any], dst: torch.nn.Module) -> None:
 
 def load_options(config: JobConfig) -> LoadOptions:
     checkpoint = config.checkpoint
-    return LoadOptions(finetune=checkpoint.finetune, no_load_optim=checkpoint.no_load_optim,
+    # --skip-train evaluates the weights: it builds no optimizer, so it reads no optimizer state.
+    no_load_optim = checkpoint.no_load_optim or config.logging.skip_train
+    return LoadOptions(finetune=checkpoint.finetune, no_load_optim=no_load_optim,
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
                        use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
                        reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint)

@@ -264,6 +264,16 @@ def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, 
     return engine
 
 
+def evaluation_engine_config(config: JobConfig, pipelined: bool, universal_load: bool) -> dict:
+    """engine_config for --skip-train: ZeRO 1-2 partition only optimizer state and gradients, of which evaluation
+    has none, so it runs at stage 0 (DeepSpeed would otherwise build its partitioned fp32 copies without an
+    optimizer); ZeRO-3 stays, since its weights are partitioned."""
+    engine = engine_config(config, pipelined, clipping_ourselves=False, universal_load=universal_load)
+    if engine["zero_optimization"].get("stage") in (1, 2):
+        engine["zero_optimization"] = {**engine["zero_optimization"], "stage": 0}
+    return engine
+
+
 @dataclass(frozen=True)
 class Trainer:
     """Everything the loop needs, built from the flags."""
@@ -344,10 +354,15 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
         sum_sequence_parallel_gradients_each_step(model, parallel.get_tensor_model_parallel_group(),
                                                   config.batch.num_micro_batches)
     pipelined = isinstance(model, PipelineModule)
+    clipping = step_guard = None
+    if config.logging.skip_train:  # evaluation only: no optimizer, no state of one (and none read, see load_options)
+        engine, _, _, _ = deepspeed.initialize(model=model, mpu=None if pipelined else parallel,
+                                               config=evaluation_engine_config(config, pipelined, universal_load),
+                                               dist_init_required=False)
+        return engine, clipping, step_guard
     optimizer = build_optimizer(model, config.optimizer, kernels,
                                 moe_param_groups=config.moe.enabled and (config.moe.create_param_group or
                                                                          config.parallel.zero_stage > 0))
-    clipping = step_guard = None
     if config.parallel.zero_stage == 0 and not (config.precision.fp16 or config.precision.bf16):
         clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad,
                                         count_zeros=config.logging.log_num_zeros_in_grad)
