@@ -204,3 +204,7 @@ def test_existing_output_needs_force(imported, tmp_path, capsys):
     assert stopped.value.code == 2 and "already exists" in capsys.readouterr().err
     convert_main([*argv, "--force"])
     assert read_checkpoint(str(tmp_path / "out")).layout.tensor == 1 and nothing_written(tmp_path)
+    # One progress bar on stderr (its updates end in carriage returns), not a printed line per step.
+    output = capsys.readouterr()
+    assert "reading piece" not in output.out and len(output.out.splitlines()) == 2
+    assert output.err.count("reshaping: ") >= 2 and output.err.count("\n") == 1

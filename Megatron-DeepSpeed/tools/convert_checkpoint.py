@@ -18,6 +18,7 @@ import argparse
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
+from megatron.reports.progress_bar import progress_bar
 
 
 def parse_args(argv):
@@ -47,26 +48,26 @@ def parse_args(argv):
     return args
 
 
-def progress(message: str) -> None:
-    print(f"  {message}", flush=True)
-
-
 def main(argv=None):
     args = parse_args(argv)
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                           pipeline_engine=not args.target_no_pipeline_parallel)
     if args.to_hf:
         print(f"exporting {args.load} as a Hugging Face GPT-2 model to {args.to_hf}", flush=True)
-        source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress)
+        with progress_bar("exporting") as progress:
+            source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress)
         print(f"wrote {args.to_hf} from iteration {source.iteration} ({source.layout.describe()})")
     elif args.from_hf:
         print(f"importing {args.from_hf} to {args.save} at {target.describe()}", flush=True)
-        config = import_hf(args.from_hf, args.save, target, args.make_vocab_size_divisible_by, args.force, progress)
+        with progress_bar("importing") as progress:
+            config = import_hf(args.from_hf, args.save, target, args.make_vocab_size_divisible_by, args.force,
+                               progress)
         print(f"wrote {args.save}: {config.num_layers} layers, hidden {config.hidden_size}, padded vocabulary "
               f"{config.vocab_size}; fine-tune it with --load {args.save} --finetune")
     else:
         print(f"reshaping {args.load} to {target.describe()} in {args.save}", flush=True)
-        source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress)
+        with progress_bar("reshaping") as progress:
+            source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress)
         optimizer = ("weights and optimizer state" if source.has_optimizer_state and not args.weights_only else
                      "weights only")
         print(f"wrote {args.save}: iteration {source.iteration} ({optimizer}), from {source.layout.describe()}; "

@@ -9,6 +9,7 @@ import sys
 
 from megatron.checkpoint.examine import differences, examine, parameter_lines
 from megatron.errors import InputError, run_cli
+from megatron.reports.progress_bar import progress_bar
 
 
 def parse_args(argv):
@@ -23,18 +24,16 @@ def parse_args(argv):
     return args
 
 
-def progress(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
-
-
 def main(argv=None):
     args = parse_args(argv)
-    first = examine(args.checkpoint, progress)
+    with progress_bar(f"reading {args.checkpoint}") as progress:
+        first = examine(args.checkpoint, progress)
     print("\n".join(first.header))
     if args.other is None:
         print("\n".join(parameter_lines(first.model)))
         return 0
-    second = examine(args.other, progress)
+    with progress_bar(f"reading {args.other}") as progress:
+        second = examine(args.other, progress)
     print("\n".join(second.header))
     diffs = differences(first, second)
     width = max(len(name) for name in diffs)
