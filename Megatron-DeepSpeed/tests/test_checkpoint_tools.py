@@ -4,6 +4,7 @@ clear message for each kind of bad input with nothing written."""
 import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from megatron.checkpoint import hf
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.examine import differences, examine
-from megatron.checkpoint.reader import Layout, read_checkpoint
+from megatron.checkpoint.reader import Layout, TensorShard, read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume, resolve_schedule
 from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.writer import TargetLayout
@@ -110,6 +111,24 @@ def test_reshaped_copy_compares_equal_and_a_changed_one_does_not(imported, tmp_p
     diffs = differences(examine(imported), Examined([], changed, from_hf=False))
     assert diffs["layers.1.mlp.dense_4h_to_h.bias"] == pytest.approx(0.5)
     assert sum(diff > 0 for diff in diffs.values()) == 1
+
+
+def test_a_tensor_shard_reads_only_the_files_it_overlaps(imported, tmp_path):
+    """Generation and evaluation read their rank's shards: from a TP2 checkpoint, rank 0 of 2 and rank 1 of 4
+    need only source rank 0's files (source rank 1's are deleted here) and get exactly the shards of the full
+    tensors."""
+    full = read_checkpoint(imported)
+    copy = tmp_path / "ckpt"
+    shutil.copytree(imported, copy, symlinks=True)
+    removed = [path.unlink() for path in copy.glob("global_step*/layer_*-model_01-model_states.pt")]
+    assert removed
+    for rank, size in ((0, 2), (1, 4)):
+        part = read_checkpoint(str(copy), part=TensorShard(rank, size))
+        assert part.padded_vocab_size == full.padded_vocab_size and part.model.keys() == full.model.keys()
+        for name, tensor in full.model.items():
+            assert torch.equal(part.model[name], shard_of(name, tensor, rank, size)), name
+    with pytest.raises(InputError, match="model_01-model_states.pt is missing"):
+        read_checkpoint(str(copy), part=TensorShard(1, 2))
 
 
 def test_shards_join_back():

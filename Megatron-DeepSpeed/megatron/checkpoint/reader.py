@@ -21,8 +21,9 @@ recognised from the files (checkpoint/layout.py names them all).
     'release') and iter_{N:07d}/mp_rank_{tp:02d}[_{pp:03d}]/model_optim_rng.pt, the model nested under
     `model`, each pipeline stage numbering its layers from 0.
 The client state (checkpoint/client_state.py) holds iteration, the flags (consumed samples among them) and RNG
-states. Tensor-parallel shards are joined with shards.join_shards; the result is keyed by the single-process
-GPTModel's parameter names, the tied word embedding once.
+states. Tensor-parallel shards are joined (shards.shard_from_shards) into full tensors, or cut straight into one
+target rank's shards (TensorShard) reading only the files and ranges it overlaps; the result is keyed by the
+single-process GPTModel's parameter names, the tied word embedding once.
 """
 import dataclasses
 import os
@@ -40,7 +41,7 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LA
                                         megatron_rank_dir, model_states_file, optimizer_states_file)
 from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position,
                                        nest, old_position_name, positions_with_parameters)
-from megatron.checkpoint.shards import join_shards
+from megatron.checkpoint.shards import overlapping_ranks, shard_from_shards
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
@@ -86,7 +87,7 @@ class Checkpoint:
     args: Mapping[str, object]  # the flags of the run that wrote it (plain values)
     layout: Layout
     padded_vocab_size: int
-    model: Mapping[str, torch.Tensor]  # full tensors under GPTModel's names, in the training dtype
+    model: Mapping[str, torch.Tensor]  # full tensors (or a TensorShard's) under GPTModel's names, training dtype
     has_optimizer_state: bool  # False: saved with --no-save-optim, or converted with --weights-only
     old: bool = False  # written by an earlier version of this project (pipeline pieces numbered from 0)
 
@@ -274,7 +275,35 @@ def whole_model_moe(args: Mapping[str, object]) -> Optional[MoEConfig]:
 
 # ----------------------------------------------------------------------------- weights
 
-def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress) -> dict:
+@dataclass(frozen=True)
+class TensorShard:
+    """Which part of each tensor read_checkpoint assembles: target tensor-parallel rank `rank` of `size` (the
+    whole tensor: rank 0 of 1). Only the source files and ranges that part overlaps are read, so a rank of
+    a generation or evaluation job holds its shard, never the whole model."""
+    rank: int = 0
+    size: int = 1
+
+    def sources(self, source_size: int) -> List[int]:
+        return overlapping_ranks(source_size, self.rank, self.size)
+
+    def assemble(self, name: str, shards: Dict[int, torch.Tensor], source_size: int) -> torch.Tensor:
+        """A shard comes as its own copy, so each file's memory map can close after its piece and the pages
+        read count once; whole tensors stay as read (views into the maps where nothing was joined)."""
+        part = shard_from_shards(name, shards, source_size, self.rank, self.size)
+        return part if self.size == 1 else part.clone()
+
+
+WHOLE = TensorShard()
+
+
+def _assembled(part: TensorShard, shards: Dict[int, Mapping[str, torch.Tensor]], source_size: int, key: str,
+               name: str) -> torch.Tensor:
+    """`part` of tensor `name`, stored under `key` in the source shards (state dicts by source rank)."""
+    return part.assemble(name, {tp: shard[key] for tp, shard in shards.items()}, source_size)
+
+
+def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress,
+                             part: TensorShard) -> dict:
     """The layer files: numbered as upstream's (model/pipe.py), or as earlier versions of this project numbered
     them (embedding layer_00)."""
     old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))
@@ -282,10 +311,10 @@ def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, prog
     model = {}
     for index, position in enumerate(positions):
         progress(f"reading piece {index + 1}/{len(positions)} ({layout.tensor} tensor-parallel shard(s))")
-        shards = [load_file(os.path.join(tag_dir, layer_file(position, tp))) for tp in range(layout.tensor)]
-        for key in shards[0]:
+        shards = {tp: load_file(os.path.join(tag_dir, layer_file(position, tp))) for tp in part.sources(layout.tensor)}
+        for key in shards[min(shards)]:
             name = (old_position_name if old else name_at_position)(position, key, num_layers)
-            model[name] = join_shards(name, [shard[key] for shard in shards])
+            model[name] = _assembled(part, shards, layout.tensor, key, name)
     return model
 
 
@@ -294,37 +323,39 @@ def _module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return flatten(module) if is_nested(module) else flatten(nest(module))
 
 
-def _plain_engine_weights(tag_dir: str, layout: Layout, first_state: dict, progress: Progress) -> dict:
-    shards = [_module_names(first_state["module"])]
-    for tp in range(1, layout.tensor):
+def _plain_engine_weights(tag_dir: str, layout: Layout, first_state: dict, progress: Progress,
+                          part: TensorShard) -> dict:
+    shards = {}
+    for tp in part.sources(layout.tensor):
         progress(f"reading tensor-parallel shard {tp + 1}/{layout.tensor}")
-        path = os.path.join(tag_dir, model_states_file(tp, layout.zero_stage))
-        shards.append(_module_names(load_file(path)["module"]))
-    return {name: join_shards(name, [shard[name] for shard in shards]) for name in shards[0]}
+        state = first_state if tp == 0 else load_file(os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)))
+        shards[tp] = _module_names(state["module"])
+    return {name: _assembled(part, shards, layout.tensor, name, name) for name in shards[min(shards)]}
 
 
-def _megatron_weights(tag_dir: str, layout: Layout, progress: Progress) -> dict:
+def _megatron_weights(tag_dir: str, layout: Layout, progress: Progress, part: TensorShard) -> dict:
     """Each stage's layers numbered from 0 in its file; the stages' layers follow one another."""
     model, first_layer = {}, 0
     for pp in range(layout.pipeline):
-        shards = []
-        for tp in range(layout.tensor):
+        shards = {}
+        for tp in part.sources(layout.tensor):
             progress(f"reading pipeline stage {pp + 1}/{layout.pipeline}, tensor-parallel shard {tp + 1}/"
                      f"{layout.tensor}")
-            shards.append(flatten(load_file(_megatron_rank_file(tag_dir, tp, pp, layout.pipeline))[MEGATRON_MODEL]))
+            shards[tp] = flatten(load_file(_megatron_rank_file(tag_dir, tp, pp, layout.pipeline))[MEGATRON_MODEL])
         stage_layers = set()
-        for key in shards[0]:
+        for key in shards[min(shards)]:
             name = key
             if key.startswith("layers."):
                 _, number, rest = key.split(".", 2)
                 stage_layers.add(int(number))
                 name = f"layers.{first_layer + int(number)}.{rest}"
-            model[name] = join_shards(name, [shard[key] for shard in shards])
+            model[name] = _assembled(part, shards, layout.tensor, key, name)
         first_layer += len(stage_layers)
     return model
 
 
-def _universal_weights(tag_dir: str, num_layers: int, padded_vocab_size: int, progress: Progress) -> dict:
+def _universal_weights(tag_dir: str, num_layers: int, padded_vocab_size: int, progress: Progress,
+                       part: TensorShard) -> dict:
     """zero/<engine name>/fp32.pt of a universal checkpoint, the vocabulary padding ds_to_universal strips put
     back (as zeros, as DeepSpeed's loader pads it)."""
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
@@ -334,7 +365,8 @@ def _universal_weights(tag_dir: str, num_layers: int, padded_vocab_size: int, pr
         progress(f"reading per-parameter state {index + 1}/{len(entries)}: {entry}")
         tensor = load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
         name = model_name(entry, num_layers)
-        model[name] = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+        whole = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+        model[name] = part.assemble(name, {0: whole}, 1)
     return model
 
 
@@ -377,10 +409,10 @@ def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_ran
     return full
 
 
-def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress) -> dict:
+def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress, part: TensorShard) -> dict:
     layout, args = layout_of(first_state), first_state["args"]
-    shards = []
-    for tp in range(layout.tensor):
+    shards = {}
+    for tp in part.sources(layout.tensor):
         param_shapes = (first_state if tp == 0 else
                         load_file(os.path.join(tag_dir, model_states_file(tp, 3))))["param_shapes"]
         flats = []
@@ -390,9 +422,9 @@ def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress) -> dict:
             groups = zero_optimizer_state(tag_dir, args, tp, dp)["fp32_flat_groups"]
             flats.append(torch.cat([group.flatten() for group in groups]))
         dtype = training_dtype(args)
-        shards.append({current_name(name): tensor.to(dtype)
-                       for name, tensor in zero3_flat_params(param_shapes, flats).items()})
-    return {name: join_shards(name, [shard[name] for shard in shards]) for name in shards[0]}
+        shards[tp] = {current_name(name): tensor.to(dtype)
+                      for name, tensor in zero3_flat_params(param_shapes, flats).items()}
+    return {name: _assembled(part, shards, layout.tensor, name, name) for name in shards[min(shards)]}
 
 
 def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int, dp_rank: int) -> dict:
@@ -402,9 +434,10 @@ def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int,
 
 
 def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = _quiet,
-                    universal: bool = False) -> Checkpoint:
+                    universal: bool = False, part: TensorShard = WHOLE) -> Checkpoint:
     """The checkpoint in `load_dir` (its newest, or that of `iteration`; with `universal` the one
-    `latest_universal` names) with the full model weights."""
+    `latest_universal` names) with the full model weights, or with `part`'s shard of each (its padded
+    vocabulary size is still the whole model's)."""
     tag_dir = checkpoint_directory(load_dir, iteration, universal)
     state = read_client_state(tag_dir)
     args = state[ARGS]
@@ -413,17 +446,17 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     engine_weights = (any(name.startswith("layer_") for name in os.listdir(tag_dir)) if layout.pipeline_engine
                       else state.get("module") is not None or not layout.universal)
     if layout.megatron:
-        model = _megatron_weights(tag_dir, layout, progress)
+        model = _megatron_weights(tag_dir, layout, progress, part)
     elif not engine_weights:  # DeepSpeed's ds_to_universal copies the model-states files only
-        model = _universal_weights(tag_dir, num_layers, int(args["padded_vocab_size"]), progress)
+        model = _universal_weights(tag_dir, num_layers, int(args["padded_vocab_size"]), progress, part)
     elif layout.pipeline_engine:
-        model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress)
+        model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress, part)
     elif layout.zero_stage == 3:
-        model = _zero3_weights(tag_dir, state, progress)
+        model = _zero3_weights(tag_dir, state, progress, part)
     else:
-        model = _plain_engine_weights(tag_dir, layout, state, progress)
-        model.update(_expert_weights(tag_dir, progress))
-    padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0]
+        model = _plain_engine_weights(tag_dir, layout, state, progress, part)
+        model.update(_expert_weights(tag_dir, progress))  # experts whole: tensor parallelism does not split them
+    padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
                       consumed_train_samples=recorded_consumed_samples(state), args=MappingProxyType(dict(args)),
                       layout=layout, padded_vocab_size=padded_vocab_size, model=MappingProxyType(model),

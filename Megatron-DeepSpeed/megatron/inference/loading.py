@@ -1,9 +1,9 @@
 """A trained model ready for generation or evaluation, from a checkpoint of any layout.
 
-Every rank reads the checkpoint in full with megatron/checkpoint/reader.py (the single-process GPTModel's
-weights, whatever TP x PP x DP and ZeRO stage wrote it), builds the single-process model without initialising
-it, loads the weights, and then keeps its own shard through apply_tensor_parallel, exactly as training shards
-a freshly built model. The tokenizer comes from the flags given, each one defaulting to what the training run
+Every rank reads only its tensor-parallel shard of each weight with megatron/checkpoint/reader.py (whatever
+TP x PP x DP and ZeRO stage wrote it; the files and ranges it does not need stay unread), builds its part of the
+model without initialising it (sharded as training shards a freshly built model), and loads its shards: a rank
+holds its shard, never the whole model. The tokenizer comes from the flags given, each one defaulting to what the training run
 recorded, and must be the one the model was trained with.
 """
 import dataclasses
@@ -12,14 +12,16 @@ from typing import Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.reader import Checkpoint, checkpoint_directory, read_checkpoint, read_client_state
+from megatron.checkpoint.reader import (WHOLE, Checkpoint, TensorShard, checkpoint_directory, read_checkpoint,
+                                        read_client_state, whole_model_moe)
+from megatron.checkpoint.shards import shard_state_dict
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
-from megatron.model.gpt import GPTModel
+from megatron.model.gpt import GPTModel, keep_whole
 from megatron.model.gpt_config import gpt_config
 from megatron.model.moe import build_model
 from megatron.model.kernels import Kernels
-from megatron.model.parallelize import apply_tensor_parallel
+from megatron.model.parallelize import apply_tensor_parallel, piece_sharder
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 
@@ -85,22 +87,45 @@ def fit_vocabulary_rows(weight: torch.Tensor, tensor_parallel_size: int, tokeniz
 def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kernels: Kernels, dtype: torch.dtype,
                device: torch.device, iteration: Optional[int] = None) -> tuple[GPTModel, Checkpoint]:
     """This rank's part of the model in `load_dir` (eval mode, dropout off), sharded over the tensor-parallel
-    group of `parallel_state` (a ParallelState, or None in a single process), and the checkpoint read."""
+    group of `parallel_state` (a ParallelState, or None in a single process), and the checkpoint read (for a
+    dense model whose vocabulary splits over this TP size, its weights are this rank's shards)."""
     tensor_parallel_size = 1 if parallel_state is None else parallel_state.get_tensor_model_parallel_world_size()
-    checkpoint = read_checkpoint(load_dir, iteration, progress=_log.info if is_first_rank() else lambda _: None)
+    tp_rank = 0 if parallel_state is None else parallel_state.get_tensor_model_parallel_rank()
+    recorded = recorded_flags(load_dir, iteration)
+    rows = recorded.get("padded_vocab_size")
+    # A dense model reads only this rank's shards when its recorded rows split over this TP size; otherwise (and
+    # an MoE model, built whole and then sharded) the whole checkpoint is read and the vocabulary re-padded.
+    shard_local = whole_model_moe(recorded) is None and rows is not None and rows % tensor_parallel_size == 0
+    part = TensorShard(tp_rank, tensor_parallel_size) if shard_local else WHOLE
+    checkpoint = read_checkpoint(load_dir, iteration, progress=_log.info if is_first_rank() else lambda _: None,
+                                 part=part)
     check_vocabulary(checkpoint.padded_vocab_size, tokenizer_vocab_size, checkpoint.args, checkpoint.directory)
-    weights = dict(checkpoint.model)
-    padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
-    weights[WORD_EMBEDDINGS] = fit_vocabulary_rows(weights[WORD_EMBEDDINGS], tensor_parallel_size,
-                                                   tokenizer_vocab_size, padding_unit)
+    weights, rows = dict(checkpoint.model), checkpoint.padded_vocab_size
+    if not shard_local:
+        padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
+        weights[WORD_EMBEDDINGS] = fit_vocabulary_rows(weights[WORD_EMBEDDINGS], tensor_parallel_size,
+                                                       tokenizer_vocab_size, padding_unit)
+        rows = weights[WORD_EMBEDDINGS].shape[0]
     inference = dataclasses.replace(checkpoint.model_config, hidden_dropout=0.0, attention_dropout=0.0,
                                     checkpoint_activations=False)
-    config = gpt_config(inference, weights[WORD_EMBEDDINGS].shape[0], kernels, moe=checkpoint.moe)
-    with torch.device("meta"):  # the weights come from the checkpoint: skip the random initialisation
-        model = build_model(config)
+    config = gpt_config(inference, rows, kernels, moe=checkpoint.moe)
+    tracker = None if parallel_state is None else tensor_parallel_rng_tracker(config.init_seed, tp_rank)
+    if checkpoint.moe is not None:
+        model = _loaded(lambda: build_model(config), weights, dtype)
+        if tensor_parallel_size > 1:
+            model = apply_tensor_parallel(model, parallel_state, rng_tracker=tracker)
+        return model.to(device).eval(), checkpoint
+    if not shard_local:
+        weights = {name: shard.clone() for name, shard in shard_state_dict(weights, tp_rank,
+                                                                            tensor_parallel_size).items()}
+    prepare = keep_whole if parallel_state is None else piece_sharder(parallel_state, False, tracker)
+    return _loaded(lambda: GPTModel(config, prepare), weights, dtype).to(device).eval(), checkpoint
+
+
+def _loaded(build, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> GPTModel:
+    """build() on the meta device (the weights come from the checkpoint: no random initialisation), then given
+    `weights` in `dtype`."""
+    with torch.device("meta"):
+        model = build()
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in weights.items()}, strict=True, assign=True)
-    if tensor_parallel_size > 1:
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        model = apply_tensor_parallel(model, parallel_state,
-                                      rng_tracker=tensor_parallel_rng_tracker(config.init_seed, tp_rank))
-    return model.to(device).eval(), checkpoint
+    return model
