@@ -1,7 +1,8 @@
 """The GPT model's tensor-parallel plan, applied from outside to a built GPTModel or to the pieces of a
 pipeline stage, and the gathering of full weights that the same plan drives.
 
-Build the model with the same seed on every rank, then call apply_tensor_parallel: the plan below names, by
+Build the model with the same seed on every rank and shard each piece by the plan as soon as it is built
+(piece_sharder, GPTModel's `prepare`), or call apply_tensor_parallel on a whole model: the plan below names, by
 path in GPTModel, what each module becomes; every split module keeps this rank's shard of the very same
 weights, so the result computes what the single-process model computes.
 

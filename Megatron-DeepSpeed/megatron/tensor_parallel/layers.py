@@ -1,7 +1,7 @@
 """Tensor-parallel layers built from a FULL weight: each rank keeps its shard.
 
-Building the whole model identically on every rank (same seed) and then slicing it means a tensor-parallel
-model starts from exactly the single-process weights, so parity is exact and the model code needs no
+Building each piece of the model identically on every rank (same seed) and then slicing it means a
+tensor-parallel model starts from exactly the single-process weights, so parity is exact and the model code needs no
 knowledge of parallelism ("parallelize from outside"). Sharded parameters carry `tensor_model_parallel=True`
 and `partition_dim`, the attributes DeepSpeed's gradient-norm code reads.
 """
