@@ -1,5 +1,8 @@
 """The launcher's defaults: precision from the device's own bf16 answer (bf16, else fp16 with dynamic loss scaling)
-unless the user chose one; one --distributed-timeout-minutes from which HCCL's timeouts follow."""
+unless the user chose one; one --distributed-timeout-minutes from which HCCL's timeouts follow; where the ranks meet
+and which node reports."""
+from argparse import Namespace
+
 import pytest
 import torch
 from deepspeed.accelerator import get_accelerator, set_accelerator
@@ -7,7 +10,8 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 from megatron import device
 from megatron.errors import InputError
-from tools.launch_training import DEFAULT_TIMEOUT_MINUTES, device_bf16_supported, precision_flags, timeout_flags
+from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_nodes, device_bf16_supported, precision_flags,
+                                  rendezvous_flags, timeout_flags)
 
 
 @pytest.mark.parametrize("device_name, bf16_supported, passthrough, expected", [
@@ -75,3 +79,23 @@ def test_one_timeout_flag(passthrough, expected):
 def test_a_timeout_that_is_not_a_number_is_one_line():
     with pytest.raises(InputError, match="--distributed-timeout-minutes 'soon' is not a number"):
         timeout_flags(["--distributed-timeout-minutes", "soon"])
+
+
+def nodes(**given):
+    return Namespace(**{"nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": None,
+                        "output_dir": None, **given})
+
+
+def test_one_node_without_a_port_lets_torchrun_pick_one_and_several_nodes_meet_at_29500():
+    assert rendezvous_flags(nodes()) == ["--standalone", "--nnodes=1"]
+    assert "--master_port=1234" in rendezvous_flags(nodes(master_port=1234))
+    assert rendezvous_flags(nodes(nnodes=2, node_rank=1, master_addr="10.0.0.1")) == [
+        "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500"]
+
+
+def test_the_last_node_reports_and_multi_node_flags_are_checked():
+    assert check_nodes(nodes(nnodes=4, node_rank=2, output_dir="run")) == 3
+    with pytest.raises(InputError, match="--node_rank=2 must be between 0 and --nnodes - 1 = 1"):
+        check_nodes(nodes(nnodes=2, node_rank=2, output_dir="run"))
+    with pytest.raises(InputError, match="give --output_dir=DIR on a file system all nodes see"):
+        check_nodes(nodes(nnodes=2))
