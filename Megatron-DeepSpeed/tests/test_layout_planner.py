@@ -125,3 +125,5 @@ def test_plan_layout_tool_table_and_json(capsys):
     assert {plan["layout"]["tensor"] for plan in plans} == {1, 2}
     with pytest.raises(InputError, match="--num-layers is needed without --model-size"):
         main(["--devices", "8", "--device-memory", "80"])
+    with pytest.raises(InputError, match="does not model mixture-of-experts"):
+        main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80"])

@@ -68,6 +68,9 @@ class TrainingSettings:
 
 def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[ModelShape, TrainingSettings]:
     preset = get_preset(name)
+    if max(preset.get("num_experts", [1])) > 1:
+        raise InputError(f"--model-size {name}: the layout planner does not model mixture-of-experts layers yet; "
+                         f"give a dense preset or the model flags")
     shape = ModelShape(num_layers=preset["num_layers"], hidden_size=preset["hidden_size"],
                        num_attention_heads=preset["num_attention_heads"], seq_length=preset["seq_length"],
                        max_position_embeddings=preset["seq_length"], vocab_size=vocab_size)
@@ -111,7 +114,7 @@ def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, 
 
 
 def from_flags(flags, vocab_size: int):
-    """(ModelShape, Layout, TrainingSettings), estimate_memory's arguments, of a validated pretrain_gpt.py command line (config/arguments.py),
+    """(ModelShape, Layout, TrainingSettings), estimate_memory's arguments, of a validated dense pretrain_gpt.py command line (config/arguments.py),
     for the tokenizer's `vocab_size`."""
     shape = ModelShape(num_layers=flags.num_layers, hidden_size=flags.hidden_size,
                        num_attention_heads=flags.num_attention_heads, seq_length=flags.seq_length,
