@@ -16,6 +16,7 @@ The output directory appears complete or not at all; an existing one is replaced
 import argparse
 
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
+from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.reports.progress_bar import progress_bar
@@ -40,6 +41,7 @@ def parse_args(argv):
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="with --from-hf: pad the vocabulary to a multiple of this x target TP size")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
+    add_trust_flag(parser)
     args = parser.parse_args(argv)
     if args.from_hf and args.to_hf:
         raise InputError("--from-hf and --to-hf together convert nothing; give --save with --from-hf")
@@ -50,6 +52,11 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    with trusting(args.trust_checkpoint):
+        convert(args)
+
+
+def convert(args) -> None:
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                           pipeline_engine=not args.target_no_pipeline_parallel)
     if args.to_hf:

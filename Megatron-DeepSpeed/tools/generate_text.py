@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 
+from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser
 from megatron.errors import InputError, run_cli
@@ -46,6 +47,11 @@ def main(argv=None):
     from deepspeed_npu import activate  # first: on an Ascend host it selects the NPU before DeepSpeed loads
     npu = activate()
     args = parse_args(argv)
+    with trusting(args.trust_checkpoint):
+        return run(args, npu)
+
+
+def run(args, npu):
     if args.output_json and os.path.exists(args.output_json) and not args.force:
         raise InputError(f"--output-json {args.output_json} exists; pass --force to overwrite it or choose another "
                          "path")

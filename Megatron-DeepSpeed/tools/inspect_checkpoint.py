@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from megatron.checkpoint.examine import differences, examine, parameter_lines
+from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.errors import InputError, run_cli
 from megatron.reports.progress_bar import progress_bar
 
@@ -18,6 +19,7 @@ def parse_args(argv):
     parser.add_argument("other", nargs="?", help="a second one to compare with")
     parser.add_argument("--atol", type=float, default=0.0,
                         help="largest absolute difference that counts as equal (default 0: exactly equal)")
+    add_trust_flag(parser)
     args = parser.parse_args(argv)
     if args.atol < 0:
         raise InputError(f"--atol {args.atol} must be 0 or more")
@@ -26,6 +28,11 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    with trusting(args.trust_checkpoint):
+        return show(args)
+
+
+def show(args) -> int:
     with progress_bar(f"reading {args.checkpoint}") as progress:
         first = examine(args.checkpoint, progress)
     print("\n".join(first.header))

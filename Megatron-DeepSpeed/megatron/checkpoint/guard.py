@@ -7,6 +7,7 @@ user has is overwritten (resume.py then checks what the checkpoint holds against
   would overwrite that run's later checkpoints and roll `latest` back.
 - --save must be a writable directory now, not at the first save hours later.
 - The checkpoint to resume is complete: `latest` names an existing step, and its files are whole.
+- Its files hold data only (checkpoint/trust.py): each is checked before DeepSpeed opens any.
 """
 import logging
 import os
@@ -14,6 +15,7 @@ import tempfile
 import zipfile
 from typing import Optional
 
+from megatron.checkpoint import trust
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
 from megatron.checkpoint.reader import read_latest_iteration, read_latest_tag
 from megatron.errors import InputError
@@ -122,11 +124,24 @@ def check_files_whole(step_dir: str) -> None:
                              f"older complete global_stepN into {latest}")
 
 
-def check_checkpoint_directories(load: Optional[str], save: Optional[str]) -> Optional[str]:
-    """Every start-up check of --load and --save; returns the directory to resume from (None: fresh)."""
+def check_files_hold_data_only(step_dir: str) -> None:
+    """No file of the checkpoint (its subdirectories included) names a type outside trust.py's allow-list."""
+    for parent, _, names in sorted(os.walk(step_dir)):
+        for name in sorted(names):
+            what = trust.unsafe_type(os.path.join(parent, name)) if name.endswith(".pt") else None
+            if what:
+                raise trust.refusal(os.path.join(parent, name), what)
+
+
+def check_checkpoint_directories(load: Optional[str], save: Optional[str], trusted: bool = False) -> Optional[str]:
+    """Every start-up check of --load and --save; returns the directory to resume from (None: fresh).
+    `trusted`: --trust-checkpoint."""
     resume = resume_directory(load, save)
     if resume:
-        check_files_whole(os.path.join(resume, resume_tag(resume)))
+        step_dir = os.path.join(resume, resume_tag(resume))
+        check_files_whole(step_dir)
+        with trust.trusting(trusted):
+            check_files_hold_data_only(step_dir)
     if save:
         check_no_rollback(save, checkpoint_iteration(resume) or 0, resume)
         check_writable_directory(save)

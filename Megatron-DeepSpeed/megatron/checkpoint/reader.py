@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
+from megatron.checkpoint import trust
 from megatron.checkpoint.client_state import args_of, is_current, recorded_consumed_samples
 from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
@@ -104,16 +105,19 @@ class Checkpoint:
 
 # ----------------------------------------------------------------------------- files
 
-def load_file(path: str) -> dict:
-    """torch.load of one checkpoint file on the CPU, memory-mapped (tensors are read when used, so assembling a
-    model holds about one copy of it), with an InputError naming the file when it is missing, truncated or not
-    a torch file."""
+def load_file(path: str, mmap: bool = True) -> dict:
+    """The one torch.load of a checkpoint file: on the CPU, as data only (checkpoint/trust.py), memory-mapped
+    unless `mmap` is False (tensors are read when used, so assembling a model holds about one copy of it), with
+    an InputError naming the file when it is missing, truncated, not a torch file, or holds a type a checkpoint
+    may not hold."""
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return trust.torch_load(path, mmap=mmap)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file
+        if trust.is_refusal(err):
+            raise trust.refusal(path, trust.refused_type(err)) from None
         raise InputError(f"{path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
                          "the file is truncated or damaged: copy it again or use another checkpoint") from err
 

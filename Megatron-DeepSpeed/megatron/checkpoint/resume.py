@@ -26,6 +26,7 @@ from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_
                                         UNIVERSAL_DIR)
 from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
                                         read_client_state)
+from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
 
@@ -47,6 +48,7 @@ class LoadOptions:
     use_checkpoint_lr_scheduler: bool = False  # the checkpoint's schedule, whatever the command line's
     reset_iteration: bool = False  # restore everything but the iteration and consumed-sample counts
     universal: bool = False  # --universal-checkpoint: the checkpoint latest_universal names
+    trust_checkpoint: bool = False  # full pickle (checkpoint/trust.py)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ResumePlan:
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
     foreign: bool = False  # a layout the engine cannot load: its weights are read here and copied in
+    trusted: bool = False  # --trust-checkpoint: its files are read with full pickle
 
 
 def _engine_weights_missing(tag_dir: str, layout: Layout) -> bool:
@@ -130,7 +133,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     universal_pointer = options.universal or not os.path.exists(os.path.join(load_dir, LATEST_TAG_FILE))
     tag_dir = checkpoint_directory(load_dir, universal=universal_pointer and os.path.exists(
         os.path.join(load_dir, LATEST_UNIVERSAL_FILE)))
-    state = read_client_state(tag_dir)
+    with trusting(options.trust_checkpoint):
+        state = read_client_state(tag_dir)
     layout = layout_of(state, tag_dir)
     weights_only = options.finetune or options.no_load_optim
     foreign = layout.megatron or (not is_current(state) and (layout.pipeline_engine or layout.universal))
@@ -165,7 +169,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
                       restore_progress=not (options.finetune or options.reset_iteration or release),
                       foreign=foreign,
                       padded_vocab_size=args.get("padded_vocab_size"),
-                      schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS})
+                      schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS}, trusted=options.trust_checkpoint)
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:

@@ -18,6 +18,7 @@ a checkpoint needs.
 """
 import logging
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ import torch
 from deepspeed.pipe import PipelineModule
 
 from megatron import device
+from megatron.checkpoint import trust
 from megatron.checkpoint.client_state import (build_client_state, recorded_args, recorded_consumed_samples,
                                               rng_states, tracker_states, universal_info)
 from megatron.checkpoint.guard import latest_tag
@@ -208,7 +210,8 @@ def load_options(config: JobConfig) -> LoadOptions:
     return LoadOptions(finetune=checkpoint.finetune, no_load_optim=no_load_optim,
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
                        use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
-                       reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint)
+                       reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint,
+                       trust_checkpoint=checkpoint.trust_checkpoint)
 
 
 def plan_load(config: JobConfig) -> Optional[ResumePlan]:
@@ -276,12 +279,14 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).
     try:
-        load_path, client_state = engine.load_checkpoint(load_dir, tag=plan.tag,
-                                                         load_optimizer_states=plan.load_optimizer or plan.universal,
-                                                         load_lr_scheduler_states=False,
-                                                         load_module_only=not plan.load_optimizer,
-                                                         custom_load_fn=None if pipelined else load_module)
-    except (OSError, RuntimeError, EOFError) as err:
+        with trust.trusting(plan.trusted), trust.deepspeed_loads():
+            load_path, client_state = engine.load_checkpoint(
+                load_dir, tag=plan.tag, load_optimizer_states=plan.load_optimizer or plan.universal,
+                load_lr_scheduler_states=False, load_module_only=not plan.load_optimizer,
+                custom_load_fn=None if pipelined else load_module)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        if trust.is_refusal(err):
+            raise trust.refusal(os.path.join(load_dir, plan.tag), trust.refused_type(err)) from None
         raise RunError(f"--load {load_dir}: loading checkpoint {plan.tag} failed ({type(err).__name__}: {err}); if "
                        f"a file of it is damaged, restore it or resume from an older checkpoint") from err
     if load_path is None or not client_state or ITERATION not in client_state:

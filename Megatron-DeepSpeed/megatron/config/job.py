@@ -182,6 +182,7 @@ class CheckpointConfig:
     reset_iteration: bool  # restore everything but the iteration and sample counts
     no_save_rng: bool
     universal_checkpoint: bool  # --load's latest_universal, through DeepSpeed's universal loader
+    trust_checkpoint: bool  # read --load with full pickle (megatron/checkpoint/trust.py)
 
 
 @dataclass(frozen=True)

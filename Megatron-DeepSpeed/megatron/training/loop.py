@@ -318,7 +318,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
     if config.precision.bf16:
         device.refuse_bf16_if_unsupported()
-    check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save)  # before any slow work
+    check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save,  # before any slow work
+                                 config.checkpoint.trust_checkpoint)
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))

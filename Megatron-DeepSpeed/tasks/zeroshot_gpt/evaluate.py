@@ -11,6 +11,7 @@ token (with --strict-lambada: last word) the model predicts greedily. Nothing is
 """
 import argparse
 
+from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser
 from megatron.errors import InputError, run_cli
@@ -48,6 +49,11 @@ def main(argv=None):
     from deepspeed_npu import activate  # first: on an Ascend host it selects the NPU before DeepSpeed loads
     npu = activate()
     args = parse_args(argv)
+    with trusting(args.trust_checkpoint):
+        return run(args, npu)
+
+
+def run(args, npu):
     tokenizer, recorded = tokenizer_from_flags(args)
     max_positions = int(recorded["max_position_embeddings"])
     if args.task == "LAMBADA":

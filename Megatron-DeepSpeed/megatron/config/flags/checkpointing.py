@@ -7,6 +7,11 @@ from megatron.config.job import CheckpointConfig
 from megatron.errors import InputError
 
 LIMITS = Limits(positive=("save_interval",))
+TRUST_FLAG = "--trust-checkpoint"  # also a flag of every checkpoint tool (megatron/checkpoint/trust.py)
+TRUST_HELP = ("Read checkpoint files with full pickle, as older tools did: a file can then run any code it "
+              "names. Only for files from a source you would run programs from; by default a file that holds "
+              "anything but tensors, numbers, strings, containers, numpy arrays, argparse.Namespace and "
+              "DeepSpeed's optimizer bookkeeping is refused.")
 
 
 def add_flags(parser) -> None:
@@ -38,6 +43,7 @@ def add_flags(parser) -> None:
                        help="Save checkpoints without the optimizer state (a resume then starts it fresh).")
     group.add_argument("--no-save-rng", action="store_true", default=None,
                        help="Save no random-generator states (a resume then keeps its own seeding).")
+    group.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
 
 
 def validate(values: Mapping) -> None:

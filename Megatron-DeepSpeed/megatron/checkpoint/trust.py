@@ -1,0 +1,117 @@
+"""A checkpoint is data: the types a checkpoint file may hold, and the rule that nothing else is unpickled.
+
+Checkpoints are shared between teams and copied between clusters; a pickle can call any function it names, so
+every file is read with torch.load(weights_only=True) and this allow-list: besides torch's own (tensors, plain
+containers and numbers), the few types our checkpoints and upstream's hold: numpy arrays (numpy's RNG state),
+argparse.Namespace (upstream's `args`), and DeepSpeed's optimizer bookkeeping (its loss scaler, the ZeRO stage
+enum, the fragment addresses of ZeRO 1/2). A file that needs anything else is refused, naming the file and the
+type. `--trust-checkpoint` (the `trusting` scope) lifts the rule for old or foreign files: full pickle, which
+runs whatever code the file names.
+
+DeepSpeed's own loads (`engine.load_checkpoint`, its universal-checkpoint loader) pass weights_only=False;
+`deepspeed_loads` makes them follow the same rule through torch's documented TORCH_FORCE_WEIGHTS_ONLY_LOAD
+switch, for the duration of the load only.
+"""
+import argparse
+import contextlib
+import os
+import re
+from contextvars import ContextVar
+from typing import Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from megatron.config.flags.checkpointing import TRUST_FLAG, TRUST_HELP
+from megatron.errors import InputError
+
+_TRUSTED: ContextVar[bool] = ContextVar("trust_checkpoint", default=False)
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # torch.load's documented switch
+_UNSUPPORTED = re.compile(r"(?:GLOBAL|global) ([\w.]+)")
+
+
+def add_trust_flag(parser) -> None:
+    """--trust-checkpoint on a checkpoint tool's command line (the trainer's is in config/flags)."""
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
+
+
+def allowed_globals() -> List[object]:
+    """The types and functions (beyond torch's defaults) a checkpoint file may name."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    reconstruct = np._core.multiarray._reconstruct
+    dtypes = [type(np.dtype(name)) for name in ("uint32", "int64", "float32", "float64", "bool")]
+    return [argparse.Namespace, np.ndarray, np.dtype, reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
+            *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def trusting(enabled: bool) -> Iterator[None]:
+    """--trust-checkpoint: inside this scope checkpoint files are read with full pickle when `enabled`."""
+    token = _TRUSTED.set(enabled)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def trusted() -> bool:
+    return _TRUSTED.get()
+
+
+def refused_type(error: BaseException) -> str:
+    """The type a weights-only UnpicklingError names."""
+    found = _UNSUPPORTED.search(str(error))
+    return found.group(1) if found else "an object that is not plain data"
+
+
+def refusal(path: str, what: str) -> InputError:
+    """The one line for a file that names `what`, a type outside the allow-list."""
+    return InputError(f"checkpoint file {path} holds {what}, which a checkpoint may not hold (loading it could run "
+                      f"code); if the file comes from a source you trust, pass {TRUST_FLAG}")
+
+
+def is_refusal(error: BaseException) -> bool:
+    return isinstance(error, torch.serialization.pickle.UnpicklingError) and "Weights only load failed" in str(error)
+
+
+def torch_load(path: str, mmap: bool = True) -> object:
+    """torch.load of one file on the CPU under the rule (module docstring)."""
+    if trusted():
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    with torch.serialization.safe_globals(allowed_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def unsafe_type(path: str) -> Optional[str]:
+    """The first type a zip-format torch file names outside the allow-list (None: none), read from its pickle
+    alone (no tensor data): cheap enough to check every file of a checkpoint before any is loaded."""
+    if trusted():
+        return None
+    try:
+        with torch.serialization.safe_globals(allowed_globals()):
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError):  # not a zip-format torch file: its weights-only load still refuses
+        return None
+    return found[0] if found else None
+
+
+@contextlib.contextmanager
+def deepspeed_loads() -> Iterator[None]:
+    """DeepSpeed's torch.load calls (weights_only=False) within this scope are weights-only with the allow-list,
+    unless trusting."""
+    if trusted():
+        yield
+        return
+    previous = os.environ.get(_FORCE_WEIGHTS_ONLY)
+    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        with torch.serialization.safe_globals(allowed_globals()):
+            yield
+    finally:
+        if previous is None:
+            del os.environ[_FORCE_WEIGHTS_ONLY]
+        else:
+            os.environ[_FORCE_WEIGHTS_ONLY] = previous
