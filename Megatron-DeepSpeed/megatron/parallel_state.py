@@ -12,11 +12,11 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from megatron.errors import InputError
+from megatron.errors import EXIT_BAD_INPUT, InputError
 
 
 @dataclass(frozen=True)
@@ -220,3 +220,21 @@ def initialize_distributed(backend: str, timeout_minutes: float) -> None:
         os.environ.update(hccl_environment(timeout_minutes, os.environ))
     import deepspeed  # the engine only where a process group is joined: the rank arithmetic stays light
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
+
+
+def first_rank_checks(check: Callable[[], None]) -> None:
+    """Run the start-up `check` on global rank 0 only (one reader of the files, one line for the user) and stop
+    every rank alike when it fails: rank 0 raises its InputError, the others exit with the same status without
+    repeating the message."""
+    error, failure = None, [None]
+    if dist.get_rank() == 0:
+        try:
+            check()
+        except InputError as err:
+            error, failure = err, [str(err)]
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is None:
+        return
+    if error is not None:
+        raise error
+    raise SystemExit(EXIT_BAD_INPUT)

@@ -23,6 +23,7 @@ from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from megatron import device
+from megatron.checkpoint import save_lock
 from megatron.checkpoint.guard import check_checkpoint_directories
 from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
@@ -38,7 +39,7 @@ from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import Kernels, select_kernels
 from megatron.model.moe import MoEGPTModel, active_parameter_count
 from megatron.model.pipe import pipeline_micro_batch
-from megatron.parallel_state import ParallelState, initialize_distributed
+from megatron.parallel_state import ParallelState, first_rank_checks, initialize_distributed
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tensor_parallel.deepspeed_checkpointing import deepspeed_checkpointing_rng_tracker
 from megatron.tokenizer import build_tokenizer
@@ -320,6 +321,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
         device.refuse_bf16_if_unsupported()
     check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save,  # before any slow work
                                  config.checkpoint.trust_checkpoint)
+    if config.checkpoint.save:  # one writer per --save, for the run's life
+        first_rank_checks(functools.partial(save_lock.hold, config.checkpoint.save))
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))
@@ -440,17 +443,20 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
 def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
     """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
     started = time.monotonic()  # --exit-duration-in-mins counts from here, start-up included
-    trainer = build_trainer(model_provider, argv, adaptor_kernels)
-    if trainer.config.logging.skip_train:
-        return evaluate_checkpoint(trainer)
-    stopping = trainer.config.stopping
-    watchdog = Watchdog(dist.get_rank(), stopping.distributed_timeout_minutes)
-    exits = ExitRequests(stopping.exit_signal_handler, stopping.exit_duration_in_mins, started)
     try:
-        return run_training(trainer, watchdog, exits)
+        trainer = build_trainer(model_provider, argv, adaptor_kernels)
+        if trainer.config.logging.skip_train:
+            return evaluate_checkpoint(trainer)
+        stopping = trainer.config.stopping
+        watchdog = Watchdog(dist.get_rank(), stopping.distributed_timeout_minutes)
+        exits = ExitRequests(stopping.exit_signal_handler, stopping.exit_duration_in_mins, started)
+        try:
+            return run_training(trainer, watchdog, exits)
+        finally:
+            exits.close()
+            watchdog.close()
     finally:
-        exits.close()
-        watchdog.close()
+        save_lock.release_all()
 
 
 def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool:
