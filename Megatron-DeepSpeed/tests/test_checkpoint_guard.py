@@ -15,7 +15,9 @@ def make_checkpoint(directory, iteration):
     """A directory as a save at `iteration` leaves it: the step's client state, and `latest`."""
     step = directory / f"global_step{iteration}"
     step.mkdir(parents=True)
-    torch.save({"args": {"num_layers": 2}, "iteration": iteration}, step / "mp_rank_00_model_states.pt")
+    args = {"num_layers": 2, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+            "data_parallel_size": 1, "zero_stage": 0, "no_pipeline_parallel": True}
+    torch.save({"args": args, "iteration": iteration, "module": {}}, step / "mp_rank_00_model_states.pt")
     publish_latest(str(directory), step.name)
     return step
 

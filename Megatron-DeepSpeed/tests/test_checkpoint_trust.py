@@ -1,7 +1,7 @@
-"""A checkpoint is data: a real tiny checkpoint with an object planted in one of its files whose unpickling
-would create a marker file (as `os.system` would run a command) is refused by every entry point that reads
-checkpoints, in one line naming the file and the type, and the marker never appears. --trust-checkpoint lets
-such a file load (it then runs what the file names)."""
+"""A checkpoint is data: a real tiny checkpoint with an object planted in one of its files (its manifest
+rewritten to match) whose unpickling would create a marker file (as `os.system` would run a command) is refused
+by every entry point that reads checkpoints, in one line naming the file and the type, and the marker never
+appears. --trust-checkpoint lets such a file load (it then runs what the file names)."""
 import os
 import re
 import shutil
@@ -12,6 +12,7 @@ from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, write_counting_dataset
 
 from megatron.checkpoint import trust
+from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.reader import load_file
 from megatron.errors import InputError, run_cli
 
@@ -56,13 +57,16 @@ def planted_copy(trained, tmp_path, name):
     state = torch.load(path, weights_only=False)
     state["planted"] = Planted(marker)
     torch.save(state, path)
+    write_manifest(os.path.dirname(path))  # as whoever planted it would
     return copy, marker
 
 
 def test_every_file_we_write_loads_as_data(trained):
     directory, _ = trained
     step = directory / "clean" / "global_step5"
-    for name in os.listdir(step):
+    names = [name for name in os.listdir(step) if name.endswith(".pt")]
+    assert len(names) == 6  # client state, 4 pipeline pieces, ZeRO-1 partition
+    for name in names:
         assert trust.unsafe_type(str(step / name)) is None, name
         load_file(str(step / name))
 

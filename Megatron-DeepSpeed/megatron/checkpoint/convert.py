@@ -26,7 +26,7 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
     """Iteration, consumed samples, flags and RNG states of `checkpoint` (its tensor-parallel random streams
     per rank, from the first pipeline stage's files). The model flags are recorded in full, those an older
     checkpoint lacks at upstream's defaults."""
-    first = read_client_state(checkpoint.directory)
+    first = read_client_state(checkpoint.directory, verify=False)  # read_checkpoint verified it
     per_rank = []
     if tracker_states(first) is not None and not checkpoint.layout.megatron:
         layout = checkpoint.layout

@@ -6,23 +6,21 @@ user has is overwritten (resume.py then checks what the checkpoint holds against
 - A run never saves into a directory whose `latest` is newer than the iteration it starts from: its saves
   would overwrite that run's later checkpoints and roll `latest` back.
 - --save must be a writable directory now, not at the first save hours later.
-- The checkpoint to resume is complete: `latest` names an existing step, and its files are whole.
-- Its files hold data only (checkpoint/trust.py): each is checked before DeepSpeed opens any.
+- The checkpoint to resume is complete: `latest` names an existing step, and its files are there, whole and
+  what they should be (checkpoint/manifest.py), and hold data only (checkpoint/trust.py); all checked before
+  DeepSpeed opens any.
 """
 import logging
 import os
 import tempfile
-import zipfile
 from typing import Optional
 
 from megatron.checkpoint import trust
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
-from megatron.checkpoint.reader import read_latest_iteration, read_latest_tag
+from megatron.checkpoint.reader import read_client_state, read_latest_iteration, read_latest_tag
 from megatron.errors import InputError
 
 _log = logging.getLogger(__name__)
-
-_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format is a zip archive
 
 
 def latest_tag(directory: str) -> Optional[str]:
@@ -108,22 +106,6 @@ def check_writable_directory(save: str) -> None:
                          f"permissions or free its file system, or choose another --save") from err
 
 
-def check_files_whole(step_dir: str) -> None:
-    """Each zip-format file of a checkpoint (torch.save's format) still has its closing directory, which a
-    truncated copy or an interrupted write lacks."""
-    for name in sorted(os.listdir(step_dir)):
-        path = os.path.join(step_dir, name)
-        if not (name.endswith(".pt") and os.path.isfile(path)):
-            continue
-        with open(path, "rb") as handle:
-            head = handle.read(len(_ZIP_MAGIC))
-        if not head or (head == _ZIP_MAGIC and not zipfile.is_zipfile(path)):
-            latest = os.path.join(os.path.dirname(step_dir), LATEST_TAG_FILE)
-            raise InputError(f"checkpoint file {path} is truncated ({os.path.getsize(path)} bytes, no end of "
-                             f"archive): the save or a copy of it was interrupted; restore the file, or write an "
-                             f"older complete global_stepN into {latest}")
-
-
 def check_files_hold_data_only(step_dir: str) -> None:
     """No file of the checkpoint (its subdirectories included) names a type outside trust.py's allow-list."""
     for parent, _, names in sorted(os.walk(step_dir)):
@@ -139,9 +121,9 @@ def check_checkpoint_directories(load: Optional[str], save: Optional[str], trust
     resume = resume_directory(load, save)
     if resume:
         step_dir = os.path.join(resume, resume_tag(resume))
-        check_files_whole(step_dir)
         with trust.trusting(trusted):
             check_files_hold_data_only(step_dir)
+            read_client_state(step_dir)  # every file checked: its manifest, or its layout's files
     if save:
         check_no_rollback(save, checkpoint_iteration(resume) or 0, resume)
         check_writable_directory(save)

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from megatron.checkpoint import trust
+from megatron.checkpoint import manifest, trust
 from megatron.checkpoint.client_state import args_of, is_current, recorded_consumed_samples
 from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
@@ -226,16 +226,60 @@ def available_tags(load_dir: str) -> List[str]:
 
 # ----------------------------------------------------------------------------- metadata
 
-def read_client_state(tag_dir: str) -> dict:
+def read_client_state(tag_dir: str, verify: bool = True) -> dict:
     """The first model-parallel rank's model-states file (a Megatron checkpoint's first rank file): DeepSpeed's
-    bookkeeping plus the client state, `args` as a dict whichever way it was saved."""
+    bookkeeping plus the client state, `args` as a dict whichever way it was saved. With `verify`, every file of
+    the checkpoint is checked first: against its manifest, or without one, the files its layout needs."""
+    verified = verify and manifest.check_manifest(tag_dir)
     path = _first_model_states_file(tag_dir)
+    if verify and not verified:
+        manifest.check_torch_file(path)
     state = load_file(path)
     if not isinstance(state, dict) or ARGS not in state or ITERATION not in state:
         found = ", ".join(sorted(state)[:8]) if isinstance(state, dict) else type(state).__name__
         raise InputError(f"{path} carries no trainer state (iteration, args) but {found}: it was not written by "
                          "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
-    return {**state, ARGS: args_of(state)}
+    state = {**state, ARGS: args_of(state)}
+    if verify and not verified:
+        check_layout_files(tag_dir, state)
+    return state
+
+
+def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optional[str]]:
+    """The files a checkpoint of this client state consists of, each with the key it must hold (None: any)."""
+    layout, args = layout_of(state, tag_dir), state[ARGS]
+    model_ranks = range(layout.tensor * layout.pipeline)
+    if layout.megatron:
+        return {os.path.join(megatron_rank_dir(tp, pp, layout.pipeline), MEGATRON_FILE): MEGATRON_MODEL
+                for pp in range(layout.pipeline) for tp in range(layout.tensor)}
+    data_ranks = range(layout.data or 1)
+    if layout.zero_stage == 3:
+        files = {model_states_file(mp, 3, dp): "module" for mp in model_ranks for dp in data_ranks}
+    else:
+        files = {model_states_file(mp, 0): "module" for mp in model_ranks}
+    num_layers = int(args["num_layers"])
+    old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))  # earlier versions numbered pieces from 0
+    has_pieces = any(name.startswith("layer_") for name in os.listdir(tag_dir))  # ds_to_universal writes none
+    if layout.pipeline_engine and (has_pieces or not os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR))):
+        positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
+        files.update({layer_file(position, tp): None for position in positions for tp in range(layout.tensor)})
+    if not layout.universal and state.get(OPTIMIZER_SAVED, True) and (layout.zero_stage or args.get("bf16")):
+        files.update({optimizer_states_file(mp, dp, bool(args.get("bf16"))): "optimizer_state_dict"
+                      for mp in model_ranks for dp in data_ranks})
+    return files
+
+
+def check_layout_files(tag_dir: str, state: Mapping[str, object]) -> None:
+    """A checkpoint without a manifest: each file its layout needs exists, is whole and holds what its name
+    says (an InputError naming the first that does not)."""
+    for name, key in layout_files(state, tag_dir).items():
+        path = os.path.join(tag_dir, name)
+        manifest.check_torch_file(path)
+        contents = load_file(path)
+        if not isinstance(contents, dict) or (key is not None and key not in contents):
+            what = f"no '{key}' entry" if isinstance(contents, dict) else f"a {type(contents).__name__}"
+            raise InputError(f"checkpoint file {path} holds {what}, not what a DeepSpeed file of that name holds: it "
+                             "was replaced or written by another program; restore it from the checkpoint's source")
 
 
 def holds_optimizer_state(tag_dir: str, state: Mapping[str, object]) -> bool:

@@ -134,7 +134,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     tag_dir = checkpoint_directory(load_dir, universal=universal_pointer and os.path.exists(
         os.path.join(load_dir, LATEST_UNIVERSAL_FILE)))
     with trusting(options.trust_checkpoint):
-        state = read_client_state(tag_dir)
+        state = read_client_state(tag_dir, verify=False)  # guard.py verified it at start-up
     layout = layout_of(state, tag_dir)
     weights_only = options.finetune or options.no_load_optim
     foreign = layout.megatron or (not is_current(state) and (layout.pipeline_engine or layout.universal))

@@ -36,6 +36,7 @@ from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
                                         POINTER_LINK, ITERATION, LANGUAGE_MODEL, UNIVERSAL_CHECKPOINT_INFO,
                                         model_states_file)
+from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
 from megatron.checkpoint.resume import MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
@@ -161,6 +162,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     dist.barrier()
     if dist.get_rank() == 0:
         try:
+            write_manifest(step_dir)  # every rank's files are complete and on disk
             publish_latest(save_dir, tag)
         except OSError as err:
             raise _save_failure(save_dir, tag, err, 0) from err

@@ -28,6 +28,7 @@ from megatron.checkpoint.client_state import build_client_state, recorded_args, 
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
                                         model_parallel_rank, model_states_file)
+from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
@@ -200,6 +201,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                                                                             "optimizer": None})
 
     _write_universal(tag_dir, model, optimizer, state, num_layers, target, progress)
+    write_manifest(tag_dir)
     for name, text in ((LATEST_TAG_FILE, tag), (LATEST_UNIVERSAL_FILE, tag),
                        (LATEST_ITERATION_FILE, str(state.iteration))):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:

@@ -29,7 +29,7 @@ from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
-from megatron.config.job import DataConfig, JobConfig, ScheduleConfig
+from megatron.config.job import CheckpointConfig, DataConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import make_batch
@@ -308,6 +308,14 @@ def report_parameter_count(model: torch.nn.Module, parallel: ParallelState) -> N
             _log.info(active_parameter_count_line(parallel.tp_rank, parallel.pp_rank, active_parameter_count(model)))
 
 
+def start_up_checks(checkpoint: CheckpointConfig) -> None:
+    """--load and --save checked before any rank reads a file, and --save held by this run for its life (one
+    writer per directory); on rank 0 only (first_rank_checks)."""
+    check_checkpoint_directories(checkpoint.load, checkpoint.save, checkpoint.trust_checkpoint)
+    if checkpoint.save:
+        save_lock.hold(checkpoint.save)
+
+
 def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None) -> Trainer:
     """Flags, process groups, seeds, tokenizer, model and the DeepSpeed engine. `model_provider(model_config,
     parallel_config, parallel, rng_tracker)` returns this rank's part of the model, parallelised: a DeepSpeed
@@ -319,10 +327,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
     if config.precision.bf16:
         device.refuse_bf16_if_unsupported()
-    check_checkpoint_directories(config.checkpoint.load, config.checkpoint.save,  # before any slow work
-                                 config.checkpoint.trust_checkpoint)
-    if config.checkpoint.save:  # one writer per --save, for the run's life
-        first_rank_checks(functools.partial(save_lock.hold, config.checkpoint.save))
+    first_rank_checks(functools.partial(start_up_checks, config.checkpoint))  # before any slow work
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))
