@@ -9,7 +9,7 @@ import pytest
 from gpt2_reference_bpe import ReferenceGPT2Encoder, byte_to_char_table, docstring_corpus
 
 from megatron.tokenizer.bpe_training import train_bpe_vocab
-from megatron.tokenizer.word_cache import KEY_BYTES, WordCache, word_starts
+from megatron.tokenizer.word_cache import KEY_BYTES, WordCache, piece_cuts, word_starts
 
 # Every Unicode White_Space character, characters Python's str.isspace() wrongly takes for it (\x1c-\x1f) or
 # that look like it (U+180E, U+200B, U+FEFF), GPT-2's contraction pieces, and words longer than a cache key.
@@ -104,3 +104,14 @@ def test_word_starts_cut_before_spaces_and_after_words():
     # Texts are cut apart at their boundaries, and an empty text has no piece.
     two = np.frombuffer(b"a bc d", dtype=np.uint8)
     assert word_starts(two, np.array([0, 3, 3]), np.array([3, 3, 6])).tolist() == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize("chunk_chars", [7, 64])
+def test_long_texts_cut_into_chunks_encode_like_whole_texts(reference, chunk_chars):
+    """Texts far longer than a chunk are encoded in pieces (what bounds preprocessing's memory per document):
+    the ids are those of each whole text, whatever whitespace the cuts fall on."""
+    texts = ["".join(random_texts(seed, 60)) for seed in range(8)] + ["x" * 300, ""]
+    cache = WordCache(CountingEngine(reference), CountingEngine(reference).byte_counts, chunk_chars=chunk_chars)
+    assert_encodes_like_whole_texts(cache, reference, texts, batch_size=3)
+    cuts = piece_cuts(texts[0], chunk_chars)
+    assert len(cuts) > 10 and cuts == sorted(set(cuts)) and 0 < cuts[0] and cuts[-1] < len(texts[0])

@@ -97,6 +97,7 @@ class BatchEncoder:
     def __init__(self, tokenizer, options: PreprocessOptions):
         self.tokenizer = tokenizer
         self.options = options
+        self.dtype = best_fitting_dtype(tokenizer.vocab_size)  # the output's: batches travel at its size
 
     def __call__(self, batch: LineBatch) -> EncodedBatch:
         documents, skipped = self._parse(batch)
@@ -154,17 +155,30 @@ class BatchEncoder:
 
     def _drop_empty_and_append_eod(self, tokens, sizes, pieces_per_document):
         """Megatron's rules: a piece that tokenizes to nothing is no item; with --append-eod the EOD
-        token ends every non-empty document and counts in its last item's size."""
+        token ends every non-empty document and counts in its last item's size. The tokens come back in the
+        output's dtype (one copy, the ids of a long document are its largest array)."""
         document_of_piece = np.repeat(np.arange(len(pieces_per_document)), pieces_per_document)
         kept = sizes > 0
         sizes = sizes[kept]
         items_per_document = np.bincount(document_of_piece[kept], minlength=len(pieces_per_document))
+        ends = np.empty(0, dtype=np.int64)
         if self.options.append_eod and len(sizes):
             last_items = np.cumsum(items_per_document)[items_per_document > 0] - 1
             ends = np.cumsum(sizes)[last_items]
-            tokens = np.insert(tokens, ends, self.tokenizer.eod)
             sizes[last_items] += 1
-        return tokens, sizes, items_per_document
+        return self._with_eods(tokens, ends), sizes, items_per_document
+
+    def _with_eods(self, tokens: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """`tokens` with the EOD token inserted before each offset of `ends`, in the output's dtype where every
+        id fits it (otherwise as they are: the dataset builder names the id that does not)."""
+        fits = not tokens.size or (tokens.min() >= 0 and tokens.max() <= np.iinfo(self.dtype).max)
+        result = np.empty(tokens.size + ends.size, dtype=self.dtype if fits else tokens.dtype)
+        eods = ends + np.arange(ends.size)
+        is_token = np.ones(result.size, dtype=bool)
+        is_token[eods] = False
+        result[is_token] = tokens
+        result[eods] = self.tokenizer.eod
+        return result
 
 
 _worker_encoder = None  # each worker process's BatchEncoder, set once by _start_worker

@@ -17,13 +17,15 @@ bytes whose neighbours are plainly (non-)whitespace; "whitespace" is Unicode's W
 White_Space character are never taken as non-whitespace.
 """
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from megatron.growing_array import GrowingArray
 
 KEY_BYTES = 32  # words up to this long (99.7% of them in English prose and code) are found by hash, longer by dict
+CHUNK_CHARS = 1 << 18  # text encoded at a time: its per-word arrays take about 50 bytes per byte
+_CUT_SEARCH_CHARS = 4096  # characters searched at a time for a place to cut a long text
 MAX_CACHED_WORDS = 1 << 18
 MAX_CACHED_TOKENS = 1 << 22
 _FINGERPRINT_MASK = 0x7FFFFFFF  # a slot holds (fingerprint << 32) | entry, or -1 when empty
@@ -65,6 +67,56 @@ def word_starts(data: np.ndarray, text_starts: np.ndarray, text_ends: np.ndarray
     return np.flatnonzero(starts)
 
 
+def utf8(text: str, chunk_chars: int = 1 << 16) -> bytes:
+    """`text` in UTF-8 (a lone surrogate kept: surrogatepass; the engine replaces it), encoded `chunk_chars`
+    characters at a time where it is not ASCII: CPython's encoder first reserves up to 4 bytes per character."""
+    if text.isascii():
+        return text.encode("ascii")
+    return b"".join(text[start:start + chunk_chars].encode("utf-8", "surrogatepass")
+                    for start in range(0, len(text), chunk_chars))
+
+
+def piece_cuts(text: str, chunk_chars: int) -> list[int]:
+    """Offsets about `chunk_chars` characters apart at which `text` may be cut: pre-token starts (module
+    docstring), so its pieces encoded one by one give the ids of the whole. Each is looked for in a window of
+    the text; a start found there is one in the text, as the cut rules look one byte to each side and the window
+    keeps the character before."""
+    cuts, position = [], chunk_chars
+    while position < len(text):
+        window = utf8(text[position - 1:position + _CUT_SEARCH_CHARS])
+        starts = word_starts(np.frombuffer(window, dtype=np.uint8), np.zeros(1, dtype=np.int64),
+                             np.array([len(window)]))
+        inner = starts[starts >= 1]
+        if inner.size:  # cuts fall on ASCII bytes: the bytes before one decode to whole characters
+            cuts.append(position - 1 + len(window[:int(inner[0])].decode("utf-8", "surrogatepass")))
+            position = cuts[-1] + chunk_chars
+        else:
+            position += _CUT_SEARCH_CHARS
+    return cuts
+
+
+def _pieces(text: str, chunk_chars: int) -> Iterator[bytes]:
+    """`text` in UTF-8, a piece at a time: only one piece's copy is held at once."""
+    bounds = [0, *piece_cuts(text, chunk_chars), len(text)]
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        yield utf8(text[start:end])
+
+
+def _join_releasing(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate(parts), emptying `parts` as it goes: each part is released once copied, and the result's
+    pages are touched only as parts arrive, so joining takes about the memory of the result alone."""
+    if len(parts) == 1:
+        return parts.pop()
+    joined = np.empty(sum(part.size for part in parts), dtype=parts[0].dtype)
+    position = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        joined[position:position + part.size] = part
+        position += part.size
+    return joined
+
+
 def word_keys(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """[words, KEY_BYTES / 8] uint64: each word's bytes (at most KEY_BYTES of them), zero-padded."""
     padded = np.concatenate([data, np.zeros(KEY_BYTES, dtype=np.uint8)])
@@ -89,10 +141,11 @@ class WordCache:
     cache starts afresh between batches. Thread-safe (one batch at a time); pickles without its contents."""
 
     def __init__(self, encode: Callable[[str], np.ndarray], token_byte_counts: np.ndarray,
-                 max_words: int = MAX_CACHED_WORDS, max_tokens: int = MAX_CACHED_TOKENS):
+                 max_words: int = MAX_CACHED_WORDS, max_tokens: int = MAX_CACHED_TOKENS,
+                 chunk_chars: int = CHUNK_CHARS):
         """`token_byte_counts[id]`: how many bytes of text token `id` stands for."""
         self._encode, self._token_byte_counts = encode, token_byte_counts
-        self._max_words, self._max_tokens = max_words, max_tokens
+        self._max_words, self._max_tokens, self._chunk_chars = max_words, max_tokens, chunk_chars
         # Hash slots: at least 4 per cached word, so at most a quarter fill up and probe chains stay short.
         self._slots_log2 = max(4, (4 * max_words).bit_length())
         self._slot_mask = (1 << self._slots_log2) - 1
@@ -101,7 +154,7 @@ class WordCache:
 
     def __getstate__(self):
         return {"encode": self._encode, "token_byte_counts": self._token_byte_counts,
-                "max_words": self._max_words, "max_tokens": self._max_tokens}
+                "max_words": self._max_words, "max_tokens": self._max_tokens, "chunk_chars": self._chunk_chars}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -126,9 +179,32 @@ class WordCache:
         return self._id_starts.size
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(int32 ids of all texts concatenated, int64 id count per text)."""
-        # surrogatepass: a lone surrogate survives the round trip to `encode`, which replaces it.
-        encoded = [text.encode("utf-8", "surrogatepass") for text in texts]
+        """(int32 ids of all texts concatenated, int64 id count per text). The texts are encoded about CHUNK_CHARS
+        characters at a time, a longer one in pieces cut at pre-token starts (piece_cuts), so the per-word work for a
+        document of any size needs the memory of one chunk, and its UTF-8 copy is made a piece at a time."""
+        ids, per_text = [], np.zeros(len(texts), dtype=np.int64)
+        for group_ids, per_piece, owners in self._encoded_groups(texts):
+            ids.append(group_ids)
+            np.add.at(per_text, owners, per_piece)
+        return _join_releasing(ids), per_text
+
+    def _encoded_groups(self, texts: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray, list[int]]]:
+        """(ids, id count per piece, text of each piece) of groups of the texts' UTF-8 pieces, about CHUNK_CHARS
+        bytes each; at least one group."""
+        group, owners, grouped_bytes = [], [], 0
+        for owner, text in enumerate(texts):
+            for piece in _pieces(text, self._chunk_chars):
+                group.append(piece)
+                owners.append(owner)
+                grouped_bytes += len(piece)
+                if grouped_bytes >= self._chunk_chars:
+                    yield *self._encode_pieces(group), owners
+                    group, owners, grouped_bytes = [], [], 0
+        if group or not texts:
+            yield *self._encode_pieces(group), owners
+
+    def _encode_pieces(self, encoded: list) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ids of the UTF-8 pieces concatenated, int64 id count per piece)."""
         text_lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         text_ends = np.cumsum(text_lengths)
         text_starts = text_ends - text_lengths
