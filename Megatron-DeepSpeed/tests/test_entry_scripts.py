@@ -55,3 +55,27 @@ def test_a_full_run_started_again_in_its_run_directory_resumes(tmp_path, capsys)
     (checkpoints / "latest").write_text("global_step6")
     assert resume_flags(str(checkpoints)) == ["--load", str(checkpoints)]
     assert f"Resuming from {checkpoints / 'global_step6'}" in capsys.readouterr().out
+
+
+def test_a_failed_and_an_interrupted_run_say_how_they_ended_in_run_json(tmp_path):
+    import json
+    import signal
+    import time
+    failed = run_script("train_full_8p.sh", "--nproc=4", "--train_iters=2", f"--output_dir={tmp_path / 'failed'}",
+                        "--load", str(tmp_path / "nothing"))
+    assert failed.returncode == 1
+    ended = json.loads((tmp_path / "failed" / "run.json").read_text())["ended"]
+    assert ended.startswith("failed: --load ") and "holds no checkpoint" in ended
+
+    run_dir = tmp_path / "interrupted"
+    launcher = subprocess.Popen(["bash", os.path.join(REPO, "test", "train_full_8p.sh"), "--nproc=4",
+                                 "--train_iters=100000", f"--output_dir={run_dir}", "--log-interval", "1"], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while " iteration " not in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(1)
+    os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C reaches every process of the terminal
+    assert launcher.wait(timeout=120) == 130
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["ended"] == "interrupted (Ctrl-C)" and info["end_time"] >= info["start_time"]

@@ -85,6 +85,8 @@ def test_resume_is_exact(straight_run, data_prefix, tmp_path):
     resumed = pretrain(data_prefix, "--train-iters", "20", "--load", str(resume))
     straight = {r.iteration: r for r in parse_log(stdout.splitlines()).iterations}
     continued = parse_log(resumed.stdout.splitlines()).iterations
+    assert f"  successfully loaded checkpoint from {resume} at iteration 10 ({resume}/global_step10)" in \
+        resumed.stdout.splitlines()
     assert [r.iteration for r in continued] == list(range(11, 21))
     for record in continued:
         assert record.lm_loss == straight[record.iteration].lm_loss

@@ -296,14 +296,19 @@ def main(argv=None):
     logs_here = args.node_rank == last_node
     log_path = fresh_log_path(run_dir, TRAIN_LOG_FILE if logs_here else f"train.node{args.node_rank}.log")
     print(f"Run {run_name}: {world_size} {device_name} processes; log: {log_path}", flush=True)
-    job = run_job(command, environment, log_path)
-    run_info["end_time"] = time.time()
+    try:
+        job = run_job(command, environment, log_path)
+    except BaseException:  # Ctrl-C, or this process failing: the run directory still says how it ended
+        if logs_here:
+            write_run_info(run_dir, run_info, "interrupted (Ctrl-C)" if sys.exc_info()[0] is KeyboardInterrupt
+                           else f"the launcher failed ({sys.exc_info()[1]!r})")
+        raise
     with open(log_path, encoding="utf-8", errors="replace") as log:
         parsed = parse_log(log)
     # Forwarded SIGTERM: torchrun reports the signal it got, though the ranks saved and exited 0.
     succeeded = job.returncode == 0 or (job.terminated and parsed.stopped_on_request)
     if logs_here:
-        write_text_atomically(os.path.join(run_dir, "run.json"), json.dumps(run_info, indent=2))
+        write_run_info(run_dir, run_info, how_it_ended(job, parsed, succeeded))
         if succeeded or parsed.diverged_at is not None:
             summarize(run_dir)
     if not succeeded:
@@ -338,6 +343,20 @@ def summarize(run_dir: str):
     result = subprocess.run([sys.executable, os.path.join(TOOLS, "summarize_run.py"), run_dir])
     if result.returncode != 0:
         raise RunError(f"the run ended, but its summary failed (exit {result.returncode}); run directory: {run_dir}")
+
+
+def how_it_ended(job: "Job", parsed, succeeded: bool) -> str:
+    """run.json's `ended`: completed, stopped on request, diverged, or failed with the first failing rank's line."""
+    if parsed.diverged_at is not None:
+        return f"diverged at iteration {parsed.diverged_at}"
+    if succeeded:
+        return "stopped on request (SIGTERM or --exit-duration-in-mins)" if parsed.stopped_on_request else "completed"
+    return f"failed: {job.failure.message or f'exit status {job.returncode}'}"
+
+
+def write_run_info(run_dir: str, run_info: dict, ended: str) -> None:
+    write_text_atomically(os.path.join(run_dir, "run.json"),
+                          json.dumps({**run_info, "end_time": time.time(), "ended": ended}, indent=2))
 
 
 def resume_flags(checkpoints: str) -> list[str]:

@@ -53,7 +53,8 @@ def write_manifest(step_dir: str) -> None:
 
 def _restore_hint(step_dir: str) -> str:
     latest = os.path.join(os.path.dirname(os.path.abspath(step_dir)), LATEST_TAG_FILE)
-    return f"restore it from the checkpoint's source, or resume from an older one (write its global_stepN into {latest})"
+    return (f"restore it from the checkpoint's source, or resume from an older one (write its global_stepN "
+            f"into {latest})")
 
 
 def check_manifest(step_dir: str) -> bool:

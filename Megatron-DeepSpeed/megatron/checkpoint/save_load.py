@@ -272,6 +272,8 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     samples), or (0, 0) when there is nothing to load (a fresh run, as in Megatron) or when fine-tuning."""
     if plan is None:
         return 0, 0
+    import torch.distributed as dist
+
     if plan.foreign:
         checkpoint = _copy_weights_in(engine, load_dir, parallel_state)
         _log.info(f"--load {load_dir}: weights of {checkpoint.layout.describe()} copied in; the optimizer starts "
@@ -294,6 +296,9 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     if load_path is None or not client_state or ITERATION not in client_state:
         raise InputError(f"--load {load_dir}: checkpoint {plan.tag} could not be read as a checkpoint of this "
                          "trainer; point --load at a --save directory")
+    if dist.get_rank() == 0:  # upstream's line: which checkpoint this run continues
+        _log.info(f"  successfully loaded checkpoint from {load_dir} at iteration {client_state[ITERATION]} "
+                  f"({os.path.join(load_dir, plan.tag)})")
     if plan.universal:
         _unshare_adam_steps(engine.optimizer)
     if plan.load_rng:

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from typing import Dict, Optional
+from typing import Dict
 
 from megatron.errors import InputError
 

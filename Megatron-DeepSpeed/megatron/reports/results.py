@@ -18,6 +18,8 @@ run. Schema of run.json (version 1; other keys are ignored, so the writer may ad
     global_batch_size   int    --global-batch-size
     start_time          float  Unix seconds when the launch began (time.time() or `date +%s`)
     end_time            float  Unix seconds when training ended
+    ended               str    optional: how: "completed", "stopped on request (...)", "diverged at iteration N",
+                               "failed: <the first failing rank's line>", "interrupted (Ctrl-C)"
 """
 import math
 import os
