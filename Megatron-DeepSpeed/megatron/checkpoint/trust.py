@@ -41,7 +41,7 @@ def allowed_globals() -> List[object]:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    reconstruct = np._core.multiarray._reconstruct
+    reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct  # numpy 2 / numpy 1
     dtypes = [type(np.dtype(name)) for name in ("uint32", "int64", "float32", "float64", "bool")]
     return [argparse.Namespace, np.ndarray, np.dtype, reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
             *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
