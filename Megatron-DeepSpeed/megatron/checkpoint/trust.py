@@ -15,6 +15,7 @@ switch, for the duration of the load only.
 import argparse
 import contextlib
 import os
+import pickle
 import re
 from contextvars import ContextVar
 from typing import Iterator, List, Optional
@@ -74,7 +75,7 @@ def refusal(path: str, what: str) -> InputError:
 
 
 def is_refusal(error: BaseException) -> bool:
-    return isinstance(error, torch.serialization.pickle.UnpicklingError) and "Weights only load failed" in str(error)
+    return isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error)
 
 
 def torch_load(path: str, mmap: bool = True) -> object:
