@@ -252,6 +252,9 @@ def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optiona
     if layout.megatron:
         return {os.path.join(megatron_rank_dir(tp, pp, layout.pipeline), MEGATRON_FILE): MEGATRON_MODEL
                 for pp in range(layout.pipeline) for tp in range(layout.tensor)}
+    has_pieces = any(name.startswith("layer_") for name in os.listdir(tag_dir))
+    if layout.pipeline_engine and not has_pieces and os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR)):
+        return {model_states_file(0, 0): "module"}  # DeepSpeed's ds_to_universal: the weights are in zero/
     data_ranks = range(layout.data or 1)
     if layout.zero_stage == 3:
         files = {model_states_file(mp, 3, dp): "module" for mp in model_ranks for dp in data_ranks}
@@ -259,8 +262,7 @@ def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optiona
         files = {model_states_file(mp, 0): "module" for mp in model_ranks}
     num_layers = int(args["num_layers"])
     old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))  # earlier versions numbered pieces from 0
-    has_pieces = any(name.startswith("layer_") for name in os.listdir(tag_dir))  # ds_to_universal writes none
-    if layout.pipeline_engine and (has_pieces or not os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR))):
+    if layout.pipeline_engine:
         positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
         files.update({layer_file(position, tp): None for position in positions for tp in range(layout.tensor)})
     if not layout.universal and state.get(OPTIMIZER_SAVED, True) and (layout.zero_stage or args.get("bf16")):
