@@ -265,7 +265,8 @@ def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optiona
     if layout.pipeline_engine:
         positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
         files.update({layer_file(position, tp): None for position in positions for tp in range(layout.tensor)})
-    if not layout.universal and state.get(OPTIMIZER_SAVED, True) and (layout.zero_stage or args.get("bf16")):
+    moe = any(EXPERT_FILE_PATTERN.fullmatch(name) for name in os.listdir(tag_dir))  # DeepSpeed names its files
+    if not (layout.universal or moe) and state.get(OPTIMIZER_SAVED, True) and (layout.zero_stage or args.get("bf16")):
         files.update({optimizer_states_file(mp, dp, bool(args.get("bf16"))): "optimizer_state_dict"
                       for mp in model_ranks for dp in data_ranks})
     return files
