@@ -57,9 +57,9 @@ def _restore_hint(step_dir: str) -> str:
             f"into {latest})")
 
 
-def check_manifest(step_dir: str) -> bool:
-    """Compare the files under `step_dir` with its manifest; False when it has none. A missing, short or
-    changed file is an InputError naming it."""
+def check_manifest(step_dir: str, whole: bool = True) -> bool:
+    """Compare the files under `step_dir` with its manifest; False when it has none. A missing (unless not
+    `whole`: a reader of one shard may hold only its files), short or changed file is an InputError naming it."""
     path = os.path.join(step_dir, MANIFEST_FILE)
     if not os.path.isfile(path):
         return False
@@ -71,6 +71,8 @@ def check_manifest(step_dir: str) -> bool:
                          "check the checkpoint from its layout instead") from None
     for name, recorded in listed.items():
         file = os.path.join(step_dir, name)
+        if not os.path.isfile(file) and not whole:
+            continue
         if not os.path.isfile(file):
             raise InputError(f"checkpoint file {file} is missing (the checkpoint's manifest lists it); "
                              f"{_restore_hint(step_dir)}")

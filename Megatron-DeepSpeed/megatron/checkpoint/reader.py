@@ -226,11 +226,13 @@ def available_tags(load_dir: str) -> List[str]:
 
 # ----------------------------------------------------------------------------- metadata
 
-def read_client_state(tag_dir: str, verify: bool = True) -> dict:
+def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True) -> dict:
     """The first model-parallel rank's model-states file (a Megatron checkpoint's first rank file): DeepSpeed's
     bookkeeping plus the client state, `args` as a dict whichever way it was saved. With `verify`, every file of
-    the checkpoint is checked first: against its manifest, or without one, the files its layout needs."""
-    verified = verify and manifest.check_manifest(tag_dir)
+    the checkpoint is checked first: against its manifest, or without one, the files its layout needs. Not
+    `whole` (a reader of one tensor-parallel shard): only the files present are checked, each one read names
+    itself if it is missing."""
+    verified = verify and manifest.check_manifest(tag_dir, whole)
     path = _first_model_states_file(tag_dir)
     if verify and not verified:
         manifest.check_torch_file(path)
@@ -240,7 +242,7 @@ def read_client_state(tag_dir: str, verify: bool = True) -> dict:
         raise InputError(f"{path} carries no trainer state (iteration, args) but {found}: it was not written by "
                          "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
     state = {**state, ARGS: args_of(state)}
-    if verify and not verified:
+    if verify and whole and not verified:
         check_layout_files(tag_dir, state)
     return state
 
@@ -490,7 +492,7 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     `latest_universal` names) with the full model weights, or with `part`'s shard of each (its padded
     vocabulary size is still the whole model's)."""
     tag_dir = checkpoint_directory(load_dir, iteration, universal)
-    state = read_client_state(tag_dir)
+    state = read_client_state(tag_dir, whole=part == WHOLE)
     args = state[ARGS]
     layout = layout_of(state, tag_dir)
     num_layers = int(args["num_layers"])

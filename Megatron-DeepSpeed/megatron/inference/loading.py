@@ -36,7 +36,7 @@ LARGEST_PADDING_UNITS = 64
 
 def recorded_flags(load_dir: str, iteration: Optional[int] = None) -> Mapping[str, object]:
     """The flags of the training run that wrote the checkpoint (cheap: its first model-states file only)."""
-    return read_client_state(checkpoint_directory(load_dir, iteration))["args"]
+    return read_client_state(checkpoint_directory(load_dir, iteration), whole=False)["args"]  # ranks read shards
 
 
 def build_checkpoint_tokenizer(given: Mapping[str, object], recorded: Mapping[str, object]):
