@@ -115,15 +115,16 @@ def check_files_hold_data_only(step_dir: str) -> None:
                 raise trust.refusal(os.path.join(parent, name), what)
 
 
-def check_checkpoint_directories(load: Optional[str], save: Optional[str], trusted: bool = False) -> Optional[str]:
+def check_checkpoint_directories(load: Optional[str], save: Optional[str], trusted: bool = False,
+                                 optimizer: bool = True) -> Optional[str]:
     """Every start-up check of --load and --save; returns the directory to resume from (None: fresh).
-    `trusted`: --trust-checkpoint."""
+    `trusted`: --trust-checkpoint; without `optimizer` (weights only) optimizer partitions may be missing."""
     resume = resume_directory(load, save)
     if resume:
         step_dir = os.path.join(resume, resume_tag(resume))
         with trust.trusting(trusted):
             check_files_hold_data_only(step_dir)
-            read_client_state(step_dir)  # every file checked: its manifest, or its layout's files
+            read_client_state(step_dir, optimizer=optimizer)  # every file checked: its manifest, or the layout's
     if save:
         check_no_rollback(save, checkpoint_iteration(resume) or 0, resume)
         check_writable_directory(save)

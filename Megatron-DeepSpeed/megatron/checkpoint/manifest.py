@@ -22,6 +22,7 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format is a zip archive
 _PICKLE_MAGIC = b"\x80"  # torch's legacy format starts with a pickle protocol opcode
 _SMALLEST_ZIP = 22  # an empty archive: its end-of-directory record alone
 _FORMAT = 1
+OPTIMIZER_FILE_END = "_optim_states.pt"  # DeepSpeed's ZeRO partitions
 
 
 def checksum(path: str) -> str:
@@ -57,9 +58,10 @@ def _restore_hint(step_dir: str) -> str:
             f"into {latest})")
 
 
-def check_manifest(step_dir: str, whole: bool = True) -> bool:
+def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) -> bool:
     """Compare the files under `step_dir` with its manifest; False when it has none. A missing (unless not
-    `whole`: a reader of one shard may hold only its files), short or changed file is an InputError naming it."""
+    `whole`: a reader of one shard may hold only its files; nor, without `optimizer`, an optimizer partition a
+    weights-only load does not read), short or changed file is an InputError naming it."""
     path = os.path.join(step_dir, MANIFEST_FILE)
     if not os.path.isfile(path):
         return False
@@ -71,7 +73,7 @@ def check_manifest(step_dir: str, whole: bool = True) -> bool:
                          "check the checkpoint from its layout instead") from None
     for name, recorded in listed.items():
         file = os.path.join(step_dir, name)
-        if not os.path.isfile(file) and not whole:
+        if not os.path.isfile(file) and not (whole and (optimizer or not name.endswith(OPTIMIZER_FILE_END))):
             continue
         if not os.path.isfile(file):
             raise InputError(f"checkpoint file {file} is missing (the checkpoint's manifest lists it); "

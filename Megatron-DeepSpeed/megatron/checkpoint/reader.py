@@ -226,13 +226,13 @@ def available_tags(load_dir: str) -> List[str]:
 
 # ----------------------------------------------------------------------------- metadata
 
-def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True) -> dict:
+def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True, optimizer: bool = True) -> dict:
     """The first model-parallel rank's model-states file (a Megatron checkpoint's first rank file): DeepSpeed's
     bookkeeping plus the client state, `args` as a dict whichever way it was saved. With `verify`, every file of
     the checkpoint is checked first: against its manifest, or without one, the files its layout needs. Not
     `whole` (a reader of one tensor-parallel shard): only the files present are checked, each one read names
-    itself if it is missing."""
-    verified = verify and manifest.check_manifest(tag_dir, whole)
+    itself if it is missing. Without `optimizer` (a weights-only load) optimizer partitions may be missing."""
+    verified = verify and manifest.check_manifest(tag_dir, whole, optimizer)
     path = _first_model_states_file(tag_dir)
     if verify and not verified:
         manifest.check_torch_file(path)
@@ -243,7 +243,7 @@ def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True) -> 
                          "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
     state = {**state, ARGS: args_of(state)}
     if verify and whole and not verified:
-        check_layout_files(tag_dir, state)
+        check_layout_files(tag_dir, state, optimizer)
     return state
 
 
@@ -274,10 +274,12 @@ def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optiona
     return files
 
 
-def check_layout_files(tag_dir: str, state: Mapping[str, object]) -> None:
+def check_layout_files(tag_dir: str, state: Mapping[str, object], optimizer: bool = True) -> None:
     """A checkpoint without a manifest: each file its layout needs exists, is whole and holds what its name
     says (an InputError naming the first that does not)."""
     for name, key in layout_files(state, tag_dir).items():
+        if not optimizer and name.endswith(manifest.OPTIMIZER_FILE_END):
+            continue
         path = os.path.join(tag_dir, name)
         manifest.check_torch_file(path)
         contents = load_file(path)

@@ -308,10 +308,10 @@ def report_parameter_count(model: torch.nn.Module, parallel: ParallelState) -> N
             _log.info(active_parameter_count_line(parallel.tp_rank, parallel.pp_rank, active_parameter_count(model)))
 
 
-def start_up_checks(checkpoint: CheckpointConfig) -> None:
+def start_up_checks(checkpoint: CheckpointConfig, optimizer: bool) -> None:
     """--load and --save checked before any rank reads a file, and --save held by this run for its life (one
     writer per directory); on rank 0 only (first_rank_checks)."""
-    check_checkpoint_directories(checkpoint.load, checkpoint.save, checkpoint.trust_checkpoint)
+    check_checkpoint_directories(checkpoint.load, checkpoint.save, checkpoint.trust_checkpoint, optimizer)
     if checkpoint.save:
         save_lock.hold(checkpoint.save)
 
@@ -327,7 +327,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
     if config.precision.bf16:
         device.refuse_bf16_if_unsupported()
-    first_rank_checks(functools.partial(start_up_checks, config.checkpoint))  # before any slow work
+    loads_optimizer = not (config.checkpoint.finetune or config.checkpoint.no_load_optim or config.logging.skip_train)
+    first_rank_checks(functools.partial(start_up_checks, config.checkpoint, loads_optimizer))  # before slow work
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
         adopted = resolve_schedule(config.flags, resume, load_options(config))
