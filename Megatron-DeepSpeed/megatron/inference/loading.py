@@ -17,7 +17,7 @@ from megatron.checkpoint.reader import (WHOLE, Checkpoint, TensorShard, checkpoi
 from megatron.checkpoint.shards import shard_state_dict
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
-from megatron.model.gpt import GPTModel, keep_whole
+from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.model.moe import build_model
 from megatron.model.kernels import Kernels
@@ -118,7 +118,7 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     if not shard_local:
         weights = {name: shard.clone() for name, shard in shard_state_dict(weights, tp_rank,
                                                                             tensor_parallel_size).items()}
-    prepare = keep_whole if parallel_state is None else piece_sharder(parallel_state, False, tracker)
+    prepare = piece_sharder(parallel_state, False, tracker)
     return _loaded(lambda: GPTModel(config, prepare), weights, dtype).to(device).eval(), checkpoint
 
 

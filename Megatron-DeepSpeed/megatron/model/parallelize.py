@@ -140,8 +140,8 @@ def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: 
 def piece_sharder(parallel_state, sequence_parallel: bool, rng_tracker: RNGStatesTracker):
     """prepare(piece, path) for GPTModel and model/pipe.py's pieces: each piece sharded by the plan at its GPTModel
     path as soon as it is built, so a rank holds its shard plus at most one whole piece, never the whole model;
-    the values are those of sharding the whole model afterwards."""
-    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+    the values are those of sharding the whole model afterwards. Without process groups (None) pieces stay whole."""
+    if parallel_state is None or parallel_state.get_tensor_model_parallel_world_size() == 1:
         return keep_whole
 
     def prepare(piece: nn.Module, path: str) -> nn.Module:
