@@ -57,17 +57,18 @@ def worker(options) -> None:
         argv = pretrain_flags(shape, processes, interval * (first_profiled + options.profiled), interval) + layout_flags
         window = step_overhead.record_training(lambda: pretrain(model_provider, argv), first_profiled,
                                                first_profiled + options.profiled)
-        timed, stats = window.elapsed_ms[1:first_profiled], window.stats()
+        timed, stats, collecting = window.elapsed_ms[1:first_profiled], window.stats(), window.collector.seconds
     else:
         if processes > 1:
             dist.init_process_group("gloo")
         step = bare_loop.BareLoop(bare_loop.Shape(**shape))
         timed = bare_loop.interval_means_ms(step, 1 + options.timed, interval)[1:]
-        stats = step_overhead.profile_calls(step, interval * options.profiled)
+        stats, collecting = step_overhead.profile_calls(step, interval * options.profiled)
     if dist.is_initialized() and dist.get_rank() != dist.get_world_size() - 1:
         return
     iterations = interval * options.profiled
     categories = {name: seconds * 1000.0 / iterations for name, seconds in step_overhead.breakdown(stats).items()}
+    categories[step_overhead.GARBAGE_COLLECTOR] = collecting * 1000.0 / iterations
     write_text_atomically(options.result, json.dumps({"ms": statistics.median(timed), "profiled_ms": categories}))
 
 
@@ -79,7 +80,8 @@ def measure(which: str, shape: str, layout: str, options) -> dict:
                    os.path.abspath(__file__), "--worker", which, "--shape", shape, "--layout", layout,
                    "--result", result, "--log-interval", str(options.log_interval), "--timed", str(options.timed),
                    "--profiled", str(options.profiled)]
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+        environment = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(options.threads)}
+        done = subprocess.run(command, capture_output=True, text=True, env=environment)
         if done.returncode:
             sys.exit(f"error: {which} at {shape}/{layout} failed:\n{done.stderr[-3000:]}")
         with open(result) as figures:
@@ -102,7 +104,8 @@ def report(shape: str, layout: str, summary: dict, top: int) -> str:
     extra = sorted(summary["profiled_extra_ms"].items(), key=lambda item: -item[1])
     causes = ", ".join(f"{name} {ms:+.1f}" for name, ms in extra[:top])
     return (f"{shape:8s} {layout:13s} ours {summary['ours_ms']:8.1f} ms  bare {summary['bare_ms']:8.1f} ms  "
-            f"difference {summary['difference_ms']:+7.1f} ms  ratio {summary['ratio']:.2f}\n"
+            f"difference {summary['difference_ms']:+7.1f} ms  ratio {summary['ratio']:.2f}  rounds "
+            + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["rounds"]) + "\n"
             f"    profiled extra ms/iteration: {causes}")
 
 
@@ -116,6 +119,9 @@ def main():
     parser.add_argument("--log-interval", type=int, default=10, help="iterations per timed interval (default 10)")
     parser.add_argument("--timed", type=int, default=3, help="intervals timed, after one of warm-up (default 3)")
     parser.add_argument("--profiled", type=int, default=2, help="intervals under cProfile (default 2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (default 1: on a machine shared with other jobs, a "
+                             "multi-threaded step stalls whenever one of its threads is descheduled)")
     parser.add_argument("--top", type=int, default=5, help="categories printed per layout (default 5)")
     parser.add_argument("--json", help="also write every figure to this file")
     parser.add_argument("--worker", choices=("ours", "bare"), help=argparse.SUPPRESS)

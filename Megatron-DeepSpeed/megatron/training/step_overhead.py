@@ -10,13 +10,16 @@ cProfile slows Python-heavy code more than operator-heavy code, so the figures r
 times are measured without it.
 """
 import cProfile
+import gc
 import logging
 import pstats
+import time
 from typing import Callable, Optional
 
 from megatron.training.log_lines import parse_log
 
 HOST_READS = "host reads of tensor values"
+GARBAGE_COLLECTOR = "Python garbage collector (inside the others)"
 MODEL_WORK = ("model forward+backward", "optimizer math")  # what a bare loop does too
 
 # (category, path fragments or function-name suffixes); the first match wins, so the specific come first.
@@ -76,6 +79,27 @@ def breakdown(stats: pstats.Stats) -> dict:
     return totals
 
 
+class GarbageCollectorClock:
+    """Seconds Python's cyclic garbage collector ran while started (cProfile charges them to whichever function
+    happened to allocate, so they are counted apart too)."""
+
+    def __init__(self):
+        self.seconds, self._began = 0.0, None
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self._began = None
+
+    def start(self) -> None:
+        gc.callbacks.append(self._note)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._note)
+
+
 class IterationWindow(logging.Handler):
     """A logging handler that reads the trainer's iteration lines: the elapsed time of each logged interval,
     and a cProfile recording from the iteration line numbered `start` (1-based) to the one numbered `stop`."""
@@ -85,14 +109,17 @@ class IterationWindow(logging.Handler):
         self.start, self.stop = start, stop
         self.elapsed_ms: list = []  # per logged interval, as the lines say
         self.profile = cProfile.Profile()
+        self.collector = GarbageCollectorClock()
 
     def emit(self, record: logging.LogRecord) -> None:
         for line in parse_log(record.getMessage()).iterations:
             self.elapsed_ms.append(line.elapsed_ms)
             if len(self.elapsed_ms) == self.start:
+                self.collector.start()
                 self.profile.enable()
             elif len(self.elapsed_ms) == self.stop:
                 self.profile.disable()
+                self.collector.stop()
 
     def stats(self) -> Optional[pstats.Stats]:
         """The recorded window's statistics; None when the run logged fewer than `stop` lines."""
@@ -113,11 +140,14 @@ def record_training(train: Callable[[], object], start: int, stop: int) -> Itera
     return window
 
 
-def profile_calls(step: Callable[[], None], iterations: int) -> pstats.Stats:
-    """cProfile over `iterations` calls of `step` (a bare loop's iteration)."""
-    profile = cProfile.Profile()
+def profile_calls(step: Callable[[], None], iterations: int) -> tuple:
+    """cProfile over `iterations` calls of `step` (a bare loop's iteration): its statistics and the garbage
+    collector's seconds."""
+    profile, collector = cProfile.Profile(), GarbageCollectorClock()
+    collector.start()
     profile.enable()
     for _ in range(iterations):
         step()
     profile.disable()
-    return pstats.Stats(profile)
+    collector.stop()
+    return pstats.Stats(profile), collector.seconds
