@@ -33,7 +33,8 @@ class Fp32GradientClipping:
                         for p in self.parameters]
         self.model = model
         self.has_experts = any(is_moe_param(p) for p in self.parameters)
-        self.group = parallel.get_model_parallel_group()
+        group = parallel.get_model_parallel_group()
+        self.group = group if dist.get_world_size(group) > 1 else None  # one rank: nothing to sum
         self.max_norm, self.count_zeros = max_norm, count_zeros
         self.norm: Optional[torch.Tensor] = None  # of the last step, before clipping
         self.num_zeros: Optional[torch.Tensor] = None  # zero gradient entries of the last step, with count_zeros
@@ -49,7 +50,8 @@ class Fp32GradientClipping:
         zero = torch.zeros((), dtype=torch.float32, device=device.current_device())
         norm = torch.nn.utils.get_total_norm(counted, foreach=True).float() if counted else zero
         figures = torch.stack([norm * norm, zeros_among(counted) if self.count_zeros else zero])
-        dist.all_reduce(figures, group=self.group)
+        if self.group is not None:
+            dist.all_reduce(figures, group=self.group)
         squares = figures[0] + expert_squares(self.model, gradients=True) if self.has_experts else figures[0]
         self.norm = squares.sqrt()
         self.num_zeros = figures[1] if self.count_zeros else None
