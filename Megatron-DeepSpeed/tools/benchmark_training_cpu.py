@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from megatron.errors import run_cli
+from megatron.errors import InputError, RunError, run_cli
 
 SHAPES = {"tiny": dict(layers=2, hidden=64, heads=4, seq=128, batch=4, vocab=8192),
           "default": dict(layers=4, hidden=256, heads=8, seq=256, batch=8, vocab=8192)}
@@ -83,7 +83,7 @@ def measure(which: str, shape: str, layout: str, options) -> dict:
         environment = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(options.threads)}
         done = subprocess.run(command, capture_output=True, text=True, env=environment)
         if done.returncode:
-            sys.exit(f"error: {which} at {shape}/{layout} failed:\n{done.stderr[-3000:]}")
+            raise RunError(f"{which} at {shape}/{layout} failed:\n{done.stderr[-3000:]}")
         with open(result) as figures:
             return json.load(figures)
 
@@ -109,7 +109,7 @@ def report(shape: str, layout: str, summary: dict, top: int) -> str:
             f"    profiled extra ms/iteration: {causes}")
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="tiny,default", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--layouts", default="all", help=f"comma-separated, of {', '.join(LAYOUTS)}, or all")
@@ -128,15 +128,15 @@ def main():
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--layout", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.worker:
-        return run_cli(lambda _: worker(options))
+        return worker(options)
     shapes = options.shapes.split(",")
     layouts = list(LAYOUTS) if options.layouts == "all" else options.layouts.split(",")
     unknown = [name for name in shapes if name not in SHAPES] + [name for name in layouts if name not in LAYOUTS]
     if unknown:
-        sys.exit(f"error: unknown shape or layout {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; layouts: "
-                 f"{', '.join(LAYOUTS)}")
+        raise InputError(f"--shapes/--layouts: unknown {', '.join(unknown)}; shapes are {', '.join(SHAPES)}, "
+                         f"layouts {', '.join(LAYOUTS)} or all")
     figures = {}
     for shape in shapes:
         for layout in layouts:
@@ -150,4 +150,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

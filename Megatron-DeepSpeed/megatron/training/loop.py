@@ -26,10 +26,10 @@ from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
-from megatron.config.job import DataConfig, JobConfig, ScheduleConfig
+from megatron.config.job import JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
-from megatron.data.gpt_batch import make_batch
+from megatron.data.gpt_batch import BatchMaker
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
@@ -81,10 +81,11 @@ def data_parallel_mean(value: torch.Tensor, parallel: ParallelState) -> float:
 
 
 class Batches:
-    """Endless micro-batches of a data loader, as model inputs on this process's device."""
+    """Endless micro-batches of a data loader (model inputs, built by the loader: gpt_batch.BatchMaker), on this
+    process's device."""
 
-    def __init__(self, loader, data: DataConfig, eod: int, restart: bool = False):
-        self.loader, self.data, self.eod, self.restart = loader, data, eod, restart
+    def __init__(self, loader, restart: bool = False):
+        self.loader, self.restart = loader, restart
         self.iterator = iter(loader)
 
     def __iter__(self):
@@ -92,16 +93,15 @@ class Batches:
 
     def __next__(self) -> dict:
         try:
-            text = next(self.iterator)
+            batch = next(self.iterator)
         except StopIteration:
             if not self.restart:
                 raise
             self.iterator = iter(self.loader)
-            text = next(self.iterator)
-        batch = make_batch(text, self.eod, reset_position_ids=self.data.reset_position_ids,
-                           reset_attention_mask=self.data.reset_attention_mask, eod_mask_loss=self.data.eod_mask_loss)
+            batch = next(self.iterator)
         target = device.current_device()
-        return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
+        return {name: None if tensor is None else tensor.to(target, non_blocking=True)
+                for name, tensor in batch.items()}
 
     def release(self) -> None:
         """Drop the loader: its worker processes end now (PyTorch stops them when the loader goes)."""
@@ -344,27 +344,28 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
 
 def data_loader_factory(trainer: Trainer) -> Callable:
     """build_data_loader(dataset, consumed_samples) for this rank's micro-batches."""
-    parallel, batch = trainer.parallel, trainer.config.batch
+    parallel, batch, data = trainer.parallel, trainer.config.batch, trainer.config.data
+    batch_maker = BatchMaker(trainer.tokenizer.eod, reset_position_ids=data.reset_position_ids,
+                             reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss)
     return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
-                             num_workers=trainer.config.data.num_workers, data_parallel_rank=parallel.dp_rank,
+                             num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
                              data_parallel_size=parallel.get_data_parallel_world_size(),
-                             dataloader_type=trainer.config.data.dataloader_type)
+                             dataloader_type=data.dataloader_type, collate_fn=batch_maker)
 
 
 def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
     """Training batches from `state`'s consumed samples on; validation batches (cycled) where they continue
     after as many evaluations as the resumed run had made."""
-    config, eod = trainer.config, trainer.tokenizer.eod
+    config = trainer.config
     data, logging_config, batch = config.data, config.logging, config.batch
     loader_of = data_loader_factory(trainer)
     train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
-    train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod,
-                    restart=data.dataloader_type == "cyclic")
+    train = Batches(loader_of(train_set, state.consumed_train_samples), restart=data.dataloader_type == "cyclic")
     if valid_set is None or not logging_config.eval_iters:
         return train, None
     consumed_valid = ((state.iteration // logging_config.eval_interval) * logging_config.eval_iters
                       * batch.global_batch_size)
-    return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), data, eod, restart=True)
+    return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), restart=True)
 
 
 def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -> dict:
@@ -379,7 +380,7 @@ def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -
     for split in splits:
         if datasets[split] is None or not eval_iters:
             continue
-        batches = Batches(loader_of(datasets[split], 0), config.data, trainer.tokenizer.eod, restart=True)
+        batches = Batches(loader_of(datasets[split], 0), restart=True)
         with releasing(batches):
             losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel,
                                      deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
