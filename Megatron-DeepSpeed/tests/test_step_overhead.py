@@ -55,6 +55,7 @@ def test_the_window_holds_what_runs_between_its_iteration_lines():
 
     window = step_overhead.record_training(train, start=2, stop=3)
     assert window.elapsed_ms == [30.0, 20.0, 25.0, 24.0]
+    assert len(window.cpu_ms) == 3 and min(window.cpu_ms) >= 0  # per iteration between consecutive lines
     calls = {key[2]: counts[1] for key, counts in window.stats().stats.items()}
     assert calls["marker"] == 3  # only those between the second and the third line
     assert step_overhead.IterationWindow(2, 5).stats() is None  # a run that logged too few lines

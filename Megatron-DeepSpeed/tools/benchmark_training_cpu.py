@@ -5,7 +5,8 @@ torch's AdamW, wrapped in DistributedDataParallel on two processes. For each sha
 fresh processes (torchrun --standalone) on the same batch shape, --log-interval iterations at a time: one
 interval of warm-up, --timed intervals timed, then --profiled intervals under cProfile, whose time is sorted
 into the kinds of work a step does (megatron/training/step_overhead.py). Printed per iteration: our step time,
-the bare loop's, the difference, the ratio of tokens/s (bare time / ours), and where our extra time goes
+the bare loop's, the difference, the ratio of tokens/s (bare time / ours), each as wall time and as the
+process's CPU time (the last rank's; steadier where other jobs share the cores), and where our extra time goes
 (profiled ms of ours minus the bare loop's, per category; cProfile inflates Python-heavy code, so these rank
 the causes rather than add up to the difference). Medians over --rounds alternating rounds.
 
@@ -58,18 +59,20 @@ def worker(options) -> None:
         window = step_overhead.record_training(lambda: pretrain(model_provider, argv), first_profiled,
                                                first_profiled + options.profiled)
         timed, stats, collecting = window.elapsed_ms[1:first_profiled], window.stats(), window.collector.seconds
+        timed_cpu = window.cpu_ms[:first_profiled - 1]
     else:
         if processes > 1:
             dist.init_process_group("gloo")
         step = bare_loop.BareLoop(bare_loop.Shape(**shape))
-        timed = bare_loop.interval_means_ms(step, 1 + options.timed, interval)[1:]
+        timed, timed_cpu = (means[1:] for means in bare_loop.interval_means_ms(step, 1 + options.timed, interval))
         stats, collecting = step_overhead.profile_calls(step, interval * options.profiled)
     if dist.is_initialized() and dist.get_rank() != dist.get_world_size() - 1:
         return
     iterations = interval * options.profiled
     categories = {name: seconds * 1000.0 / iterations for name, seconds in step_overhead.breakdown(stats).items()}
     categories[step_overhead.GARBAGE_COLLECTOR] = collecting * 1000.0 / iterations
-    write_text_atomically(options.result, json.dumps({"ms": statistics.median(timed), "profiled_ms": categories}))
+    write_text_atomically(options.result, json.dumps({"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu),
+                                                "profiled_ms": categories}))
 
 
 def measure(which: str, shape: str, layout: str, options) -> dict:
@@ -94,8 +97,12 @@ def summarize(rounds: list) -> dict:
     categories = rounds[0]["ours"]["profiled_ms"].keys()
     extra = {name: statistics.median(r["ours"]["profiled_ms"][name] - r["bare"]["profiled_ms"][name] for r in rounds)
              for name in categories}
+    ours_cpu = statistics.median(r["ours"]["cpu_ms"] for r in rounds)
+    bare_cpu = statistics.median(r["bare"]["cpu_ms"] for r in rounds)
     return {"ours_ms": ours, "bare_ms": bare, "difference_ms": ours - bare, "ratio": bare / ours,
             "rounds": [(r["ours"]["ms"], r["bare"]["ms"]) for r in rounds], "profiled_extra_ms": extra,
+            "ours_cpu_ms": ours_cpu, "bare_cpu_ms": bare_cpu, "cpu_ratio": bare_cpu / ours_cpu,
+            "cpu_rounds": [(r["ours"]["cpu_ms"], r["bare"]["cpu_ms"]) for r in rounds],
             "profiled_ours_ms": {name: statistics.median(r["ours"]["profiled_ms"][name] for r in rounds)
                                  for name in categories}}
 
@@ -106,6 +113,9 @@ def report(shape: str, layout: str, summary: dict, top: int) -> str:
     return (f"{shape:8s} {layout:13s} ours {summary['ours_ms']:8.1f} ms  bare {summary['bare_ms']:8.1f} ms  "
             f"difference {summary['difference_ms']:+7.1f} ms  ratio {summary['ratio']:.2f}  rounds "
             + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["rounds"]) + "\n"
+            f"    CPU time: ours {summary['ours_cpu_ms']:8.1f} ms  bare {summary['bare_cpu_ms']:8.1f} ms  "
+            f"difference {summary['ours_cpu_ms'] - summary['bare_cpu_ms']:+7.1f} ms  ratio {summary['cpu_ratio']:.2f}"
+            "  rounds " + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["cpu_rounds"]) + "\n"
             f"    profiled extra ms/iteration: {causes}")
 
 

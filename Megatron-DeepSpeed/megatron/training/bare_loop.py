@@ -75,14 +75,14 @@ class BareLoop:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def interval_means_ms(step, intervals: int, interval: int) -> list:
+def interval_means_ms(step, intervals: int, interval: int) -> tuple:
     """Mean milliseconds per iteration over each of `intervals` runs of `interval` iterations, as the trainer's
-    log lines report them."""
-    means = []
+    log lines report them: wall time, and this process's CPU time."""
+    wall, cpu = [], []
     for _ in range(intervals):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(interval):
             step()
-        means.append((time.perf_counter() - start) * 1000.0 / interval)
-    return means
-
+        wall.append((time.perf_counter() - start) * 1000.0 / interval)
+        cpu.append((time.process_time() - start_cpu) * 1000.0 / interval)
+    return wall, cpu

@@ -7,7 +7,7 @@ holds whole iterations after a warm-up with no hook inside the training loop. Ea
 (cProfile's tottime) goes to the category of its file; a built-in (a torch operator, a C method) goes to the
 category of the Python function that called it, except reads of a tensor's value, which are their own category.
 cProfile slows Python-heavy code more than operator-heavy code, so the figures rank the categories; step
-times are measured without it.
+times are measured without it, as wall time and as this process's CPU time.
 """
 import cProfile
 import gc
@@ -108,11 +108,20 @@ class IterationWindow(logging.Handler):
         super().__init__()
         self.start, self.stop = start, stop
         self.elapsed_ms: list = []  # per logged interval, as the lines say
+        # CPU time of this process per iteration between consecutive lines (one fewer than elapsed_ms): on a
+        # machine shared with other jobs it counts this process's work, not the time others held the cores.
+        self.cpu_ms: list = []
+        self._last_cpu: Optional[tuple] = None  # (iteration, process time) at the last line
         self.profile = cProfile.Profile()
         self.collector = GarbageCollectorClock()
 
     def emit(self, record: logging.LogRecord) -> None:
         for line in parse_log(record.getMessage()).iterations:
+            now = time.process_time()
+            if self._last_cpu is not None:
+                iteration, before = self._last_cpu
+                self.cpu_ms.append((now - before) * 1000.0 / (line.iteration - iteration))
+            self._last_cpu = (line.iteration, now)
             self.elapsed_ms.append(line.elapsed_ms)
             if len(self.elapsed_ms) == self.start:
                 self.collector.start()
