@@ -509,7 +509,9 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         pending = PendingSteps(None if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_group(),
                                1 if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_world_size())
         reduce_gradients = reduces_gradients(trainer)
-        tensorboard_interval = logging_config.tensorboard_log_interval if metrics.tensorboard is not None else None
+        # Every rank takes the pending figures at the same iterations (their reading is a collective), so this
+        # asks whether the run writes TensorBoard at all, not whether this rank does (only the last one does).
+        tensorboard_interval = logging_config.tensorboard_log_interval if logging_config.tensorboard_dir else None
         while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
             batch_size = batch.schedule.batch_size(state.consumed_train_samples)
             with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
