@@ -71,8 +71,8 @@ def worker(options) -> None:
     iterations = interval * options.profiled
     categories = {name: seconds * 1000.0 / iterations for name, seconds in step_overhead.breakdown(stats).items()}
     categories[step_overhead.GARBAGE_COLLECTOR] = collecting * 1000.0 / iterations
-    write_text_atomically(options.result, json.dumps({"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu),
-                                                "profiled_ms": categories}))
+    figures = {"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu), "profiled_ms": categories}
+    write_text_atomically(options.result, json.dumps(figures))
 
 
 def measure(which: str, shape: str, layout: str, options) -> dict:

@@ -12,8 +12,8 @@ A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/tr
 work is a few fused (foreach) calls whatever the parameter count, and the host never waits for the device:
 the norm, the zero count and the skipped-step count stay tensors until the loop logs them, and with torch's
 fused optimizers a bad step is skipped on the device through `found_inf` (as NonFiniteStepGuard does, on the
-devices whose kernel reads it). Other optimizers and devices read the verdict and drop the gradients, which makes them leave every parameter and its state
-alone. The norm is the same on every rank, so every rank skips.
+devices whose kernel reads it). Other optimizers and devices read the verdict and drop the gradients, which
+makes them leave every parameter and its state alone. The norm is the same on every rank, so every rank skips.
 """
 from typing import Optional
 
