@@ -1,10 +1,12 @@
 """Model inputs from samples: shifted tokens/labels, loss mask, position ids and the
 cross-document attention mask, checked on a hand-written example and against Megatron's loop."""
+import pickle
+
 import numpy as np
 import pytest
 import torch
 
-from megatron.data.gpt_batch import collate, make_batch
+from megatron.data.gpt_batch import BatchMaker, collate, make_batch
 
 EOD = 0
 # Tokens (the first 7) hold EODs at positions 1 and 4: documents {0, 1}, {2, 3, 4}, {5, 6}.
@@ -111,3 +113,12 @@ def test_collate_needs_samples_of_one_length():
         collate([{"text": np.zeros(4)}, {"text": np.zeros(5)}])
     with pytest.raises(ValueError, match="at least one sample"):
         collate([])
+
+
+def test_the_loaders_batch_maker_is_make_batch_of_the_stacked_samples():
+    samples = [{"text": row.numpy()} for row in TEXT]
+    maker = pickle.loads(pickle.dumps(BatchMaker(EOD, reset_position_ids=True, eod_mask_loss=True)))  # to workers
+    made, expected = maker(samples), make_batch(TEXT, EOD, reset_position_ids=True, eod_mask_loss=True)
+    assert made.keys() == expected.keys() and made["attention_mask"] is None
+    for name in ("tokens", "labels", "loss_mask", "position_ids"):
+        assert torch.equal(made[name], expected[name]), name

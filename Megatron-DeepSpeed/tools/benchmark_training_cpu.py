@@ -1,115 +1,163 @@
-"""Training throughput on CPU: our pretrain_gpt.py step (DeepSpeed engine, fp32) versus a plain PyTorch loop.
+"""Per-step overhead on CPU: our pretrain_gpt.py step (DeepSpeed engine, fp32) versus a plain PyTorch loop.
 
-The reference is a straightforward GPT-2 of the same shape written here (embedding, pre-LN blocks with
-scaled-dot-product attention, tied head), trained with torch.optim.AdamW and gradient clipping, on the same
-batch shape. Both run in one process on the same synthetic tokens. Printed: tokens/s of each (steady state,
-warm-up excluded, median over alternating rounds) and their ratio.
+The yardstick is megatron/training/bare_loop.py: a GPT-2 of the same shape, forward, backward, clipping and
+torch's AdamW, wrapped in DistributedDataParallel on two processes. For each shape and layout, both run in
+fresh processes (torchrun --standalone) on the same batch shape, --log-interval iterations at a time: one
+interval of warm-up, --timed intervals timed, then --profiled intervals under cProfile, whose time is sorted
+into the kinds of work a step does (megatron/training/step_overhead.py). Printed per iteration: our step time,
+the bare loop's, the difference, the ratio of tokens/s (bare time / ours), each as wall time and as the
+process's CPU time (the last rank's; steadier where other jobs share the cores), and where our extra time goes
+(profiled ms of ours minus the bare loop's, per category; cProfile inflates Python-heavy code, so these rank
+the causes rather than add up to the difference). Medians over --rounds alternating rounds.
 
-  python tools/benchmark_training_cpu.py [--layers 4 --hidden 256 --heads 8 --seq 256 --batch 8 --iters 30]
+  python tools/benchmark_training_cpu.py [--shapes tiny,default] [--layouts all] [--rounds 3] [--json OUT]
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
-import time
+import tempfile
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from megatron.errors import InputError, RunError, run_cli
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-
-from megatron.training.log_lines import parse_log
-
-WARMUP_ITERATIONS = 5
-
-
-class ReferenceBlock(nn.Module):
-    def __init__(self, hidden, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
-        self.fc, self.out = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+SHAPES = {"tiny": dict(layers=2, hidden=64, heads=4, seq=128, batch=4, vocab=8192),
+          "default": dict(layers=4, hidden=256, heads=8, seq=256, batch=8, vocab=8192)}
+# name: (processes, pretrain_gpt.py flags)
+LAYOUTS = {"plain-z0-dp1": (1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
+           "plain-z1-dp1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
+           "plain-z0-dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "0"]),
+           "plain-z1-dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1"]),
+           "pipeline-pp1": (1, ["--zero-stage", "0"])}  # pretrain_gpt.py's default engine
 
 
-class ReferenceGPT(nn.Module):
-    def __init__(self, vocab, seq, hidden, heads, layers):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
-        self.blocks = nn.ModuleList(ReferenceBlock(hidden, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(hidden)
-
-    def forward(self, tokens, labels):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+def pretrain_flags(shape: dict, processes: int, iterations: int, log_interval: int) -> list:
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(shape["vocab"] - 1),
+            "--make-vocab-size-divisible-by", "1", "--num-layers", str(shape["layers"]),
+            "--hidden-size", str(shape["hidden"]), "--num-attention-heads", str(shape["heads"]),
+            "--seq-length", str(shape["seq"]), "--micro-batch-size", str(shape["batch"]),
+            "--global-batch-size", str(shape["batch"] * processes), "--train-iters", str(iterations),
+            "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0", "--log-interval", str(log_interval),
+            "--eval-iters", "0", "--num-workers", "0"]
 
 
-def reference_tokens_per_second(args) -> float:
-    torch.manual_seed(0)
-    model = ReferenceGPT(args.vocab, args.seq, args.hidden, args.heads, args.layers)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    text = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
-    times = []
-    for _ in range(args.iters):
-        start = time.perf_counter()
-        loss = model(text[:, :-1], text[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return args.batch * args.seq / statistics.median(times[WARMUP_ITERATIONS:])
+def worker(options) -> None:
+    """One measurement in this (torchrun) process: ours or the bare loop; the last rank writes the figures."""
+    import torch.distributed as dist
+
+    from megatron.files.atomic import write_text_atomically
+    from megatron.training import bare_loop, step_overhead
+
+    shape, interval = SHAPES[options.shape], options.log_interval
+    processes, layout_flags = LAYOUTS[options.layout]
+    first_profiled = 1 + options.timed  # iteration lines: 1 warm-up, then the timed, then the profiled
+    if options.worker == "ours":
+        from megatron.model.provider import model_provider
+        from megatron.training.loop import pretrain
+        argv = pretrain_flags(shape, processes, interval * (first_profiled + options.profiled), interval) + layout_flags
+        window = step_overhead.record_training(lambda: pretrain(model_provider, argv), first_profiled,
+                                               first_profiled + options.profiled)
+        timed, stats, collecting = window.elapsed_ms[1:first_profiled], window.stats(), window.collector.seconds
+        timed_cpu = window.cpu_ms[:first_profiled - 1]
+    else:
+        if processes > 1:
+            dist.init_process_group("gloo")
+        step = bare_loop.BareLoop(bare_loop.Shape(**shape))
+        timed, timed_cpu = (means[1:] for means in bare_loop.interval_means_ms(step, 1 + options.timed, interval))
+        stats, collecting = step_overhead.profile_calls(step, interval * options.profiled)
+    if dist.is_initialized() and dist.get_rank() != dist.get_world_size() - 1:
+        return
+    iterations = interval * options.profiled
+    categories = {name: seconds * 1000.0 / iterations for name, seconds in step_overhead.breakdown(stats).items()}
+    categories[step_overhead.GARBAGE_COLLECTOR] = collecting * 1000.0 / iterations
+    figures = {"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu), "profiled_ms": categories}
+    write_text_atomically(options.result, json.dumps(figures))
 
 
-def our_tokens_per_second(args) -> float:
-    command = [sys.executable, os.path.join(os.path.dirname(TOOLS), "pretrain_gpt.py"), "--mock-data",
-               "--tokenizer-type", "NullTokenizer", "--vocab-size", str(args.vocab - 1),
-               "--make-vocab-size-divisible-by", "1", "--num-layers", str(args.layers),
-               "--hidden-size", str(args.hidden), "--num-attention-heads", str(args.heads),
-               "--seq-length", str(args.seq), "--micro-batch-size", str(args.batch), "--global-batch-size",
-               str(args.batch), "--train-iters", str(args.iters), "--lr", "1e-4", "--hidden-dropout", "0",
-               "--attention-dropout", "0", "--log-interval", "1", "--eval-iters", "0", "--num-workers", "0",
-               "--zero-stage", "0"]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    milliseconds = [record.elapsed_ms for record in parse_log(result.stdout.splitlines()).iterations]
-    return args.batch * args.seq / (statistics.median(milliseconds[WARMUP_ITERATIONS:]) / 1000.0)
+def measure(which: str, shape: str, layout: str, options) -> dict:
+    processes = LAYOUTS[layout][0]
+    with tempfile.TemporaryDirectory() as scratch:
+        result = os.path.join(scratch, "result.json")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+                   os.path.abspath(__file__), "--worker", which, "--shape", shape, "--layout", layout,
+                   "--result", result, "--log-interval", str(options.log_interval), "--timed", str(options.timed),
+                   "--profiled", str(options.profiled)]
+        environment = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(options.threads)}
+        done = subprocess.run(command, capture_output=True, text=True, env=environment)
+        if done.returncode:
+            raise RunError(f"{which} at {shape}/{layout} failed:\n{done.stderr[-3000:]}")
+        with open(result) as figures:
+            return json.load(figures)
 
 
-def main():
+def summarize(rounds: list) -> dict:
+    """Medians over rounds of step times and of the per-category profiled difference (ours - bare)."""
+    ours, bare = statistics.median(r["ours"]["ms"] for r in rounds), statistics.median(r["bare"]["ms"] for r in rounds)
+    categories = rounds[0]["ours"]["profiled_ms"].keys()
+    extra = {name: statistics.median(r["ours"]["profiled_ms"][name] - r["bare"]["profiled_ms"][name] for r in rounds)
+             for name in categories}
+    ours_cpu = statistics.median(r["ours"]["cpu_ms"] for r in rounds)
+    bare_cpu = statistics.median(r["bare"]["cpu_ms"] for r in rounds)
+    return {"ours_ms": ours, "bare_ms": bare, "difference_ms": ours - bare, "ratio": bare / ours,
+            "rounds": [(r["ours"]["ms"], r["bare"]["ms"]) for r in rounds], "profiled_extra_ms": extra,
+            "ours_cpu_ms": ours_cpu, "bare_cpu_ms": bare_cpu, "cpu_ratio": bare_cpu / ours_cpu,
+            "cpu_rounds": [(r["ours"]["cpu_ms"], r["bare"]["cpu_ms"]) for r in rounds],
+            "profiled_ours_ms": {name: statistics.median(r["ours"]["profiled_ms"][name] for r in rounds)
+                                 for name in categories}}
+
+
+def report(shape: str, layout: str, summary: dict, top: int) -> str:
+    extra = sorted(summary["profiled_extra_ms"].items(), key=lambda item: -item[1])
+    causes = ", ".join(f"{name} {ms:+.1f}" for name, ms in extra[:top])
+    return (f"{shape:8s} {layout:13s} ours {summary['ours_ms']:8.1f} ms  bare {summary['bare_ms']:8.1f} ms  "
+            f"difference {summary['difference_ms']:+7.1f} ms  ratio {summary['ratio']:.2f}  rounds "
+            + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["rounds"]) + "\n"
+            f"    CPU time: ours {summary['ours_cpu_ms']:8.1f} ms  bare {summary['bare_cpu_ms']:8.1f} ms  "
+            f"difference {summary['ours_cpu_ms'] - summary['bare_cpu_ms']:+7.1f} ms  ratio {summary['cpu_ratio']:.2f}"
+            "  rounds " + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["cpu_rounds"]) + "\n"
+            f"    profiled extra ms/iteration: {causes}")
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--shapes", default="tiny,default", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--layouts", default="all", help=f"comma-separated, of {', '.join(LAYOUTS)}, or all")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="alternate the two loops this many times and take medians: a shared machine's "
-                             "speed drifts by 10-20%% from minute to minute")
-    args = parser.parse_args()
-    rounds = [(our_tokens_per_second(args), reference_tokens_per_second(args)) for _ in range(args.rounds)]
-    ours = statistics.median(round_[0] for round_ in rounds)
-    reference = statistics.median(round_[1] for round_ in rounds)
-    print("rounds (ours / reference tokens/s): " + ", ".join(f"{o:,.0f} / {r:,.0f}" for o, r in rounds))
-    print(f"GPT {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq {args.seq}, batch {args.batch}, "
-          f"vocab {args.vocab}, fp32, {torch.get_num_threads()} threads")
-    print(f"pretrain_gpt.py (DeepSpeed engine): {ours:,.0f} tokens/s")
-    print(f"plain PyTorch loop (AdamW):         {reference:,.0f} tokens/s")
-    print(f"ratio ours / reference: {ours / reference:.2f}")
+                        help="alternate ours and the bare loop this many times and take medians: a shared "
+                             "machine's speed drifts by 10-20%% from minute to minute")
+    parser.add_argument("--log-interval", type=int, default=10, help="iterations per timed interval (default 10)")
+    parser.add_argument("--timed", type=int, default=3, help="intervals timed, after one of warm-up (default 3)")
+    parser.add_argument("--profiled", type=int, default=2, help="intervals under cProfile (default 2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (default 1: on a machine shared with other jobs, a "
+                             "multi-threaded step stalls whenever one of its threads is descheduled)")
+    parser.add_argument("--top", type=int, default=5, help="categories printed per layout (default 5)")
+    parser.add_argument("--json", help="also write every figure to this file")
+    parser.add_argument("--worker", choices=("ours", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--layout", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.worker:
+        return worker(options)
+    shapes = options.shapes.split(",")
+    layouts = list(LAYOUTS) if options.layouts == "all" else options.layouts.split(",")
+    unknown = [name for name in shapes if name not in SHAPES] + [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        raise InputError(f"--shapes/--layouts: unknown {', '.join(unknown)}; shapes are {', '.join(SHAPES)}, "
+                         f"layouts {', '.join(LAYOUTS)} or all")
+    figures = {}
+    for shape in shapes:
+        for layout in layouts:
+            rounds = [{"ours": measure("ours", shape, layout, options), "bare": measure("bare", shape, layout, options)}
+                      for _ in range(options.rounds)]
+            figures[f"{shape}/{layout}"] = summarize(rounds)
+            print(report(shape, layout, figures[f"{shape}/{layout}"], options.top), flush=True)
+    if options.json:
+        from megatron.files.atomic import write_text_atomically
+        write_text_atomically(options.json, json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

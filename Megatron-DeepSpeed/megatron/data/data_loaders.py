@@ -44,10 +44,11 @@ def build_datasets(config: JobConfig, vocab_size: int):
 
 
 def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, num_workers: int,
-                      data_parallel_rank: int, data_parallel_size: int, dataloader_type: str = "single"):
+                      data_parallel_rank: int, data_parallel_size: int, dataloader_type: str = "single",
+                      collate_fn=collate):
     """Micro-batches for this data-parallel rank, starting after `consumed_samples` (resume-safe), in the
     order of --dataloader-type (single: one pass; cyclic: a new random order per epoch, each time the loader
-    is iterated again)."""
+    is iterated again), each as `collate_fn` makes it of its samples (by default one token tensor)."""
     if dataset is None:
         return None
     sampler = SAMPLERS[dataloader_type](total_samples=len(dataset), consumed_samples=consumed_samples,
@@ -55,7 +56,7 @@ def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, 
                                         data_parallel_size=data_parallel_size)
     # A generator of its own: each iterator draws its workers' base seed from it. From torch's global stream it
     # would shift the draws of dropout and of the MoE gates, which a resumed run restores before its loaders exist.
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
                       persistent_workers=num_workers > 0, worker_init_fn=_outlive_sigterm, generator=torch.Generator())
 
 

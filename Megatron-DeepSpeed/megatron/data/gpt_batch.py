@@ -60,3 +60,16 @@ def make_batch(text, eod, *, reset_position_ids=False, reset_attention_mask=Fals
     attention_mask = _cross_document_causal_mask(is_eod) if reset_attention_mask else None
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
             "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+class BatchMaker:
+    """A data loader's collate function that returns model inputs (make_batch of the stacked samples), so that
+    with --num-workers > 0 the loader's worker processes build the batches ahead of the training step."""
+
+    def __init__(self, eod, *, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False):
+        self.eod = eod
+        self.options = dict(reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
+                            eod_mask_loss=eod_mask_loss)
+
+    def __call__(self, samples):
+        return make_batch(collate(samples), self.eod, **self.options)

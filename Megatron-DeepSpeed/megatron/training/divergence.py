@@ -43,11 +43,18 @@ def kept_checkpoint(save_dir: Optional[str]) -> str:
     return f"{os.path.join(save_dir, LATEST_TAG_FILE)} still names {tag}, saved before it"
 
 
+def any_rank_each(flags: list) -> list:
+    """For each flag, True on every rank when it is true on any of them (one all-reduce for them all)."""
+    if not flags:
+        return []
+    values = torch.tensor([1.0 if flag else 0.0 for flag in flags], device=device.current_device())
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(value) for value in values.tolist()]
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is true on any of them."""
-    value = torch.tensor([1.0 if flag else 0.0], device=device.current_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return any_rank_each([flag])[0]
 
 
 class DivergenceMonitor:
@@ -58,10 +65,12 @@ class DivergenceMonitor:
         self.limit, self.loss_scaling, self.save_dir = limit, loss_scaling, save_dir
         self.in_a_row = 0
 
-    def is_bad(self, loss: float, update_skipped: bool) -> bool:
-        """Whether this iteration counts towards divergence (the same answer on every rank)."""
-        bad = not math.isfinite(loss) or (update_skipped and not self.loss_scaling)
-        return any_rank(bad)
+    def judge(self, losses: list, updates_skipped: list) -> list:
+        """Whether each iteration (its loss, and whether its update was skipped) counts towards divergence:
+        the same answers on every rank, agreed in one all-reduce."""
+        bad = [not math.isfinite(loss) or (skipped and not self.loss_scaling)
+               for loss, skipped in zip(losses, updates_skipped)]
+        return any_rank_each(bad)
 
     def count(self, iteration: int, bad: bool, loss: float, grad_norm: float, update_skipped: bool) -> None:
         """Count a judged iteration: a warning for a bad one, a RunError at the limit."""

@@ -9,16 +9,14 @@ lines.
 import contextlib
 import functools
 import logging
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Callable, Optional
 
 import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.moe.utils import is_moe_param
 from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
@@ -29,10 +27,10 @@ from megatron.checkpoint.resume import ResumePlan, resolve_schedule
 from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
-from megatron.config.job import CheckpointConfig, DataConfig, JobConfig, ScheduleConfig
+from megatron.config.job import CheckpointConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
-from megatron.data.gpt_batch import make_batch
+from megatron.data.gpt_batch import BatchMaker
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
@@ -47,12 +45,13 @@ from megatron.training.divergence import DivergenceMonitor
 from megatron.training.exit_requests import ExitRequests
 from megatron.training.log_lines import (active_parameter_count_line, exit_line, final_evaluation_lines,
                                          parameter_count_line)
-from megatron.training.metrics import (counted_once_per_replica, expert_squares, optimizer_state_statistics,
-                                       parameters_norm, stepped_optimizer, zeros_among)
+from megatron.training.clipping import Fp32GradientClipping
+from megatron.training.metrics import optimizer_state_statistics, parameters_norm, stepped_optimizer
 from megatron.training.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.training.moe_losses import MoEFigures, take_moe_figures
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
 from megatron.training.optimizer import build_optimizer
+from megatron.training.pending_steps import PendingSteps, StepRecord, due, read_to_host
 from megatron.training.watchdog import Watchdog
 
 _log = logging.getLogger(__name__)
@@ -83,10 +82,11 @@ def data_parallel_mean(value: torch.Tensor, parallel: ParallelState) -> float:
 
 
 class Batches:
-    """Endless micro-batches of a data loader, as model inputs on this process's device."""
+    """Endless micro-batches of a data loader (model inputs, built by the loader: gpt_batch.BatchMaker), on this
+    process's device."""
 
-    def __init__(self, loader, data: DataConfig, eod: int, restart: bool = False):
-        self.loader, self.data, self.eod, self.restart = loader, data, eod, restart
+    def __init__(self, loader, restart: bool = False):
+        self.loader, self.restart = loader, restart
         self.iterator = iter(loader)
 
     def __iter__(self):
@@ -94,16 +94,15 @@ class Batches:
 
     def __next__(self) -> dict:
         try:
-            text = next(self.iterator)
+            batch = next(self.iterator)
         except StopIteration:
             if not self.restart:
                 raise
             self.iterator = iter(self.loader)
-            text = next(self.iterator)
-        batch = make_batch(text, self.eod, reset_position_ids=self.data.reset_position_ids,
-                           reset_attention_mask=self.data.reset_attention_mask, eod_mask_loss=self.data.eod_mask_loss)
+            batch = next(self.iterator)
         target = device.current_device()
-        return {name: None if tensor is None else tensor.to(target) for name, tensor in batch.items()}
+        return {name: None if tensor is None else tensor.to(target, non_blocking=True)
+                for name, tensor in batch.items()}
 
     def release(self) -> None:
         """Drop the loader: its worker processes end now (PyTorch stops them when the loader goes)."""
@@ -123,54 +122,16 @@ def releasing(*all_batches: Optional[Batches]):
                 batches.release()
 
 
-class Fp32GradientClipping:
-    """Gradient clipping for DeepSpeed's plain fp32 path (ZeRO 0, no fp16/bf16), run as a step pre-hook of the
-    optimizer, after gradients are reduced over data-parallel ranks (and tied pipeline stages).
-
-    DeepSpeed clips that path itself but keeps no norm to report, and under pipeline parallelism its norm
-    counts replicated parameters from the first stage only, so later stages' parameters are left out. Here
-    every parameter counts once per model replica: tensor-parallel shards on every rank, replicated parameters
-    on tensor-parallel rank 0, a tied pipeline weight on the stage that owns it, each expert of an MoE layer once
-    (training/metrics.py, expert_squares). DeepSpeed's own clipping is then switched off (gradient_clipping 0 in its config).
-
-    A non-finite norm skips the step, as DeepSpeed's other paths do (see megatron/training/divergence.py): the
-    gradients are dropped, and the torch optimizer leaves every parameter without a gradient, and its state,
-    untouched. The norm is the same on every rank, so every rank skips."""
-
-    def __init__(self, model: torch.nn.Module, parallel: ParallelState, max_norm: float, count_zeros: bool = False):
-        self.model, self.parallel, self.max_norm, self.count_zeros = model, parallel, max_norm, count_zeros
-        self.norm: Optional[float] = None  # of the last step, before clipping
-        self.num_zeros: Optional[float] = None  # zero gradient entries of the last step, with count_zeros
-        self.skipped_steps = 0
-
-    def __call__(self, optimizer, args, kwargs) -> None:
-        gradients = [p.grad for p in self.model.parameters() if p.grad is not None]
-        counted = [p.grad.detach() for p in self.model.parameters() if p.grad is not None and
-                   not is_moe_param(p) and counted_once_per_replica(p, self.parallel.tp_rank)]
-        squares = sum((gradient.float().pow(2).sum() for gradient in counted),
-                      torch.zeros((), dtype=torch.float32, device=device.current_device()))
-        figures = torch.stack([squares, zeros_among(counted) if self.count_zeros else torch.zeros_like(squares)])
-        dist.all_reduce(figures, group=self.parallel.get_model_parallel_group())
-        norm = (figures[0] + expert_squares(self.model, gradients=True)).sqrt()
-        self.norm = norm.item()
-        self.num_zeros = figures[1].item() if self.count_zeros else None
-        if not math.isfinite(self.norm):
-            for parameter in self.model.parameters():
-                parameter.grad = None
-            self.skipped_steps += 1
-            return
-        if self.max_norm > 0:
-            scale = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
-            for gradient in gradients:
-                gradient.mul_(scale.to(gradient.dtype))
-
-
-def train_step(engine, batches: Batches, num_micro_batches: int,
-               parallel: ParallelState) -> tuple[float, Optional[MoEFigures]]:
+def train_step(engine, batches: Batches, num_micro_batches: int, parallel: ParallelState,
+               reduce_gradients: bool = True) -> tuple:
     """One optimizer step over `num_micro_batches` micro-batches (the engine's gradient accumulation steps);
-    returns the LM loss averaged over them and over the data-parallel ranks, and an MoE model's figures."""
+    returns the LM loss averaged over them, and an MoE model's figures (None for a dense one). The dense loss is
+    a tensor: on the pipeline engine also averaged over the data-parallel ranks, on the plain engine this
+    rank's (PendingSteps averages it when the loop reads it); an MoE model's is read and averaged here, with its
+    other figures. Without `reduce_gradients` (one data-parallel rank, ZeRO 0) DeepSpeed's gradient all-reduce,
+    which would flatten, reduce over one rank and copy back every gradient, is skipped through its no_sync()."""
     if isinstance(engine, PipelineEngine):  # train_batch does the averaging itself
-        return engine.train_batch(map(pipeline_micro_batch, batches)).item(), None
+        return engine.train_batch(map(pipeline_micro_batch, batches)), None
     total = torch.zeros((), device=device.current_device())
     for index in range(num_micro_batches):
         # The boundary is set explicitly: DeepSpeed would count it from its running micro-step total, which a
@@ -179,11 +140,12 @@ def train_step(engine, batches: Batches, num_micro_batches: int,
         batch = next(batches)
         loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
                       labels=batch["labels"], loss_mask=batch["loss_mask"])
-        engine.backward(loss)
+        with contextlib.nullcontext() if reduce_gradients else engine.no_sync():
+            engine.backward(loss)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
         total += loss.detach().float()
     moe = take_moe_figures(engine.module, parallel)
-    return (moe.lm_loss, moe) if moe else (data_parallel_mean(total / num_micro_batches, parallel), None)
+    return (moe.lm_loss, moe) if moe else (total / num_micro_batches, None)
 
 
 def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, parallel: ParallelState,
@@ -243,8 +205,11 @@ def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, 
     Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the
     pipeline engine, DeepSpeed's samples/sec line every --log-interval (unless the user's JSON says otherwise)
     and stage outputs sent whole (see model/pipe.py's GPTPipe); the universal-checkpoint loader where --load
-    holds a reshaped checkpoint (checkpoint/resume.py)."""
+    holds a reshaped checkpoint (checkpoint/resume.py). DeepSpeed's throughput timer is off unless the user's
+    JSON configures it: it waits for the device at the start and end of every step, and its samples/sec
+    figures, printed every steps_per_print, duplicate the iteration line."""
     engine = resolve_deepspeed_config(config)
+    engine.setdefault("timers", {"throughput": {"enabled": False}})
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0
     if guarding_steps_ourselves:
@@ -389,27 +354,28 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
 
 def data_loader_factory(trainer: Trainer) -> Callable:
     """build_data_loader(dataset, consumed_samples) for this rank's micro-batches."""
-    parallel, batch = trainer.parallel, trainer.config.batch
+    parallel, batch, data = trainer.parallel, trainer.config.batch, trainer.config.data
+    batch_maker = BatchMaker(trainer.tokenizer.eod, reset_position_ids=data.reset_position_ids,
+                             reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss)
     return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
-                             num_workers=trainer.config.data.num_workers, data_parallel_rank=parallel.dp_rank,
+                             num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
                              data_parallel_size=parallel.get_data_parallel_world_size(),
-                             dataloader_type=trainer.config.data.dataloader_type)
+                             dataloader_type=data.dataloader_type, collate_fn=batch_maker)
 
 
 def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optional[Batches]]:
     """Training batches from `state`'s consumed samples on; validation batches (cycled) where they continue
     after as many evaluations as the resumed run had made."""
-    config, eod = trainer.config, trainer.tokenizer.eod
+    config = trainer.config
     data, logging_config, batch = config.data, config.logging, config.batch
     loader_of = data_loader_factory(trainer)
     train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
-    train = Batches(loader_of(train_set, state.consumed_train_samples), data, eod,
-                    restart=data.dataloader_type == "cyclic")
+    train = Batches(loader_of(train_set, state.consumed_train_samples), restart=data.dataloader_type == "cyclic")
     if valid_set is None or not logging_config.eval_iters:
         return train, None
     consumed_valid = ((state.iteration // logging_config.eval_interval) * logging_config.eval_iters
                       * batch.global_batch_size)
-    return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), data, eod, restart=True)
+    return train, Batches(loader_of(valid_set, consumed_valid % len(valid_set)), restart=True)
 
 
 def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -> dict:
@@ -424,7 +390,7 @@ def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -
     for split in splits:
         if datasets[split] is None or not eval_iters:
             continue
-        batches = Batches(loader_of(datasets[split], 0), config.data, trainer.tokenizer.eod, restart=True)
+        batches = Batches(loader_of(datasets[split], 0), restart=True)
         with releasing(batches):
             losses[split] = evaluate(engine, batches, eval_iters, batch.num_micro_batches, trainer.parallel,
                                      deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
@@ -470,9 +436,10 @@ def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool
     return schedule.train_tokens is not None and consumed_samples * schedule.tokens_per_sample >= schedule.train_tokens
 
 
-def figures_of_step(trainer: Trainer, state: TrainState, loss: float, grad_norm: float, batch_size: int,
+def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_size: int,
                     lr: float, moe: Optional[MoEFigures] = None) -> IterationFigures:
-    """The iteration's figures for the log; norms and statistics are collectives, so every rank computes them."""
+    """The iteration's figures for the log (loss, gradient norm and zero count may still be tensors, read later
+    by PendingSteps); norms and statistics are collectives, so every rank computes them."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     logging_config = config.logging
     figures = IterationFigures(loss=loss, learning_rate=lr, batch_size=batch_size,
@@ -485,6 +452,12 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss: float, grad_norm:
         figures.optimizer_states = optimizer_state_statistics(stepped_optimizer(engine.optimizer), parallel,
                                                               partitioned=config.parallel.zero_stage > 0)
     return figures
+
+
+def reduces_gradients(trainer: Trainer) -> bool:
+    """Whether DeepSpeed's plain engine must all-reduce the gradients after backward: not with one
+    data-parallel rank under ZeRO 0, where that would only copy them into a flat buffer and back."""
+    return trainer.parallel.get_data_parallel_world_size() > 1 or trainer.config.parallel.zero_stage > 0
 
 
 def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:
@@ -522,11 +495,36 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
             metrics.validation(state, loss)
             return loss
 
-        def skipped_steps() -> int:  # DeepSpeed's skips, and ours (Fp32GradientClipping, NonFiniteStepGuard)
-            return engine.skipped_steps + sum(hook.skipped_steps for hook in (clipping, trainer.step_guard) if hook)
+        def skipped_counters() -> list:  # DeepSpeed's skips, and ours (Fp32GradientClipping, NonFiniteStepGuard)
+            return [engine.skipped_steps, *(hook.skipped for hook in (clipping, trainer.step_guard)
+                                            if hook is not None and hook.skipped is not None)]
+
+        def settle() -> None:
+            """Read the pending iterations' figures; log them, count skipped and bad iterations (may raise)."""
+            nonlocal skipped_before
+            steps = pending.take()
+            counts = [skipped_before] + [step.skipped for step in steps]
+            updates_skipped = [after > before for before, after in zip(counts, counts[1:])]
+            verdicts = divergence.judge([step.figures.loss for step in steps], updates_skipped)
+            for step, update_skipped, bad in zip(steps, updates_skipped, verdicts):
+                losses.append(step.figures.loss)
+                grad_norms.append(step.figures.grad_norm)
+                state.skipped_iterations += step.skipped - skipped_before
+                skipped_before = step.skipped
+                state.nan_iterations += int(bad)
+                logged = replace(state, iteration=step.iteration, consumed_train_samples=step.consumed_samples)
+                metrics.iteration(logged, step.figures)  # which restarts the counters after a log line
+                state.skipped_iterations, state.nan_iterations = logged.skipped_iterations, logged.nan_iterations
+                divergence.count(step.iteration, bad, step.figures.loss, step.figures.grad_norm, update_skipped)
 
         validation_loss, losses, grad_norms = None, [], []
-        skipped_before = skipped_steps()
+        skipped_before = round(sum(read_to_host(skipped_counters())))  # a resumed run's DeepSpeed counts on
+        pending = PendingSteps(None if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_group(),
+                               1 if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_world_size())
+        reduce_gradients = reduces_gradients(trainer)
+        # Every rank takes the pending figures at the same iterations (their reading is a collective), so this
+        # asks whether the run writes TensorBoard at all, not whether this rank does (only the last one does).
+        tensorboard_interval = logging_config.tensorboard_log_interval if logging_config.tensorboard_dir else None
         while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
             batch_size = batch.schedule.batch_size(state.consumed_train_samples)
             with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
@@ -534,29 +532,29 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                     engine.set_train_batch_size(batch_size)
                 set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
                 loss, moe = train_step(engine, train_batches,
-                                       batch.schedule.micro_batches(state.consumed_train_samples), parallel)
-                grad_norm = clipping.norm if clipping else float(engine.get_global_grad_norm() or 0.0)
-                skipped_now = skipped_steps()
-                update_skipped = skipped_now > skipped_before
-                bad = divergence.is_bad(loss, update_skipped)
+                                       batch.schedule.micro_batches(state.consumed_train_samples), parallel,
+                                       reduce_gradients)
+                grad_norm = clipping.norm if clipping else engine.get_global_grad_norm()
+                skipped = skipped_counters()
                 exit_reason = exits.reason()
-            losses.append(loss)
-            grad_norms.append(grad_norm)
             state.iteration += 1
             state.consumed_train_samples += batch_size
-            state.skipped_iterations += skipped_now - skipped_before
-            skipped_before = skipped_now
-            state.nan_iterations += int(bad)
-            metrics.iteration(state, figures_of_step(trainer, state, loss, grad_norm, batch_size,
-                                                     schedule(state.consumed_train_samples), moe))
-            divergence.count(state.iteration, bad, loss, grad_norm, update_skipped)
+            pending.add(StepRecord(state.iteration, state.consumed_train_samples, figures_of_step(
+                trainer, state, loss, 0.0 if grad_norm is None else grad_norm, batch_size,
+                schedule(state.consumed_train_samples), moe), skipped, loss_averaged=moe is not None))
+            exit_interval = logging_config.exit_interval
+            exiting = bool(exit_interval) and state.iteration % exit_interval == 0
+            saving = checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason)
+            finished = state.iteration >= train_iters or tokens_budget_spent(config.schedule,
+                                                                             state.consumed_train_samples)
+            if saving or exiting or exit_reason or finished or \
+                    due(state.iteration, logging_config.log_interval, tensorboard_interval):
+                settle()
 
             paused = time.perf_counter()
             if valid is not None and state.iteration % logging_config.eval_interval == 0:
                 validation_loss = validate()
-            exit_interval = logging_config.exit_interval
-            exiting = bool(exit_interval) and state.iteration % exit_interval == 0
-            if checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason):
+            if saving:
                 save()
             metrics.exclude_from_timing(time.perf_counter() - paused)
             if exiting or exit_reason:

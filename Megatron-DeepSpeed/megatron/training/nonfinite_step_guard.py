@@ -26,11 +26,11 @@ class NonFiniteStepGuard:
     def __init__(self, found_inf_devices: frozenset = FUSED_ADAMW_READS_FOUND_INF):
         """`found_inf_devices`: device types whose fused optimizer kernel skips a step given `found_inf`."""
         self._found_inf_devices = found_inf_devices
-        self._skipped: Optional[torch.Tensor] = None  # on the device; reading it waits for the step
+        self.skipped: Optional[torch.Tensor] = None  # on the device; reading it waits for the step
 
     @property
     def skipped_steps(self) -> int:
-        return 0 if self._skipped is None else int(self._skipped.item())
+        return 0 if self.skipped is None else int(self.skipped.item())
 
     def __call__(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -39,7 +39,7 @@ class NonFiniteStepGuard:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], error_if_nonfinite=False)
         bad = (~torch.isfinite(norm)).float()
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips together: each holds only its partition
-        self._skipped = bad.clone() if self._skipped is None else self._skipped + bad
+        self.skipped = bad.clone() if self.skipped is None else self.skipped + bad
         if optimizer.defaults.get("fused") and params[0].device.type in self._found_inf_devices:
             optimizer.found_inf = bad
         elif bad.item():
