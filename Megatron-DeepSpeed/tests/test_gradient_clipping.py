@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from distributed_helpers import run_on_ranks
+from training_helpers import step_history
 
 from megatron.training.clipping import Fp32GradientClipping
 
@@ -56,12 +57,7 @@ def steps_with_one_bad_gradient(optimizer_name):
     clipping = Fp32GradientClipping(model, one_rank(), max_norm=1.0)
     optimizer = OPTIMIZERS[optimizer_name]([weight])
     optimizer.register_step_pre_hook(clipping)
-    history = []
-    for gradient in ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]):
-        weight.grad = torch.tensor(gradient)
-        optimizer.step()
-        state = {name: value.clone() for name, value in optimizer.state[weight].items() if torch.is_tensor(value)}
-        history.append((weight.detach().clone(), state))
+    history = step_history(optimizer, weight, ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]))
     return history, clipping.skipped_steps
 
 

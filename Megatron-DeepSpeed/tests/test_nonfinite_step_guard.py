@@ -7,6 +7,7 @@ import functools
 import pytest
 import torch
 from distributed_helpers import run_on_ranks
+from training_helpers import step_history
 
 from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
@@ -36,12 +37,7 @@ def steps_with_one_bad_gradient(optimizer_name):
     optimizer = OPTIMIZERS[optimizer_name]([weight])
     guard = NonFiniteStepGuard(FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
     optimizer.register_step_pre_hook(guard)
-    history = []
-    for gradient in ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]):
-        weight.grad = torch.tensor(gradient)
-        optimizer.step()
-        state = {name: value.clone() for name, value in optimizer.state[weight].items() if torch.is_tensor(value)}
-        history.append((weight.detach().clone(), state))
+    history = step_history(optimizer, weight, ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]))
     return history, guard.skipped_steps
 
 

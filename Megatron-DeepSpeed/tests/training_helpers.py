@@ -57,3 +57,14 @@ def assert_same_training(result, reference):
     assert weights.keys() == reference_weights.keys()
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, reference_weights[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def step_history(optimizer, weight, gradients):
+    """Step `optimizer` once per gradient of `weight`: the weights and the optimizer's tensor state after each step."""
+    history = []
+    for gradient in gradients:
+        weight.grad = torch.tensor(gradient)
+        optimizer.step()
+        state = {name: value.clone() for name, value in optimizer.state[weight].items() if torch.is_tensor(value)}
+        history.append((weight.detach().clone(), state))
+    return history
