@@ -170,6 +170,32 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
         torch.testing.assert_close(tensor, straight[1][name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.full
+def test_an_ep2_checkpoint_reshaped_to_ep1_and_ep4_resumes_with_the_source_runs_next_loss(data_prefix, tmp_path):
+    # EP 2 x DP 2 saves at iteration 2; its weights (the optimizer starts fresh) resume in one process and at
+    # EP 4 x DP 4: iteration 3's loss is taken before any update, so it is the source run's.
+    from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.writer import TargetLayout
+    from megatron.errors import InputError
+    flags = [*COMMON, "--data-path", data_prefix]
+    source = tmp_path / "ep2"
+    straight = run_on_ranks(train_moe, 4, [*flags, "--moe-expert-parallel-size", "2", "--save", str(source),
+                                           "--save-interval", "2"])[0]
+    with pytest.raises(InputError, match="add --weights-only"):
+        reshape(str(source), str(tmp_path / "ep1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2)
+    with pytest.raises(InputError, match="--target-expert-parallel-size 3 does not divide the --num-experts 4"):
+        reshape(str(source), str(tmp_path / "ep3"), TargetLayout(1, 1, pipeline_engine=False, expert=3),
+                iteration=2, weights_only=True)
+    for expert_parallel, world in ((1, 1), (4, 4)):
+        target = tmp_path / f"ep{expert_parallel}"
+        reshape(str(source), str(target), TargetLayout(1, 1, pipeline_engine=False, expert=expert_parallel),
+                iteration=2, weights_only=True)
+        resumed = run_on_ranks(train_moe, world, [*flags, "--moe-expert-parallel-size", str(expert_parallel),
+                                                  "--load", str(target)])[0]
+        assert len(resumed[0]) == ITERATIONS - 2
+        assert resumed[0][0] == pytest.approx(straight[0][2], rel=1e-5)
+
+
 # --- upstream's MoE scripts (b4d4a0e examples/MoE/), flags exactly as their shell expands them ---------------
 
 UPSTREAM_MOE_FLAGS = """--override-lr-scheduler --adam-beta1 0.9 --adam-beta2 0.95 --tensor-model-parallel-size 1
@@ -228,7 +254,7 @@ def train_moe_whole(argv):
 
 
 @pytest.mark.full
-def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_and_reshape(data_prefix, tmp_path):
+def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_and_the_pipeline_engine(data_prefix, tmp_path):
     from megatron.checkpoint.convert import export_hf, reshape
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.writer import TargetLayout
@@ -253,7 +279,7 @@ def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_a
     assert model(tokens).shape == (1, 16, 256)  # generation's forward, eval capacity, every expert in this process
     with pytest.raises(InputError, match="transformers' GPT-2 has no experts"):
         export_hf(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
-    with pytest.raises(InputError, match="reshaping its expert files is not supported yet"):
+    with pytest.raises(InputError, match="runs on the plain engine only; add --target-no-pipeline-parallel"):
         reshape(str(tmp_path / "ckpt"), str(tmp_path / "reshaped"), TargetLayout(tensor=2, pipeline=1))
     # --skip-train evaluates the MoE checkpoint through the engine (DeepSpeed reads the expert files).
     _, validation = run_on_ranks(train_moe_whole, 1, [*flags, "--load", str(tmp_path / "ckpt"), "--skip-train",

@@ -5,6 +5,7 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
+                          [--target-expert-parallel-size E]   (a mixture-of-experts model: weights only)
     convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
@@ -34,6 +35,8 @@ def parse_args(argv):
     output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write a transformers GPT2LMHeadModel to")
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--target-expert-parallel-size", type=int, default=1,
+                        help="a mixture-of-experts model's --moe-expert-parallel-size to resume at (weights only)")
     parser.add_argument("--target-no-pipeline-parallel", action="store_true",
                         help="for a run with --no-pipeline-parallel (DeepSpeed's plain engine; needs PP 1)")
     parser.add_argument("--weights-only", action="store_true",
@@ -58,7 +61,8 @@ def main(argv=None):
 
 def convert(args) -> None:
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
-                          pipeline_engine=not args.target_no_pipeline_parallel)
+                          pipeline_engine=not args.target_no_pipeline_parallel,
+                          expert=args.target_expert_parallel_size)
     if args.to_hf:
         print(f"exporting {args.load} as a Hugging Face GPT-2 model to {args.to_hf}", flush=True)
         with progress_bar("exporting") as progress:

@@ -49,14 +49,30 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     source = read_checkpoint(load_dir, iteration, progress)
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
-        raise InputError(f"--load {load_dir} holds a mixture-of-experts model: reshaping its expert files is not "
-                         "supported yet; resume it at the layout it was trained with")
+        check_expert_target(load_dir, source, target, weights_only)
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
         directory, source.model, config, state, target, optimizer, progress), force=force)
     return source
+
+
+def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout, weights_only: bool) -> None:
+    """Raise InputError when a mixture-of-experts checkpoint cannot be written at `target`. Its weights can: the
+    expert files are named by global expert index at any expert-parallel size. Its Adam state is not reshaped
+    (DeepSpeed keeps it per expert-parallel rank, each file holding that rank's experts' moments)."""
+    if target.pipeline_engine:
+        raise InputError(f"--load {load_dir} holds a mixture-of-experts model, which runs on the plain engine "
+                         "only; add --target-no-pipeline-parallel")
+    if source.has_optimizer_state and not weights_only:
+        raise InputError(f"--load {load_dir} holds a mixture-of-experts model: its weights can be reshaped but not "
+                         "its per-expert-parallel-rank Adam state; add --weights-only (the resumed run starts the "
+                         "optimizer fresh)")
+    uneven = [count for count in source.moe.num_experts if count % target.expert]
+    if target.expert < 1 or uneven:
+        raise InputError(f"--target-expert-parallel-size {target.expert} does not divide the --num-experts "
+                         f"{' '.join(map(str, source.moe.num_experts))} of {load_dir}; choose one that divides each")
 
 
 def unpadded_vocab_size(args: Mapping[str, object]) -> int:

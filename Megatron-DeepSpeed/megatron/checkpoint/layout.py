@@ -85,4 +85,13 @@ def megatron_rank_dir(tp_rank: int, pp_rank: int, pp_size: int) -> str:
 # DeepSpeed's MoE layout: each expert of each MoE layer (numbered from 0 in model order) in a file of its own, per
 # model-parallel rank; its keys are the model's parameter names with the expert's global index.
 EXPERT_FILE_PATTERN = re.compile(r"layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt")
+# An expert's parameter name: its transformer layer and its global expert index.
+EXPERT_KEY_PATTERN = re.compile(r"layers\.(\d+)\..*\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.")
+
+
+def expert_file(moe_layer: int, expert: int, mp_rank: int) -> str:
+    """The file DeepSpeed reads expert `expert` (global index) of the `moe_layer`-th MoE layer from."""
+    return f"layer_{moe_layer}_expert_{expert}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
 MANIFEST_FILE = "manifest.json"  # in each global_stepN: its files, sizes and checksums (checkpoint/manifest.py)

@@ -20,14 +20,14 @@ optimizer fresh. The caller writes into a fresh directory and renames it into pl
 import importlib.metadata
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
-from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
-                                        LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
-                                        model_parallel_rank, model_states_file)
+from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
+                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK,
+                                        expert_file, layer_file, model_parallel_rank, model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name)
@@ -44,10 +44,12 @@ class TargetLayout:
     tensor: int
     pipeline: int
     pipeline_engine: bool = True  # False: DeepSpeed's plain engine (--no-pipeline-parallel), needs pipeline 1
+    expert: int = 1  # expert-parallel size of a mixture-of-experts model (its --moe-expert-parallel-size)
 
     def describe(self) -> str:
         engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
-        return f"TP {self.tensor} x PP {self.pipeline}, any DP and ZeRO stage, {engine}"
+        experts = f" x EP {self.expert}" if self.expert > 1 else ""
+        return f"TP {self.tensor} x PP {self.pipeline}{experts}, any DP and ZeRO stage, {engine}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,22 @@ def target_args(args: Mapping[str, object], target: TargetLayout, padded_vocab_s
     recorded.update(tensor_model_parallel_size=target.tensor, pipeline_model_parallel_size=target.pipeline,
                     no_pipeline_parallel=not target.pipeline_engine, ds_pipeline_enabled=target.pipeline_engine,
                     padded_vocab_size=padded_vocab_size)
+    if "moe_expert_parallel_size" in recorded:
+        recorded["moe_expert_parallel_size"] = target.expert
     return recorded
+
+
+def experts_by_file(names: List[str]) -> Dict[Tuple[int, int], List[str]]:
+    """The expert parameters among `names`, grouped as DeepSpeed files them: by (MoE layer numbered from 0 in
+    model order, global expert index). The files do not depend on the expert-parallel size; only which rank
+    reads which does."""
+    located = {name: EXPERT_KEY_PATTERN.search(name) for name in names}
+    layers = sorted({int(match.group(1)) for match in located.values() if match})
+    files: Dict[Tuple[int, int], List[str]] = {}
+    for name, match in located.items():
+        if match:
+            files.setdefault((layers.index(int(match.group(1))), int(match.group(2))), []).append(name)
+    return files
 
 
 def _tensor_parallel_rng(state: TrainingState, tp_rank: int) -> Optional[dict]:
@@ -163,6 +180,12 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     tag = f"global_step{state.iteration}"
     tag_dir = os.path.join(out_dir, tag)
     names = list(model)
+    experts = experts_by_file(names)
+    in_expert_files = {name for group in experts.values() for name in group}
+    dense = [name for name in names if name not in in_expert_files]
+    if experts and (optimizer is not None or target.pipeline_engine):
+        raise InputError("a mixture-of-experts checkpoint is written for the plain engine (--no-pipeline-parallel) "
+                         "and weights only")
     flags = target_args(state.args, target, config.vocab_size)
     args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
                          state.consumed_train_samples, config.vocab_size,
@@ -188,13 +211,19 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
             module = None if target.pipeline_engine else nest({
-                name: shard_of(name, model[name], tp, tp_size).clone() for name in names})
+                name: shard_of(name, model[name], tp, tp_size).clone() for name in dense})
             zero0 = None if optimizer is None else _zero0_optimizer(stage_names, stage_shapes, optimizer, num_layers,
                                                                     tp, tp_size)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
             contents = {"module": module, "optimizer": zero0, **_deepspeed_bookkeeping(state, target), **client}
+            if experts:  # DeepSpeed reads the experts from their own files (tensor parallelism does not split them)
+                contents["num_experts"] = [sum(1 for layer, _ in experts if layer == moe_layer)
+                                           for moe_layer in sorted({layer for layer, _ in experts})]
+                for (moe_layer, expert), expert_names in experts.items():
+                    _save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
+                          {name: model[name].clone() for name in expert_names})
             _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 _save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
