@@ -38,6 +38,8 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     assert 0 < bf16 < 1e-2
     rows = [line for line in text.splitlines() if line.startswith("| toy |")]
     assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
+    moe = [line.split(" | ") for line in text.splitlines() if line.startswith("| toy-MoE4 |")]
+    assert len(moe) == 1 and moe[0][1] == "mbs 2, no recompute, ZeRO 1 **best**" and float(moe[0][2]) > 0
 
 
 @pytest.mark.full
@@ -82,7 +84,7 @@ def test_a_failing_training_process_is_reported_by_its_error_line():
 
 def test_unknown_shapes_are_refused_before_any_work():
     said = []
-    with pytest.raises(InputError, match="--shapes toy,345M: 345M unknown here; choose from toy"):
+    with pytest.raises(InputError, match="--shapes toy,345M: 345M unknown here; choose from toy, toy-MoE4"):
         report(False, pretrain=None, iterations=1, say=said.append, shapes=["toy", "345M"])
     assert said == []
 

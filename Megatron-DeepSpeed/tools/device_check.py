@@ -1,7 +1,7 @@
 """Correctness and speed report for the accelerator of this host (see megatron/reports/device_check.py).
 
     bash Megatron-DeepSpeed/tools/device_check.sh [--cpu] [--iterations N] [--output report.md]
-        [--only correctness|speed] [--shapes 345M,1.3B]
+        [--only correctness|speed] [--shapes 345M,1.3B,345M-MoE8]
 """
 import argparse
 import os
@@ -17,8 +17,8 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, help="training iterations per run (default 50; 4 on CPU)")
     parser.add_argument("--output", help="also write the report to this file")
     parser.add_argument("--only", choices=CHECKS, help="run only the correctness or only the speed checks")
-    parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B; tiny, toy on CPU); "
-                                         "default all")
+    parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B,345M-MoE8; tiny, toy, "
+                                         "toy-MoE4 on CPU); default all")
     options = parser.parse_args(argv)
     if options.output and os.path.exists(options.output):
         raise InputError(f"--output {options.output} already exists; choose another file, or remove it first")

@@ -27,9 +27,12 @@ from megatron.model.kernels import sdpa_attention
 from megatron.training.flops import format_mfu
 from megatron.training.log_lines import parse_log
 
-# Model shapes: (name, layers, hidden, heads, seq); the accelerator sizes are the 345M and 1.3B presets'.
-ACCELERATOR_SHAPES = (("345M", 24, 1024, 16, 1024), ("1.3B", 24, 2048, 16, 1024))
-CPU_SHAPES = (("toy", 2, 64, 4, 64),)
+# Model shapes: (name, layers, hidden, heads, seq); the accelerator sizes are the 345M and 1.3B presets'. The MoE
+# shapes are the dense ones with experts in every other layer (upstream's --expert-interval 2), top-1 routing, all
+# experts on the one device (expert-parallel size 1).
+ACCELERATOR_SHAPES = (("345M", 24, 1024, 16, 1024), ("1.3B", 24, 2048, 16, 1024), ("345M-MoE8", 24, 1024, 16, 1024))
+CPU_SHAPES = (("toy", 2, 64, 4, 64), ("toy-MoE4", 2, 64, 4, 64))
+SHAPE_FLAGS = {"345M-MoE8": ("--num-experts", "8"), "toy-MoE4": ("--num-experts", "4")}
 CORRECTNESS_SHAPES_ACCELERATOR = (("tiny", 4, 64, 4, 128), ("345M", 24, 1024, 16, 1024))
 CORRECTNESS_SHAPES_CPU = (("toy", 2, 64, 4, 64),)
 VOCAB = 50257  # GPT-2's: the logit layer's share of the work is realistic
@@ -113,7 +116,8 @@ def speed_row(shape, settings: str, flags: Sequence[str], iterations: int,
     device lacks) becomes a row that says why, so one bad setting does not cost the rest of the report."""
     name, layers, hidden, heads, seq = shape
     try:
-        log = parse_log(train([*shape_flags(layers, hidden, heads, seq), *flags, "--train-iters", str(iterations)]))
+        log = parse_log(train([*shape_flags(layers, hidden, heads, seq), *SHAPE_FLAGS.get(name, ()), *flags,
+                               "--train-iters", str(iterations)]))
     except TrainingFailed as failure:
         return SpeedRow(name, settings, failure=str(failure))
     timed = log.iterations[max(1, iterations // 4):]  # warm-up excluded
@@ -147,13 +151,16 @@ def train_in_fresh_process(argv: Sequence[str]) -> str:
 
 
 # Speed grid cells per shape: (micro batch, recompute, ZeRO stage, torch.compile, pipeline engine). 1.3B at micro
-# batch 16 without recomputation does not fit 80 GB, so it is tried with recomputation only.
+# batch 16 without recomputation does not fit 80 GB, so it is tried with recomputation only. MoE runs on the plain
+# engine only.
 SPEED_GRIDS = {
     "345M": ((8, False, 1, False, False), (16, False, 1, False, False), (16, True, 1, False, False),
              (16, False, 0, False, False), (16, False, 1, True, False), (16, False, 1, False, True)),
     "1.3B": ((8, False, 1, False, False), (16, True, 1, False, False), (8, False, 1, True, False),
              (8, False, 1, False, True)),
     "toy": ((2, False, 1, False, False), (2, True, 1, False, False)),
+    "345M-MoE8": ((8, False, 1, False, False), (16, True, 1, False, False)),
+    "toy-MoE4": ((2, False, 1, False, False),),
 }
 
 
