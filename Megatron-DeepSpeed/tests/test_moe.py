@@ -171,7 +171,7 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
 
 
 @pytest.mark.full
-def test_an_ep2_checkpoint_reshaped_to_ep1_and_ep4_resumes_with_the_source_runs_next_loss(data_prefix, tmp_path):
+def test_an_ep2_checkpoint_reshaped_to_ep1_ep4_and_tp2_resumes_with_the_source_runs_next_loss(data_prefix, tmp_path):
     # EP 2 x DP 2 saves at iteration 2; its weights (the optimizer starts fresh) resume in one process and at
     # EP 4 x DP 4: iteration 3's loss is taken before any update, so it is the source run's.
     from megatron.checkpoint.convert import reshape
@@ -186,10 +186,23 @@ def test_an_ep2_checkpoint_reshaped_to_ep1_and_ep4_resumes_with_the_source_runs_
     with pytest.raises(InputError, match="--target-expert-parallel-size 3 does not divide the --num-experts 4"):
         reshape(str(source), str(tmp_path / "ep3"), TargetLayout(1, 1, pipeline_engine=False, expert=3),
                 iteration=2, weights_only=True)
+    reshape(str(source), str(tmp_path / "ep1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2,
+            weights_only=True)
+    from tools.convert_checkpoint import main as convert_main
+    convert_main(["--load", str(source), "--iteration", "2", "--save", str(tmp_path / "ep4"), "--weights-only",
+                  "--target-no-pipeline-parallel", "--target-expert-parallel-size", "4"])
+    # A TP 2 target (not trainable with experts over gloo) holds the same model: the dense part split, every
+    # expert file per tensor-parallel rank.
+    reshape(str(source), str(tmp_path / "tp2"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
+            weights_only=True)
+    from megatron.checkpoint.reader import read_checkpoint
+    whole = read_checkpoint(str(source), iteration=2).model
+    split = read_checkpoint(str(tmp_path / "tp2")).model
+    assert split.keys() == whole.keys()
+    for name, tensor in whole.items():
+        torch.testing.assert_close(split[name], tensor, rtol=0, atol=0, msg=name)
     for expert_parallel, world in ((1, 1), (4, 4)):
         target = tmp_path / f"ep{expert_parallel}"
-        reshape(str(source), str(target), TargetLayout(1, 1, pipeline_engine=False, expert=expert_parallel),
-                iteration=2, weights_only=True)
         resumed = run_on_ranks(train_moe, world, [*flags, "--moe-expert-parallel-size", str(expert_parallel),
                                                   "--load", str(target)])[0]
         assert len(resumed[0]) == ITERATIONS - 2

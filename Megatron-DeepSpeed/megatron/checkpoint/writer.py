@@ -13,6 +13,8 @@ them:
         "universal checkpoint": one file per full parameter and state, named as the engine names the
         parameter, with the dimension its tensor-parallel shards are cut along. ZeRO 1, 2 and 3 load it at any
         data-parallel size (checkpoint.load_universal), cutting the rank's partition themselves.
+  global_step{N}/layer_{i}_expert_{e}_mp_rank_{mp:02d}_model_states.pt   a mixture-of-experts model's experts
+        (plain engine, weights only), one file per expert by global index: any expert-parallel size reads them.
   latest, latest_universal, latest_checkpointed_iteration.txt
 With --weights-only the Adam state is left out (zero/ then holds fp32.pt only) and resuming starts the
 optimizer fresh. The caller writes into a fresh directory and renames it into place (tools/convert_checkpoint.py).
