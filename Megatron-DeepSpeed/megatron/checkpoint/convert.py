@@ -46,7 +46,7 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     source has none, the Adam state). Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
-    source = read_checkpoint(load_dir, iteration, progress)
+    source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)

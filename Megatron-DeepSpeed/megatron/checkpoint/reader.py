@@ -27,9 +27,10 @@ single-process GPTModel's parameter names, the tied word embedding once.
 """
 import dataclasses
 import os
+from collections import abc
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -357,20 +358,64 @@ def _assembled(part: TensorShard, shards: Dict[int, Mapping[str, torch.Tensor]],
     return part.assemble(name, {tp: shard[key] for tp, shard in shards.items()}, source_size)
 
 
+def _pipeline_positions(tag_dir: str, num_layers: int) -> Tuple[bool, Sequence[int]]:
+    """Whether the layer files are numbered as earlier versions of this project numbered them (embedding
+    layer_00), and the spec positions that have a file."""
+    old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))
+    return old, range(num_layers + 2) if old else positions_with_parameters(num_layers)
+
+
+def _piece_weights(tag_dir: str, layout: Layout, num_layers: int, old: bool, position: int,
+                   part: TensorShard) -> dict:
+    """`part` of each tensor of the piece at spec `position`, under GPTModel's names."""
+    shards = {tp: load_file(os.path.join(tag_dir, layer_file(position, tp))) for tp in part.sources(layout.tensor)}
+    names = {key: _piece_name(old, position, key, num_layers) for key in shards[min(shards)]}
+    return {name: _assembled(part, shards, layout.tensor, key, name) for key, name in names.items()}
+
+
+def _piece_name(old: bool, position: int, key: str, num_layers: int) -> str:
+    return (old_position_name if old else name_at_position)(position, key, num_layers)
+
+
 def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress,
                              part: TensorShard) -> dict:
     """The layer files: numbered as upstream's (model/pipe.py), or as earlier versions of this project numbered
     them (embedding layer_00)."""
-    old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))
-    positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
+    old, positions = _pipeline_positions(tag_dir, num_layers)
     model = {}
     for index, position in enumerate(positions):
         progress(f"reading piece {index + 1}/{len(positions)} ({layout.tensor} tensor-parallel shard(s))")
-        shards = {tp: load_file(os.path.join(tag_dir, layer_file(position, tp))) for tp in part.sources(layout.tensor)}
-        for key in shards[min(shards)]:
-            name = (old_position_name if old else name_at_position)(position, key, num_layers)
-            model[name] = _assembled(part, shards, layout.tensor, key, name)
+        model.update(_piece_weights(tag_dir, layout, num_layers, old, position, part))
     return model
+
+
+class StreamedWeights(abc.Mapping):
+    """The pipeline engine's weights read piece by piece when asked for, only the last piece kept: a converter
+    writing one target file at a time then holds that file and one source piece, never the whole model
+    (the tensors are those _pipeline_engine_weights assembles, so what is written stays the same)."""
+
+    def __init__(self, tag_dir: str, layout: Layout, num_layers: int, part: TensorShard = WHOLE):
+        self._read = lambda position: _piece_weights(tag_dir, layout, num_layers, old, position, part)
+        old, positions = _pipeline_positions(tag_dir, num_layers)
+        source = part.sources(layout.tensor)[0]
+        self._position = {}  # name -> spec position; the file's keys are read from the pickle, not its tensors
+        for position in positions:
+            for key in load_file(os.path.join(tag_dir, layer_file(position, source))):
+                self._position[_piece_name(old, position, key, num_layers)] = position
+        self._piece: Tuple[Optional[int], dict] = (None, {})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        position = self._position[name]
+        if self._piece[0] != position:
+            self._piece = (None, {})  # drop the last piece before reading the next
+            self._piece = (position, self._read(position))
+        return self._piece[1][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._position)
+
+    def __len__(self) -> int:
+        return len(self._position)
 
 
 def _module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
@@ -489,10 +534,11 @@ def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int,
 
 
 def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = _quiet,
-                    universal: bool = False, part: TensorShard = WHOLE) -> Checkpoint:
+                    universal: bool = False, part: TensorShard = WHOLE, streamed: bool = False) -> Checkpoint:
     """The checkpoint in `load_dir` (its newest, or that of `iteration`; with `universal` the one
     `latest_universal` names) with the full model weights, or with `part`'s shard of each (its padded
-    vocabulary size is still the whole model's)."""
+    vocabulary size is still the whole model's). With `streamed`, a pipeline engine's weights are read when
+    asked for (StreamedWeights), for a caller that uses one tensor at a time."""
     tag_dir = checkpoint_directory(load_dir, iteration, universal)
     state = read_client_state(tag_dir, whole=part == WHOLE)
     args = state[ARGS]
@@ -504,6 +550,8 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
         model = _megatron_weights(tag_dir, layout, progress, part)
     elif not engine_weights:  # DeepSpeed's ds_to_universal copies the model-states files only
         model = _universal_weights(tag_dir, num_layers, int(args["padded_vocab_size"]), progress, part)
+    elif layout.pipeline_engine and streamed:
+        model = StreamedWeights(tag_dir, layout, num_layers, part)
     elif layout.pipeline_engine:
         model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress, part)
     elif layout.zero_stage == 3:
