@@ -1,0 +1,122 @@
+"""Peak host memory (RSS) and seconds of reshaping a checkpoint with tools/convert_checkpoint.py's library
+(megatron/checkpoint/convert.reshape), which once assembled the whole model before writing and now reads each
+target file's tensors when it writes it.
+
+The source is a GPT of random fp32 weights (no training) written by the project's own writer at TP x PP
+(--source-tensor/--source-pipeline; made once into --source, reused when it exists). Each conversion runs in
+its own process, so its peak RSS (the whole process: Python and torch included) is its own; with
+--compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of an older
+commit) as well.
+
+  PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
+      --source /tmp/src [--layers 20 --hidden 1536] [--compare-root /path/to/old/Megatron-DeepSpeed]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from megatron.errors import RunError, run_cli
+
+THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1 << 30
+RESULT_PREFIX = "conversion-memory: "
+VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
+
+
+def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int) -> int:
+    """A checkpoint of random weights at TP `tensor` x PP `pipeline` (pipeline engine); its parameter count."""
+    import torch
+
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.files.atomic import write_directory_atomically
+    from megatron.model.gpt import GPTConfig, GPTModel
+
+    config = GPTConfig(vocab_size=VOCAB, max_position_embeddings=1024, num_layers=layers, hidden_size=hidden,
+                       num_attention_heads=heads, ffn_hidden_size=4 * hidden)
+    with torch.device("meta"):  # shapes only: random values below, without the model's initialisation
+        shapes = {name: tensor.shape for name, tensor in GPTModel(config).state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    weights = {name: torch.randn(shape, generator=generator) * 0.02 for name, shape in shapes.items()}
+    args = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "ffn_hidden_size": 4 * hidden,
+            "max_position_embeddings": 1024, "seq_length": 1024, "seed": 1234, "tokenizer_type": "NullTokenizer",
+            "tokenizer_vocab_size": VOCAB, "make_vocab_size_divisible_by": 128}
+    write_directory_atomically(directory, lambda out: write_checkpoint(
+        out, weights, config, TrainingState(0, 0, args), TargetLayout(tensor, pipeline)))
+    return sum(weight.numel() for weight in weights.values())
+
+
+def convert_in_this_process(source: str, target: str, tensor: int, pipeline: int) -> dict:
+    """Reshape `source` into `target` and measure it."""
+    import resource
+    import time
+
+    import psutil
+
+    from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.writer import TargetLayout
+
+    before = psutil.Process().memory_info().rss
+    start = time.perf_counter()
+    reshape(source, target, TargetLayout(tensor, pipeline), force=True)
+    return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_before": before,
+            "seconds": time.perf_counter() - start}
+
+
+def run(root: str, source: str, tensor: int, pipeline: int) -> dict:
+    """One conversion in a fresh process with `root`'s megatron; its measurement (the output removed)."""
+    target = tempfile.mkdtemp(prefix="conversion-target-")
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--source", source, "--target", target,
+               "--tensor", str(tensor), "--pipeline", str(pipeline)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    if result.returncode:
+        raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
+                       f"\n{result.stderr[-2000:]}")
+    line = next(line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX))
+    return json.loads(line[len(RESULT_PREFIX):])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", required=True, help="the source checkpoint; written first when it is missing")
+    parser.add_argument("--layers", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=1536)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--source-tensor", type=int, default=2)
+    parser.add_argument("--source-pipeline", type=int, default=2)
+    parser.add_argument("--tensor", type=int, default=1, help="the target's tensor-parallel size")
+    parser.add_argument("--pipeline", type=int, default=1, help="the target's pipeline-parallel size")
+    parser.add_argument("--compare-root", help="another checkout's Megatron-DeepSpeed directory")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        measured = convert_in_this_process(args.source, args.target, args.tensor, args.pipeline)
+        print(RESULT_PREFIX + json.dumps(measured), flush=True)
+        return 0
+    if not os.path.exists(args.source):
+        count = write_random_source(args.source, args.layers, args.hidden, args.heads, args.source_tensor,
+                                    args.source_pipeline)
+        print(f"wrote {args.source}: {count / 1e6:.0f}M parameters, {count * 4 / GIB:.2f} GiB in fp32, "
+              f"TP {args.source_tensor} x PP {args.source_pipeline}")
+    roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
+    print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
+    print("| code | peak RSS | RSS before | seconds |")
+    print("|---|---|---|---|")
+    for label, root in roots:
+        measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline)
+        print(f"| {label} | {measured['peak_rss'] / GIB:.2f} | {measured['rss_before'] / GIB:.2f} | "
+              f"{measured['seconds']:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
