@@ -207,8 +207,9 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
 
     for pp in range(target.pipeline):
         stage_names = engine_parameter_names(names, num_layers, target, pp)
-        stage_shapes = {name: shard_of(model_name(name, num_layers), model[model_name(name, num_layers)], 0,
-                                       tp_size).shape for name in stage_names}
+        stage_shapes = None if optimizer is None else {  # without Adam state, no tensor is read for its shape
+            name: shard_of(model_name(name, num_layers), model[model_name(name, num_layers)], 0, tp_size).shape
+            for name in stage_names}
         for tp in range(tp_size):
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
