@@ -27,10 +27,13 @@ RESULT_PREFIX = "conversion-memory: "
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
 
 
-def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int) -> int:
-    """A checkpoint of random weights at TP `tensor` x PP `pipeline` (pipeline engine); its parameter count."""
+def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int,
+                        with_adam: bool) -> int:
+    """A checkpoint of random weights (and Adam moments when `with_adam`) at TP `tensor` x PP `pipeline`
+    (pipeline engine); its parameter count."""
     import torch
 
+    from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
     from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
     from megatron.model.gpt import GPTConfig, GPTModel
@@ -44,8 +47,11 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
     args = {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "ffn_hidden_size": 4 * hidden,
             "max_position_embeddings": 1024, "seq_length": 1024, "seed": 1234, "tokenizer_type": "NullTokenizer",
             "tokenizer_vocab_size": VOCAB, "make_vocab_size_divisible_by": 128}
+    adam = OptimizerState(step=10, fp32=weights, param_groups=default_param_groups(args), **{
+        kind: {name: torch.rand(shape, generator=generator) for name, shape in shapes.items()}
+        for kind in ("exp_avg", "exp_avg_sq")}) if with_adam else None
     write_directory_atomically(directory, lambda out: write_checkpoint(
-        out, weights, config, TrainingState(0, 0, args), TargetLayout(tensor, pipeline)))
+        out, weights, config, TrainingState(10, 80, args), TargetLayout(tensor, pipeline), adam))
     return sum(weight.numel() for weight in weights.values())
 
 
@@ -99,6 +105,7 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--source-tensor", type=int, default=2)
     parser.add_argument("--source-pipeline", type=int, default=2)
+    parser.add_argument("--with-adam", action="store_true", help="the source made with Adam moments")
     parser.add_argument("--tensor", type=int, default=1, help="the target's tensor-parallel size")
     parser.add_argument("--pipeline", type=int, default=1, help="the target's pipeline-parallel size")
     parser.add_argument("--compare-root", help="another checkout's Megatron-DeepSpeed directory")
@@ -111,9 +118,9 @@ def main(argv=None):
         return 0
     if not os.path.exists(args.source):
         count = write_random_source(args.source, args.layers, args.hidden, args.heads, args.source_tensor,
-                                    args.source_pipeline)
+                                    args.source_pipeline, args.with_adam)
         print(f"wrote {args.source}: {count / 1e6:.0f}M parameters, {count * 4 / GIB:.2f} GiB in fp32, "
-              f"TP {args.source_tensor} x PP {args.source_pipeline}")
+              f"TP {args.source_tensor} x PP {args.source_pipeline}{', Adam state' if args.with_adam else ''}")
     roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
     print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
     print("| code | peak RSS | RSS before | seconds |")

@@ -18,14 +18,15 @@ checkpoint/names.py); the tied embedding lives on the first and the last stage, 
 the one kept. Checkpoints of earlier versions of this project number their pieces from 0 (Checkpoint.old).
 """
 import os
+from collections import abc
 from dataclasses import dataclass
-from typing import Dict, List, Mapping
+from typing import Dict, Iterator, List, Mapping
 
 import torch
 
 from megatron.checkpoint.layout import UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
-from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, model_name, positions_with_parameters,
-                                       stage_name)
+from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
+                                       positions_with_parameters, stage_name)
 from megatron.checkpoint.reader import (Checkpoint, Progress, _module_names, _quiet, load_file, padded_rows,
                                         zero3_flat_params, zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
@@ -168,20 +169,40 @@ def _zero0_step_and_groups(checkpoint: Checkpoint) -> tuple:
 
 # ----------------------------------------------------------------------------- universal
 
+class _UniversalKind(abc.Mapping):
+    """One kind of a universal checkpoint's Adam state (fp32, exp_avg or exp_avg_sq) under GPTModel's names,
+    each parameter's file read (memory-mapped) when asked for and not kept: a converter writing one file at a
+    time never holds the whole state."""
+
+    def __init__(self, checkpoint: Checkpoint, kind: str):
+        self._checkpoint, self._kind = checkpoint, kind
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._checkpoint.model:
+            raise KeyError(name)
+        tensor = load_file(os.path.join(_universal_folder(self._checkpoint, name), f"{self._kind}.pt"))["param"]
+        # ds_to_universal strips the vocabulary padding; the other tensors are whole
+        return padded_rows(tensor, self._checkpoint.padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._checkpoint.model)
+
+    def __len__(self) -> int:
+        return len(self._checkpoint.model)
+
+
+def _universal_folder(checkpoint: Checkpoint, name: str) -> str:
+    engine_name = stage_name(name, int(checkpoint.args["num_layers"])) if checkpoint.layout.pipeline_engine else name
+    return os.path.join(checkpoint.directory, UNIVERSAL_DIR, engine_name)
+
+
 def _universal_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
-    num_layers = int(checkpoint.args["num_layers"])
-    universal = os.path.join(checkpoint.directory, UNIVERSAL_DIR)
-    kinds = {kind: {} for kind in ("fp32", *MOMENTS)}
-    step = 0
-    for index, name in enumerate(checkpoint.model):
-        folder = os.path.join(universal, stage_name(name, num_layers) if checkpoint.layout.pipeline_engine else name)
-        progress(f"reading per-parameter state {index + 1}/{len(checkpoint.model)}: {name}")
-        for kind in kinds:
-            kinds[kind][name] = padded_rows(load_file(os.path.join(folder, f"{kind}.pt"))["param"],
-                                            checkpoint.model[name].shape[0])
-        step_file = load_file(os.path.join(folder, "step.pt"))  # ds_to_universal's holds {'param': step}
-        step = int(step_file["param"] if isinstance(step_file, dict) else step_file)
-    return OptimizerState(step=step, param_groups=default_param_groups(checkpoint.args), **kinds)
+    names = list(checkpoint.model)
+    progress(f"per-parameter optimizer state of {len(names)} parameters: read as each is written")
+    step_file = load_file(os.path.join(_universal_folder(checkpoint, names[-1]), "step.pt"))
+    step = int(step_file["param"] if isinstance(step_file, dict) else step_file)  # ds_to_universal's: {'param': step}
+    return OptimizerState(step=step, param_groups=default_param_groups(checkpoint.args),
+                          **{kind: _UniversalKind(checkpoint, kind) for kind in ("fp32", *MOMENTS)})
 
 
 def default_param_groups(args: Mapping[str, object]) -> tuple:
