@@ -411,6 +411,9 @@ class StreamedWeights(abc.Mapping):
             self._piece = (position, self._read(position))
         return self._piece[1][name]
 
+    def __contains__(self, name: object) -> bool:  # without reading the piece, as Mapping's default would
+        return name in self._position
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._position)
 
