@@ -1,7 +1,7 @@
 """A checkpoint is data: a real tiny checkpoint with an object planted in one of its files (its manifest
 rewritten to match) whose unpickling would create a marker file (as `os.system` would run a command) is refused
 by every entry point that reads checkpoints, in one line naming the file and the type, and the marker never
-appears. --trust-checkpoint lets such a file load (it then runs what the file names)."""
+appears. --trust-checkpoint io.open lets such a file load (it then builds what the user named)."""
 import os
 import re
 import shutil
@@ -132,5 +132,5 @@ def test_trust_checkpoint_loads_an_old_or_foreign_file(trained, tmp_path):
     from tools.inspect_checkpoint import main as inspect
 
     checkpoint, marker = planted_copy(trained, tmp_path, CLIENT_STATE)
-    assert inspect([checkpoint, "--trust-checkpoint"]) == 0
+    assert inspect([checkpoint, "--trust-checkpoint", "io.open"]) == 0
     assert os.path.exists(marker)  # what the flag allows: the file's code ran

@@ -13,7 +13,7 @@ user has is overwritten (resume.py then checks what the checkpoint holds against
 import logging
 import os
 import tempfile
-from typing import Optional
+from typing import Optional, Sequence
 
 from megatron.checkpoint import trust
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
@@ -115,10 +115,10 @@ def check_files_hold_data_only(step_dir: str) -> None:
                 raise trust.refusal(os.path.join(parent, name), what)
 
 
-def check_checkpoint_directories(load: Optional[str], save: Optional[str], trusted: bool = False,
+def check_checkpoint_directories(load: Optional[str], save: Optional[str], trusted: Sequence[str] = (),
                                  optimizer: bool = True) -> Optional[str]:
     """Every start-up check of --load and --save; returns the directory to resume from (None: fresh).
-    `trusted`: --trust-checkpoint; without `optimizer` (weights only) optimizer partitions may be missing."""
+    `trusted`: the types --trust-checkpoint names; without `optimizer` (weights only) optimizer partitions may be missing."""
     resume = resume_directory(load, save)
     if resume:
         step_dir = os.path.join(resume, resume_tag(resume))

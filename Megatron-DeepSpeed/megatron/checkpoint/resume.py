@@ -19,7 +19,7 @@ one command that converts them.
 """
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, RELEASE,
@@ -48,7 +48,7 @@ class LoadOptions:
     use_checkpoint_lr_scheduler: bool = False  # the checkpoint's schedule, whatever the command line's
     reset_iteration: bool = False  # restore everything but the iteration and consumed-sample counts
     universal: bool = False  # --universal-checkpoint: the checkpoint latest_universal names
-    trust_checkpoint: bool = False  # full pickle (checkpoint/trust.py)
+    trust_checkpoint: Tuple[str, ...] = ()  # types allowed beyond the allow-list (checkpoint/trust.py)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ResumePlan:
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
     foreign: bool = False  # a layout the engine cannot load: its weights are read here and copied in
-    trusted: bool = False  # --trust-checkpoint: its files are read with full pickle
+    trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
 
 
 def _engine_weights_missing(tag_dir: str, layout: Layout) -> bool:

@@ -5,35 +5,36 @@ every file is read with torch.load(weights_only=True) and this allow-list: besid
 containers and numbers), the few types our checkpoints and upstream's hold: numpy arrays (numpy's RNG state),
 argparse.Namespace (upstream's `args`), and DeepSpeed's optimizer bookkeeping (its loss scaler, the ZeRO stage
 enum, the fragment addresses of ZeRO 1/2). A file that needs anything else is refused, naming the file and the
-type. `--trust-checkpoint` (the `trusting` scope) lifts the rule for old or foreign files: full pickle, which
-runs whatever code the file names.
+type. `--trust-checkpoint MODULE.NAME` (the `trusting` scope) adds the types a user names for an old or foreign
+file; nothing is ever read with full pickle, so a file can only build what the list and the user allow.
 
-DeepSpeed's own loads (`engine.load_checkpoint`, its universal-checkpoint loader) pass weights_only=False;
+DeepSpeed's own loads (`engine.load_checkpoint`, its universal-checkpoint loader) ask torch for full pickle;
 `deepspeed_loads` makes them follow the same rule through torch's documented TORCH_FORCE_WEIGHTS_ONLY_LOAD
 switch, for the duration of the load only.
 """
 import argparse
 import contextlib
+import importlib
 import os
 import pickle
 import re
 from contextvars import ContextVar
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from megatron.config.flags.checkpointing import TRUST_FLAG, TRUST_HELP
+from megatron.config.flags.checkpointing import TRUST_ARGUMENTS, TRUST_FLAG
 from megatron.errors import InputError
 
-_TRUSTED: ContextVar[bool] = ContextVar("trust_checkpoint", default=False)
+_TRUSTED: ContextVar[Tuple[str, ...]] = ContextVar("trust_checkpoint", default=())
 _FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"  # torch.load's documented switch
 _UNSUPPORTED = re.compile(r"(?:GLOBAL|global) ([\w.]+)")
 
 
 def add_trust_flag(parser) -> None:
     """--trust-checkpoint on a checkpoint tool's command line (the trainer's is in config/flags)."""
-    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
+    parser.add_argument(TRUST_FLAG, **TRUST_ARGUMENTS)
 
 
 def allowed_globals() -> List[object]:
@@ -45,21 +46,29 @@ def allowed_globals() -> List[object]:
     reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct  # numpy 2 / numpy 1
     dtypes = [type(np.dtype(name)) for name in ("uint32", "int64", "float32", "float64", "bool")]
     return [argparse.Namespace, np.ndarray, np.dtype, reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
-            *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+            *dtypes, LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address,
+            *(_named_global(name) for name in _TRUSTED.get())]
+
+
+def _named_global(name: str) -> tuple:
+    """The object `--trust-checkpoint MODULE.NAME` names (an installed module's attribute), as torch's allow-list
+    takes it: with the name a pickle uses for it."""
+    module, _, attribute = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attribute), name
+    except (ImportError, AttributeError, ValueError):
+        raise InputError(f"{TRUST_FLAG} {name}: no such type or function among the installed modules; give it "
+                         "as the refusal names it (MODULE.NAME)") from None
 
 
 @contextlib.contextmanager
-def trusting(enabled: bool) -> Iterator[None]:
-    """--trust-checkpoint: inside this scope checkpoint files are read with full pickle when `enabled`."""
-    token = _TRUSTED.set(enabled)
+def trusting(names: Optional[Sequence[str]]) -> Iterator[None]:
+    """--trust-checkpoint: inside this scope checkpoint files may also hold the types `names` names."""
+    token = _TRUSTED.set(tuple(names or ()))
     try:
         yield
     finally:
         _TRUSTED.reset(token)
-
-
-def trusted() -> bool:
-    return _TRUSTED.get()
 
 
 def refused_type(error: BaseException) -> str:
@@ -71,7 +80,7 @@ def refused_type(error: BaseException) -> str:
 def refusal(path: str, what: str) -> InputError:
     """The one line for a file that names `what`, a type outside the allow-list."""
     return InputError(f"checkpoint file {path} holds {what}, which a checkpoint may not hold (loading it could run "
-                      f"code); if the file comes from a source you trust, pass {TRUST_FLAG}")
+                      f"code); if the file comes from a source you trust, pass {TRUST_FLAG} {what}")
 
 
 def is_refusal(error: BaseException) -> bool:
@@ -80,8 +89,6 @@ def is_refusal(error: BaseException) -> bool:
 
 def torch_load(path: str, mmap: bool = True) -> object:
     """torch.load of one file on the CPU under the rule (module docstring)."""
-    if trusted():
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     with torch.serialization.safe_globals(allowed_globals()):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
@@ -89,8 +96,6 @@ def torch_load(path: str, mmap: bool = True) -> object:
 def unsafe_type(path: str) -> Optional[str]:
     """The first type a zip-format torch file names outside the allow-list (None: none), read from its pickle
     alone (no tensor data): cheap enough to check every file of a checkpoint before any is loaded."""
-    if trusted():
-        return None
     try:
         with torch.serialization.safe_globals(allowed_globals()):
             found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
@@ -101,11 +106,8 @@ def unsafe_type(path: str) -> Optional[str]:
 
 @contextlib.contextmanager
 def deepspeed_loads() -> Iterator[None]:
-    """DeepSpeed's torch.load calls (weights_only=False) within this scope are weights-only with the allow-list,
-    unless trusting."""
-    if trusted():
-        yield
-        return
+    """DeepSpeed's torch.load calls within this scope are weights-only with the allow-list (DeepSpeed 0.19.8 asks
+    for full pickle; torch's switch overrides that)."""
     previous = os.environ.get(_FORCE_WEIGHTS_ONLY)
     os.environ[_FORCE_WEIGHTS_ONLY] = "1"
     try:

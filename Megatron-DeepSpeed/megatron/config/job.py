@@ -182,7 +182,7 @@ class CheckpointConfig:
     reset_iteration: bool  # restore everything but the iteration and sample counts
     no_save_rng: bool
     universal_checkpoint: bool  # --load's latest_universal, through DeepSpeed's universal loader
-    trust_checkpoint: bool  # read --load with full pickle (megatron/checkpoint/trust.py)
+    trust_checkpoint: Tuple[str, ...]  # types --load's files may hold beyond the allow-list (checkpoint/trust.py)
 
 
 @dataclass(frozen=True)

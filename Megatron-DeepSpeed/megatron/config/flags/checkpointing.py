@@ -8,10 +8,11 @@ from megatron.errors import InputError
 
 LIMITS = Limits(positive=("save_interval",))
 TRUST_FLAG = "--trust-checkpoint"  # also a flag of every checkpoint tool (megatron/checkpoint/trust.py)
-TRUST_HELP = ("Read checkpoint files with full pickle, as older tools did: a file can then run any code it "
-              "names. Only for files from a source you would run programs from; by default a file that holds "
-              "anything but tensors, numbers, strings, containers, numpy arrays, argparse.Namespace and "
-              "DeepSpeed's optimizer bookkeeping is refused.")
+TRUST_HELP = ("Let checkpoint files also hold this type or function (MODULE.NAME, as a refusal names it; repeat "
+              "the flag for several). Building it can run its code: name only what you trust. Files are always "
+              "read as data (torch.load weights_only): tensors, numbers, strings, containers, numpy arrays, "
+              "argparse.Namespace, DeepSpeed's optimizer bookkeeping, and what this flag names.")
+TRUST_ARGUMENTS = dict(action="append", metavar="MODULE.NAME", help=TRUST_HELP)
 
 
 def add_flags(parser) -> None:
@@ -43,7 +44,7 @@ def add_flags(parser) -> None:
                        help="Save checkpoints without the optimizer state (a resume then starts it fresh).")
     group.add_argument("--no-save-rng", action="store_true", default=None,
                        help="Save no random-generator states (a resume then keeps its own seeding).")
-    group.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
+    group.add_argument(TRUST_FLAG, **TRUST_ARGUMENTS)
 
 
 def validate(values: Mapping) -> None:
@@ -56,4 +57,5 @@ def validate(values: Mapping) -> None:
 
 
 def section(values: Mapping) -> CheckpointConfig:
-    return same_named(CheckpointConfig, values, no_save_rng=bool(values["no_save_rng"]))
+    return same_named(CheckpointConfig, values, no_save_rng=bool(values["no_save_rng"]),
+                      trust_checkpoint=tuple(values["trust_checkpoint"] or ()))

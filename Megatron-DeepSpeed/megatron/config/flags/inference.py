@@ -5,7 +5,7 @@ to what the model was trained with, and a pipeline split is refused."""
 from typing import Mapping
 
 from megatron.config.flags import parallelism, precision, stopping, tokenizer, training
-from megatron.config.flags.checkpointing import TRUST_FLAG, TRUST_HELP
+from megatron.config.flags.checkpointing import TRUST_ARGUMENTS, TRUST_FLAG
 from megatron.errors import InputError
 
 
@@ -27,7 +27,7 @@ def add_flags(parser, seq_length_flag: bool = True) -> None:
                        help="The --save directory of a training run (any TP x PP x DP layout and ZeRO stage), or one "
                             "of its global_step{N} directories.")
     group.add_argument("--iteration", type=int, help="Load this iteration's checkpoint instead of the latest.")
-    group.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
+    group.add_argument(TRUST_FLAG, **TRUST_ARGUMENTS)
     parallelism.add_model_parallel_flags(
         group, default=1,
         tensor_help="Split the model over this many processes; the others are data-parallel replicas.",
