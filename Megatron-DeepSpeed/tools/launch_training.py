@@ -220,9 +220,6 @@ def check_memory(flags, vocab_size: int, skip: bool) -> None:
     from megatron.planning.search import describe, require_fit
     from megatron.planning.shape import from_flags
 
-    if max(flags.num_experts or [1]) > 1:
-        print("Memory estimate: the layout planner does not model mixture-of-experts layers yet", flush=True)
-        return
     memory = estimate_memory(*from_flags(flags, vocab_size))
     capacity = device.total_memory()
     print(f"Memory estimate (tools/plan_layout.py): {describe(memory)}"

@@ -3,7 +3,8 @@
 The peak is the larger of two phases: forward and backward (model states, activations, logits) and the
 optimizer step (model states plus the fp32 gradients the step reads, which exist only then).
 
-Model states, per parameter Ψ of the rank (d = data-parallel size; ZeRO divides by d what its stage shards):
+Model states, per parameter Ψ of the rank (d = data-parallel size; ZeRO divides by d what its stage shards; an
+MoE model's experts, whose optimizer groups DeepSpeed partitions over their expert-data-parallel group, by d / EP):
     weights          model dtype (2 bytes in bf16/fp16, 4 in fp32); ZeRO-3: / d
     gradients        model dtype; ZeRO-2/3: / d
     optimizer        Adam's two fp32 moments, plus an fp32 master copy in half precision or under ZeRO >= 1
@@ -24,11 +25,18 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
                         on a stage; the first stage holds the most
     logits and loss     the last stage: b s V / t logits in the model dtype, their gradient, and the loss's
                         fp32 row chunks (at most 256 MiB, model/cross_entropy.py)
+    MoE layers          the attention half of a dense layer, then the gate, dispatch and combine tensors of
+                        planning/moe.py in the MLP's place; plus, once, the largest MoE layer's transient
+                        all-to-all buffers
     fragmentation       a stated share of the sum, for the caching allocator's rounding and free blocks
+DeepSpeed pads each ZeRO 1-2 group's flat buffer to a multiple of 2 x its data-parallel size (at most 2d - 1
+elements per group), which is left out.
 """
 from dataclasses import asdict, dataclass
 
-from megatron.planning.shape import Layout, ModelShape, TrainingSettings, layers_per_stage, stage_parameters
+from megatron.planning import moe
+from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, layers_per_stage, stage_expert_parameters,
+                                     stage_parameters)
 
 LOSS_CHUNK_BYTES = 1 << 28  # model/cross_entropy.py's CHUNK_BYTES (the loss lives above the planner's layer)
 FRAGMENTATION = 0.05
@@ -68,37 +76,54 @@ class MemoryEstimate:
 PHASES = {"forward/backward": FORWARD_BACKWARD, "optimizer step": OPTIMIZER_STEP}
 
 
-def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSettings) -> dict:
-    """weights, gradients, optimizer, step_gradients and buckets for `parameters` on one rank."""
-    size, half, zero, d = settings.dtype_bytes, settings.dtype != "fp32", layout.zero_stage, layout.data
-    sharded = d if zero >= 1 else 1
+def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSettings, experts: int = 0) -> dict:
+    """weights, gradients, optimizer, step_gradients and buckets for `parameters` on one rank, `experts` of which
+    belong to its experts (ZeRO shards those over data / expert_parallel ranks)."""
+    size, half, zero = settings.dtype_bytes, settings.dtype != "fp32", layout.zero_stage
+    groups = ((parameters - experts, layout.data), (experts, layout.data // layout.expert_parallel))
+
+    def per_rank(bytes_each: float, from_stage: int) -> float:
+        return sum(bytes_each * count / (d if zero >= from_stage else 1) for count, d in groups)
+
     copied = half or zero >= 1  # an fp32 master copy and fp32 step gradients beside the model's own tensors
-    return {"weights": size * parameters / (d if zero == 3 else 1),
-            "gradients": size * parameters / (d if zero >= 2 else 1),
-            "optimizer": (8 + (4 if copied else 0)) * parameters / sharded,
-            "step_gradients": 4 * parameters / sharded if copied else 0,
+    return {"weights": per_rank(size, 3), "gradients": per_rank(size, 2),
+            "optimizer": per_rank(8 + (4 if copied else 0), 1),
+            "step_gradients": per_rank(4, 1) if copied else 0,
             "buckets": float(size * min(settings.zero_reduce_bucket_size, parameters)) if zero >= 1 else 0.0}
 
 
-def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
-    """One layer, one micro-batch, everything kept for backward without recomputation."""
+def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings,
+                           layer_number: int = 1) -> float:
+    """One layer, one micro-batch, everything kept for backward without recomputation. The MLP's share is its
+    input and 8 / t of s b h values (two 4h-wide tensors), which an MoE layer replaces by its own."""
     t, sbh = layout.tensor, shape.seq_length * layout.micro_batch * shape.hidden_size
     replicated = 4 / t if layout.sequence_parallel else 4
     values = sbh * (replicated + 12 / t)
     masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
     scores = 0 if settings.fused_attention else (
         shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / t * settings.dtype_bytes)
-    return settings.dtype_bytes * values + masks + scores
+    experts = shape.experts_of_layer(layer_number)
+    mlp = 0.0
+    if experts > 1:  # no sequence parallelism with experts
+        values -= sbh * (1 + 8 / t)
+        mlp = moe.mlp_activation_bytes(shape, layout, settings, experts)
+    return settings.dtype_bytes * values + masks + scores + mlp
 
 
 def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
-    """One micro-batch through a stage's layers: all of them, or under recompute their inputs plus one layer."""
-    layers, full = layers_per_stage(shape.num_layers, layout.pipeline), layer_activation_bytes(shape, layout,
-                                                                                                settings)
+    """One micro-batch through a stage's layers: all of them, or under recompute their inputs plus the largest
+    layer; with experts, plus the largest MoE layer's transient dispatch buffers."""
+    layers = layers_per_stage(shape.num_layers, layout.pipeline)
+    if shape.has_experts:  # one stage: every layer, each by its own MLP
+        full = [layer_activation_bytes(shape, layout, settings, number) for number in range(1, layers + 1)]
+    else:
+        full = [layer_activation_bytes(shape, layout, settings)] * layers
+    transient = max((moe.transient_bytes(shape, layout, settings, experts) for experts in shape.moe_layer_experts()),
+                    default=0.0)
     if not layout.recompute:
-        return layers * full
+        return sum(full) + transient
     layer_input = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes
-    return layers * layer_input / (layout.tensor if layout.sequence_parallel else 1) + full
+    return layers * layer_input / (layout.tensor if layout.sequence_parallel else 1) + max(full) + transient
 
 
 def logits_and_loss_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
@@ -117,8 +142,9 @@ def estimate_memory(shape: ModelShape, layout: Layout, settings: TrainingSetting
     micro_batches = settings.global_batch_size // (layout.micro_batch * layout.data)
     estimates = []
     for stage in sorted({0, layout.pipeline - 1}):
-        parameters = stage_parameters(shape, layout.tensor, layout.pipeline, stage, settings.pipeline_engine)
-        terms = model_state_bytes(parameters, layout, settings)
+        parameters = stage_parameters(shape, layout.tensor, layout.pipeline, stage, settings.pipeline_engine,
+                                      layout.expert_parallel)
+        terms = model_state_bytes(parameters, layout, settings, stage_expert_parameters(shape, layout.expert_parallel))
         one = stage_activation_bytes(shape, layout, settings)
         terms["activations"] = one
         terms["pipeline_in_flight"] = (in_flight_micro_batches(layout, stage, micro_batches) - 1) * one

@@ -1,6 +1,8 @@
 """The layouts a job can run with on N devices, each with its memory and step-time estimates, ranked: the ones
 that fit first, fastest first. Also the check the entry scripts make before they start a job."""
+import itertools
 from dataclasses import dataclass
+from typing import Optional
 
 from megatron.errors import InputError
 from megatron.planning.memory import FRAGMENTATION, PHASES, MemoryEstimate, estimate_memory
@@ -21,7 +23,8 @@ class Plan:
         return settings.global_batch_size / self.step_time.total
 
     def as_dict(self, settings: TrainingSettings) -> dict:
-        return {"layout": vars(self.layout) | {"no_pipeline_parallel": self.layout.zero_stage >= 2},
+        plain_engine = self.layout.zero_stage >= 2 or not settings.pipeline_engine
+        return {"layout": vars(self.layout) | {"no_pipeline_parallel": plain_engine},
                 "memory_bytes": self.memory.as_dict(), "step_seconds": self.step_time.as_dict(), "fits": self.fits,
                 "samples_per_second": self.samples_per_second(settings)}
 
@@ -30,25 +33,41 @@ def _divisors(n: int) -> list:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidate_layouts(shape: ModelShape, settings: TrainingSettings, devices: int, devices_per_node: int):
+MOE_NO_PIPELINE = ("mixture-of-experts runs on DeepSpeed's plain engine (--no-pipeline-parallel), so layouts with "
+                   "PP > 1 are left out")
+
+
+def expert_parallel_sizes(shape: ModelShape, data: int, fixed: Optional[int] = None) -> list:
+    """EP sizes of an MoE model at data-parallel size `data`: divisors of DP that divide every MoE layer's expert
+    count (each rank holds experts / EP of each), or only `fixed` where the user gave one; [1] when dense."""
+    if not shape.has_experts:
+        return [1]
+    return [ep for ep in _divisors(data) if (fixed is None or ep == fixed)
+            and all(count % ep == 0 for count in shape.moe_layer_experts())]
+
+
+def candidate_layouts(shape: ModelShape, settings: TrainingSettings, devices: int, devices_per_node: int,
+                      expert_parallel: Optional[int] = None):
     """Every layout the trainer accepts: TP within a node and dividing the heads and the FFN; PP up to the layer
     count; the global batch a multiple of micro-batch x DP; ZeRO 2-3 only on the plain engine (PP 1, DP > 1);
-    sequence parallelism with TP > 1 and ZeRO 0-1."""
+    sequence parallelism with TP > 1 and ZeRO 0-1. With experts (config/flags/moe.py's rules): PP 1, no
+    sequence parallelism, ZeRO 0-2, and each EP size of expert_parallel_sizes."""
+    experts = shape.has_experts
     for tensor in _divisors(devices):
         if tensor > devices_per_node or shape.num_attention_heads % tensor or shape.ffn % tensor:
             continue
         for pipeline in _divisors(devices // tensor):
-            if pipeline > shape.num_layers or (pipeline > 1 and not settings.pipeline_engine):
+            if pipeline > shape.num_layers or (pipeline > 1 and (experts or not settings.pipeline_engine)):
                 continue
             data = devices // (tensor * pipeline)
             if settings.global_batch_size % data:
                 continue
-            zero_stages = (0, 1) + ((2, 3) if pipeline == 1 and data > 1 else ())
-            for micro_batch in _divisors(settings.global_batch_size // data):
-                for zero in zero_stages:
-                    for recompute in (False, True):
-                        for sequence_parallel in ((False, True) if tensor > 1 and zero <= 1 else (False,)):
-                            yield Layout(tensor, pipeline, data, zero, micro_batch, recompute, sequence_parallel)
+            zero_stages = (0, 1) + (((2,) if experts else (2, 3)) if pipeline == 1 and data > 1 else ())
+            for micro_batch, zero, recompute, ep in itertools.product(
+                    _divisors(settings.global_batch_size // data), zero_stages, (False, True),
+                    expert_parallel_sizes(shape, data, expert_parallel)):
+                for sequence_parallel in ((False, True) if tensor > 1 and zero <= 1 and not experts else (False,)):
+                    yield Layout(tensor, pipeline, data, zero, micro_batch, recompute, sequence_parallel, ep)
 
 
 def plan(shape: ModelShape, layout: Layout, settings: TrainingSettings, hardware: Hardware,
@@ -58,12 +77,13 @@ def plan(shape: ModelShape, layout: Layout, settings: TrainingSettings, hardware
 
 
 def ranked_plans(shape: ModelShape, settings: TrainingSettings, devices: int, hardware: Hardware,
-                 device_memory: float, fragmentation: float = FRAGMENTATION) -> list:
-    """Every candidate layout's plan: those that fit, fastest first (at equal time the larger micro-batch, which
-    the step-time model does not reward but real kernels do, then the smaller memory), then the others,
-    smallest first."""
+                 device_memory: float, fragmentation: float = FRAGMENTATION,
+                 expert_parallel: Optional[int] = None) -> list:
+    """Every candidate layout's plan (an MoE model's at `expert_parallel` only, where given): those that fit,
+    fastest first (at equal time the larger micro-batch, which the step-time model does not reward but real
+    kernels do, then the smaller memory), then the others, smallest first."""
     plans = [plan(shape, layout, settings, hardware, device_memory, fragmentation)
-             for layout in candidate_layouts(shape, settings, devices, hardware.devices_per_node)]
+             for layout in candidate_layouts(shape, settings, devices, hardware.devices_per_node, expert_parallel)]
     return sorted(plans, key=lambda p: (not p.fits, round(p.step_time.total, 4) if p.fits else 0,
                                         -p.layout.micro_batch if p.fits else 0, p.memory.total))
 

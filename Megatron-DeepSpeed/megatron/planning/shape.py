@@ -2,11 +2,16 @@
 and how many parameters each rank of a layout holds (the same pieces model/gpt.py and model/pipe.py build).
 
 Kept apart from the model code on purpose: the planner answers for a 175B model on a laptop, so it counts
-instead of building.
+instead of building. A mixture-of-experts model (model/moe.py) counts as DeepSpeed's MoE layer builds it: in each
+MoE layer a gate (hidden x experts, no bias) and experts / EP whole MLPs per rank (experts are not split by tensor
+parallelism here), plus, for PR-MoE (--mlp-type residual), a whole dense MLP and its 2-way mixing coefficient.
 """
 import math
 from dataclasses import dataclass
+from typing import Optional
 
+from megatron.config.flags.moe import recorded_moe_config
+from megatron.config.job import MoEConfig
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
 from megatron.tokenizer import vocab_size_with_padding
@@ -26,10 +31,23 @@ class ModelShape:
     vocab_size: int  # the tokenizer's, before padding
     make_vocab_size_divisible_by: int = 128
     ffn_hidden_size: int = 0  # 0: 4 x hidden
+    moe: Optional[MoEConfig] = None  # None or every count 1: dense
 
     @property
     def ffn(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def has_experts(self) -> bool:
+        return self.moe is not None and self.moe.enabled
+
+    def experts_of_layer(self, layer_number: int) -> int:
+        """Experts of 1-based layer `layer_number`; 1 for a dense MLP."""
+        return self.moe.experts_of_layer(layer_number) if self.has_experts else 1
+
+    def moe_layer_experts(self) -> list:
+        """The expert count of each MoE layer, in layer order."""
+        return [count for count in map(self.experts_of_layer, range(1, self.num_layers + 1)) if count > 1]
 
     def padded_vocab(self, tensor: int) -> int:
         return vocab_size_with_padding(self.vocab_size, self.make_vocab_size_divisible_by, tensor)
@@ -45,6 +63,7 @@ class Layout:
     micro_batch: int
     recompute: bool
     sequence_parallel: bool
+    expert_parallel: int = 1  # ranks a layer's experts are spread over; divides data
 
     @property
     def devices(self) -> int:
@@ -67,24 +86,41 @@ class TrainingSettings:
 
 
 def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[ModelShape, TrainingSettings]:
+    """A preset's shape (its MoE section included, with upstream's defaults for the MoE flags it does not set)."""
     preset = get_preset(name)
-    if max(preset.get("num_experts", [1])) > 1:
-        raise InputError(f"--model-size {name}: the layout planner does not model mixture-of-experts layers yet; "
-                         f"give a dense preset or the model flags")
+    moe = recorded_moe_config(preset)
     shape = ModelShape(num_layers=preset["num_layers"], hidden_size=preset["hidden_size"],
                        num_attention_heads=preset["num_attention_heads"], seq_length=preset["seq_length"],
-                       max_position_embeddings=preset["seq_length"], vocab_size=vocab_size)
+                       max_position_embeddings=preset["seq_length"], vocab_size=vocab_size,
+                       moe=moe if moe.enabled else None)
     return shape, TrainingSettings(global_batch_size=preset["global_batch_size"],
                                    pipeline_engine=not preset["no_pipeline_parallel"])
 
 
-def layer_parameters(shape: ModelShape, tensor: int) -> int:
-    """One transformer layer on one tensor-parallel rank: two LayerNorms and the row-parallel biases whole,
-    the column-parallel weights and biases and the row-parallel weights split."""
+def mlp_parameters(shape: ModelShape, tensor: int) -> int:
+    """One MLP on one tensor-parallel rank: dense_h_to_4h split, dense_4h_to_h's weight split and its bias whole."""
     h, f = shape.hidden_size, shape.ffn
-    whole = 2 * 2 * h + h + h  # LayerNorm weight and bias x 2, attention.dense bias, dense_4h_to_h bias
-    split = 3 * h * h + 3 * h + h * h + f * h + f + f * h
-    return whole + split // tensor
+    return h + (f * h + f + f * h) // tensor
+
+
+def expert_parameters(shape: ModelShape, expert_parallel: int, layer_number: int) -> int:
+    """The parameters of the experts one rank holds in 1-based layer `layer_number` (0 in a dense layer):
+    experts / EP whole MLPs. Only these are sharded by expert parallelism."""
+    experts = shape.experts_of_layer(layer_number)
+    return 0 if experts == 1 else experts // expert_parallel * mlp_parameters(shape, 1)
+
+
+def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expert_parallel: int = 1) -> int:
+    """One transformer layer on one rank: two LayerNorms and the row-parallel attention bias whole, the QKV and
+    attention-output weights split; then its MLP, or in an MoE layer the gate, this rank's experts and PR-MoE's
+    dense MLP and coefficient."""
+    h = shape.hidden_size
+    attention = 2 * 2 * h + h + (3 * h * h + 3 * h + h * h) // tensor
+    experts = shape.experts_of_layer(layer_number)
+    if experts == 1:
+        return attention + mlp_parameters(shape, tensor)
+    residual = mlp_parameters(shape, 1) + 2 * h + 2 if shape.moe.mlp_type == "residual" else 0
+    return attention + h * experts + expert_parameters(shape, expert_parallel, layer_number) + residual
 
 
 def embedding_parameters(shape: ModelShape, tensor: int) -> int:
@@ -97,15 +133,23 @@ def layers_per_stage(num_layers: int, pipeline: int) -> int:
     return math.ceil(num_layers / pipeline)
 
 
-def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, pipeline_engine: bool = True) -> int:
+def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, pipeline_engine: bool = True,
+                     expert_parallel: int = 1) -> int:
     """Parameters one rank of pipeline stage `stage` holds. The first stage has the embedding, the last the final
     LayerNorm and, on the pipeline engine with more than one stage, its own copy of the embedding piece (tied
-    word embeddings; its position embeddings come along unused)."""
+    word embeddings; its position embeddings come along unused). An MoE model has one stage."""
     if not 0 <= stage < pipeline:
         raise InputError(f"stage {stage} is outside pipeline size {pipeline}")
     if pipeline > 1 and not pipeline_engine:
         raise InputError("--no-pipeline-parallel runs one stage; use --pipeline-model-parallel-size 1")
-    count = layers_per_stage(shape.num_layers, pipeline) * layer_parameters(shape, tensor)
+    if pipeline > 1 and shape.has_experts:
+        raise InputError("--num-experts above 1 runs on the plain engine, one stage; use "
+                         "--pipeline-model-parallel-size 1")
+    if shape.has_experts:
+        count = sum(layer_parameters(shape, tensor, number, expert_parallel)
+                    for number in range(1, shape.num_layers + 1))
+    else:
+        count = layers_per_stage(shape.num_layers, pipeline) * layer_parameters(shape, tensor)
     if stage == 0:
         count += embedding_parameters(shape, tensor)
     if stage == pipeline - 1:
@@ -113,19 +157,26 @@ def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, 
     return count
 
 
+def stage_expert_parameters(shape: ModelShape, expert_parallel: int) -> int:
+    """The parameters of all experts one rank holds (an MoE model has one stage)."""
+    return sum(expert_parameters(shape, expert_parallel, number) for number in range(1, shape.num_layers + 1))
+
+
 def from_flags(flags, vocab_size: int):
-    """(ModelShape, Layout, TrainingSettings), estimate_memory's arguments, of a validated dense pretrain_gpt.py command line (config/arguments.py),
-    for the tokenizer's `vocab_size`."""
+    """(ModelShape, Layout, TrainingSettings), estimate_memory's arguments, of a validated pretrain_gpt.py command
+    line (config/arguments.py), for the tokenizer's `vocab_size`."""
+    moe = recorded_moe_config(vars(flags))
     shape = ModelShape(num_layers=flags.num_layers, hidden_size=flags.hidden_size,
                        num_attention_heads=flags.num_attention_heads, seq_length=flags.seq_length,
                        max_position_embeddings=flags.max_position_embeddings, vocab_size=vocab_size,
                        make_vocab_size_divisible_by=flags.make_vocab_size_divisible_by,
-                       ffn_hidden_size=flags.ffn_hidden_size)
+                       ffn_hidden_size=flags.ffn_hidden_size, moe=moe if moe.enabled else None)
     dtype = "bf16" if flags.bf16 else "fp16" if flags.fp16 else "fp32"
     settings = TrainingSettings(global_batch_size=flags.global_batch_size, dtype=dtype,
                                 hidden_dropout=flags.hidden_dropout, fused_attention=flags.masked_softmax_fusion,
                                 pipeline_engine=not flags.no_pipeline_parallel,
                                 zero_reduce_bucket_size=flags.zero_reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET)
     layout = Layout(flags.tensor_model_parallel_size, flags.pipeline_model_parallel_size, flags.data_parallel_size,
-                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations, flags.sequence_parallel)
+                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations, flags.sequence_parallel,
+                    flags.moe_expert_parallel_size if shape.has_experts else 1)
     return shape, layout, settings
