@@ -1,5 +1,5 @@
 """The layout planner (megatron/planning, tools/plan_layout.py): its model-state terms equal the tensors of a built
-model per rank, and its table, JSON and refusals."""
+model per rank (dense and mixture-of-experts), and its table, JSON and refusals."""
 import json
 
 import pytest
@@ -8,8 +8,11 @@ import torch
 from megatron.errors import InputError
 from megatron.planning.memory import estimate_memory
 from megatron.planning.search import candidate_layouts, require_fit
-from megatron.planning.shape import Layout, ModelShape, TrainingSettings, from_flags, stage_parameters
+from megatron.config.job import MoEConfig
+from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, from_flags, stage_expert_parameters,
+                                     stage_parameters)
 from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import TINY_FLAGS, VOCAB
 
 SHAPE = ModelShape(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                    vocab_size=200, make_vocab_size_divisible_by=64)
@@ -125,5 +128,152 @@ def test_plan_layout_tool_table_and_json(capsys):
     assert {plan["layout"]["tensor"] for plan in plans} == {1, 2}
     with pytest.raises(InputError, match="--num-layers is needed without --model-size"):
         main(["--devices", "8", "--device-memory", "80"])
-    with pytest.raises(InputError, match="does not model mixture-of-experts"):
-        main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80"])
+
+
+# --- mixture of experts ------------------------------------------------------------------------------------------
+
+# PR-MoE with a pyramid of experts (layers 2 and 4 of 4), top-2: every part DeepSpeed's MoE layer can hold.
+PYRAMID = MoEConfig(num_experts=(2, 4), expert_interval=2, mlp_type="residual", topk=2, train_capacity_factor=1.0,
+                    eval_capacity_factor=1.0, min_capacity=4, token_dropping=True, loss_coeff=0.1,
+                    create_param_group=False, expert_parallel_size=1)
+MOE_SHAPE = ModelShape(**{**vars(SHAPE), "moe": PYRAMID})
+
+
+def test_moe_model_state_terms_equal_the_tensors_of_a_trained_single_process_model():
+    """EP 1, fp32, ZeRO 0: the gate, every expert, PR-MoE's dense MLP and coefficient, byte for byte after a step."""
+    from megatron.model.gpt import GPTConfig
+    from megatron.model.moe import MoEGPTModel, is_expert_parameter
+
+    config = gpt_config(1)
+    model = MoEGPTModel(GPTConfig(**{**vars(config), "moe": PYRAMID}))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 200, (2, SHAPE.seq_length + 1))
+    (model(tokens[:, :-1], labels=tokens[:, 1:])).backward()
+    optimizer.step()
+    memory = estimate_memory(MOE_SHAPE, Layout(1, 1, 1, 0, 2, False, False), FP32)
+    assert memory.weights == tensor_bytes(model.parameters())
+    assert memory.gradients == tensor_bytes(p.grad for p in model.parameters())
+    moments = [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
+    assert memory.optimizer == tensor_bytes(moments)
+    experts = sum(p.numel() for name, p in model.named_parameters() if is_expert_parameter(name))
+    assert stage_expert_parameters(MOE_SHAPE, 1) == experts == 6 * (2 * 32 * 128 + 128 + 32)
+
+
+MOE_ZERO2_FLAGS = [*TINY_FLAGS, "--num-layers", "4", "--num-experts", "2", "4", "--mlp-type", "residual", "--topk",
+                   "2", "--no-pipeline-parallel", "--moe-expert-parallel-size", "2", "--zero-stage", "2",
+                   "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--mock-data",
+                   "--eval-iters", "0"]
+
+
+def moe_engine_states(argv):
+    """This rank's model and DeepSpeed ZeRO optimizer after one step: parameter bytes (dense, experts); the bytes
+    of the fp32 master partitions plus Adam's moments; and each optimizer group's parameter count and
+    data-parallel size (the dense groups' all ranks, the experts' their expert-data-parallel ranks)."""
+    import torch.distributed as dist
+
+    from megatron.model.moe import is_expert_parameter
+    from megatron.model.provider import model_provider
+    from megatron.training.loop import build_trainer
+
+    engine = build_trainer(model_provider, argv).engine
+    tokens = torch.randint(0, VOCAB, (1, 33))
+    engine.backward(engine(tokens[:, :-1], labels=tokens[:, 1:]))
+    engine.step()
+    named = list(engine.module.named_parameters())
+    zero = engine.optimizer
+    masters = zero.single_partition_of_fp32_groups
+    moments = [zero.optimizer.state[master][key] for master in masters for key in ("exp_avg", "exp_avg_sq")]
+    groups = [(sum(p.numel() for p in group), dist.get_world_size(zero.real_dp_process_group[i]))
+              for i, group in enumerate(zero.bit16_groups)]
+    return {"weights": tensor_bytes(p for _, p in named),
+            "expert_parameters": sum(p.numel() for name, p in named if is_expert_parameter(name)),
+            "optimizer": tensor_bytes([*masters, *moments]), "groups": groups}
+
+
+@pytest.mark.full
+def test_moe_states_per_rank_equal_deepspeed_at_ep2_zero2():
+    """4 gloo ranks, EP 2 (DP 4, expert-data-parallel 2), ZeRO 2, fp32: each rank's weights (its experts only)
+    exactly, and its ZeRO partitions of the fp32 master copy and Adam's moments: 12 bytes for each parameter's
+    share of its group (dense over 4 ranks, experts over 2) exactly; what DeepSpeed allocates is that plus its
+    alignment padding (each flat group padded to a multiple of 2 x its data-parallel size), which the planner
+    leaves out."""
+    from megatron.config.arguments import parse_args, validate_args
+    shape, layout, settings = from_flags(validate_args(parse_args(MOE_ZERO2_FLAGS), 4, "cpu"), VOCAB)
+    assert layout.expert_parallel == 2 and layout.data == 4 and shape.moe.topk == 2
+    memory = estimate_memory(shape, layout, settings)
+    for rank in run_on_ranks(moe_engine_states, 4, MOE_ZERO2_FLAGS):
+        assert rank["expert_parameters"] == stage_expert_parameters(shape, 2)
+        assert rank["weights"] == memory.weights
+        assert {size for _, size in rank["groups"]} == {4, 2}
+        assert sum(12 * count / size for count, size in rank["groups"]) == memory.optimizer
+        padding = sum(12 * (-count % (2 * size)) / size for count, size in rank["groups"])
+        assert rank["optimizer"] == memory.optimizer + padding
+
+
+def test_moe_layouts_spread_experts_over_divisors_of_dp_without_pipeline_or_sequence_parallelism():
+    layouts = list(candidate_layouts(MOE_SHAPE, TrainingSettings(global_batch_size=8, pipeline_engine=False),
+                                     devices=8, devices_per_node=8))
+    assert {layout.expert_parallel for layout in layouts} == {1, 2}  # 2 and 4 experts: EP must divide both
+    assert all(layout.pipeline == 1 and not layout.sequence_parallel and layout.zero_stage <= 2
+               and layout.data % layout.expert_parallel == 0 for layout in layouts)
+    fixed = candidate_layouts(MOE_SHAPE, TrainingSettings(global_batch_size=8), 8, 8, expert_parallel=2)
+    assert {layout.expert_parallel for layout in fixed} == {2}
+
+
+def test_expert_states_shard_by_ep_and_partition_over_expert_data_parallel_ranks():
+    bf16 = TrainingSettings(global_batch_size=8, pipeline_engine=False)
+    def memory(ep, zero):
+        return estimate_memory(MOE_SHAPE, Layout(1, 1, 4, zero, 1, False, False, ep), bf16)
+    experts, everything = stage_expert_parameters(MOE_SHAPE, 1), stage_parameters(MOE_SHAPE, 1, 1, 0)
+    dense = everything - experts
+    assert stage_expert_parameters(MOE_SHAPE, 2) == experts / 2
+    assert memory(2, 0).weights == 2 * (dense + experts / 2)
+    assert memory(2, 1).optimizer == 12 * (dense / 4 + experts / 2 / 2)  # dense over DP 4, experts over DP/EP 2
+    assert memory(2, 2).gradients == 2 * (dense / 4 + experts / 2 / 2)
+    assert memory(1, 1).optimizer == 12 * everything / 4
+
+
+def test_moe_activations_follow_capacity_and_all_to_all_time_follows_ep():
+    from megatron.planning.moe import capacity
+    from megatron.planning.step_time import Hardware, estimate_step_time
+    assert capacity(PYRAMID, tokens=64, experts=4) == 32  # ceil(64 / 4 x 1.0 x top-2)
+    assert capacity(PYRAMID, tokens=4, experts=4) == 4  # --moe-min-capacity
+    roomy = ModelShape(**{**vars(SHAPE), "moe": MoEConfig(**{**vars(PYRAMID), "train_capacity_factor": 2.0})})
+    settings = TrainingSettings(global_batch_size=8, pipeline_engine=False)
+    layout = Layout(1, 1, 4, 1, 2, False, False, 2)
+    assert estimate_memory(roomy, layout, settings).activations > estimate_memory(MOE_SHAPE, layout, settings).activations
+    hardware = Hardware(devices_per_node=8)
+    assert estimate_step_time(MOE_SHAPE, layout, settings, hardware).expert_parallel > 0
+    single = estimate_step_time(MOE_SHAPE, Layout(1, 1, 4, 1, 2, False, False, 1), settings, hardware)
+    assert single.expert_parallel == 0
+    dense_flops = estimate_step_time(SHAPE, Layout(1, 1, 4, 1, 2, False, False), settings, hardware).compute
+    assert single.compute > dense_flops  # top-2 plus PR-MoE's MLP: three MLPs per token in layers 2 and 4
+
+
+def test_plan_layout_tool_plans_moe_presets_and_flags(capsys):
+    from tools.plan_layout import main
+    assert main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80", "--top", "3"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "PP > 1 are left out" in table[0] and table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |")
+    main(["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+          "--global-batch-size", "8", "--vocab-size", "200", "--devices", "4", "--device-memory", "1", "--json",
+          "--num-experts", "2", "4", "--mlp-type", "residual", "--topk", "2"])
+    output = json.loads(capsys.readouterr().out)
+    assert output["model"]["moe"]["num_experts"] == [2, 4]
+    assert {plan["layout"]["expert_parallel"] for plan in output["plans"]} == {1, 2}
+    assert all(plan["layout"]["pipeline"] == 1 and plan["layout"]["no_pipeline_parallel"] for plan in output["plans"])
+    with pytest.raises(InputError, match="--num-experts 64 is not divisible by --moe-expert-parallel-size 3"):
+        main(["--model-size", "125M_MoE64", "--devices", "6", "--device-memory", "80",
+              "--moe-expert-parallel-size", "3"])
+
+
+def test_the_launcher_estimates_an_moe_run_and_refuses_one_that_cannot_fit(capsys):
+    from megatron.config.arguments import parse_args, validate_args
+    from tools.launch_training import check_memory
+    flags = validate_args(parse_args(["--model-size", "1.3B_MoE128", "--tokenizer-type", "NullTokenizer",
+                                      "--vocab-size", "50257", "--mock-data", "--bf16"]), 8, "cuda")
+    check_memory(flags, 50257, skip=False)  # this machine's device (a CPU) has no known memory: printed only
+    assert "Memory estimate (tools/plan_layout.py): " in capsys.readouterr().out
+    memory = estimate_memory(*from_flags(flags, 50257))
+    with pytest.raises(InputError, match="the largest term is optimizer"):
+        require_fit(memory, 80 * (1 << 30), "--skip_memory_check")
