@@ -277,3 +277,40 @@ def test_the_launcher_estimates_an_moe_run_and_refuses_one_that_cannot_fit(capsy
     memory = estimate_memory(*from_flags(flags, 50257))
     with pytest.raises(InputError, match="the largest term is optimizer"):
         require_fit(memory, 80 * (1 << 30), "--skip_memory_check")
+
+
+def saved_activation_bytes(module: torch.nn.Module, inputs: torch.Tensor) -> int:
+    """Bytes of the tensors autograd keeps for backward in one forward of `module` (each storage once; the
+    module's own parameters are not activations)."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(inputs)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("mlp_type, topk, experts", [("standard", 1, 64), ("residual", 2, 8)])
+def test_moe_layer_activations_match_what_autograd_keeps(mlp_type, topk, experts):
+    """bf16, one MoE layer of DeepSpeed's: the planner's gate, expert and combine tensors within 5% of those saved
+    for backward (the rest are the gate's small top-k index tensors)."""
+    from megatron.model.gpt import GPTConfig
+    from megatron.model.moe import MoEGPTModel
+    from megatron.planning.moe import mlp_activation_bytes
+
+    moe = MoEConfig(**{**vars(PYRAMID), "num_experts": (experts,), "expert_interval": 1, "mlp_type": mlp_type,
+                       "topk": topk})
+    shape = ModelShape(**{**vars(SHAPE), "num_layers": 1, "hidden_size": 64, "seq_length": 128,
+                          "max_position_embeddings": 128, "moe": moe})
+    model = MoEGPTModel(GPTConfig(**{**vars(gpt_config(1)), "num_layers": 1, "hidden_size": 64,
+                                     "ffn_hidden_size": 256, "max_position_embeddings": 128, "moe": moe}))
+    layer = model.layers[0].mlp.to(torch.bfloat16)
+    measured = saved_activation_bytes(layer, torch.randn(128, 2, 64, dtype=torch.bfloat16, requires_grad=True))
+    estimate = mlp_activation_bytes(shape, Layout(1, 1, 1, 0, 2, False, False), TrainingSettings(8), experts)
+    assert estimate == pytest.approx(measured, rel=0.05)

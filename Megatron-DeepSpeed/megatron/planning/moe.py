@@ -10,7 +10,8 @@ in fp32. Without token dropping the capacity is the busiest expert's load; the p
 figure (a balanced gate) for it.
 
 Kept for backward, per MoE layer and micro-batch, in bytes (B the model dtype's size, t tensor-parallel):
-    gate          the fp32 copy of the input (S h x 4) and the softmax of the logits (S E x 4)
+    gate          the fp32 copy of the input (S h x 4), the softmax of the logits and two fp32 token x expert
+                  tensors of the top-k choice (3 x S E x 4) and its boolean mask (S E)
     experts       the experts' input after the all-to-all and their two 4h-wide tensors: B x E C (h + 2 f) / t
     combine       the top-k results gathered back per token (B x k S h) and their fp32 gate values (4 k S)
     PR-MoE        the dense MLP's input and 4h-wide tensors (B x S (h + 2 f)), the coefficient's softmax
@@ -39,7 +40,7 @@ def mlp_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSe
     """What one MoE layer's MLP keeps for backward for one micro-batch (the module docstring's table)."""
     tokens, h, f = shape.seq_length * layout.micro_batch, shape.hidden_size, shape.ffn
     size, k = settings.dtype_bytes, shape.moe.topk
-    gate = 4 * tokens * h + 4 * tokens * experts
+    gate = 4 * tokens * h + (3 * 4 + 1) * tokens * experts
     kept_by_experts = size * slots(shape, layout, experts) * (h + 2 * f) / layout.tensor
     combine = size * k * tokens * h + 4 * k * tokens
     residual = (size * tokens * (h + 2 * f) + 4 * 2 * tokens + size * 2 * tokens * h
