@@ -241,7 +241,8 @@ def test_moe_activations_follow_capacity_and_all_to_all_time_follows_ep():
     roomy = ModelShape(**{**vars(SHAPE), "moe": MoEConfig(**{**vars(PYRAMID), "train_capacity_factor": 2.0})})
     settings = TrainingSettings(global_batch_size=8, pipeline_engine=False)
     layout = Layout(1, 1, 4, 1, 2, False, False, 2)
-    assert estimate_memory(roomy, layout, settings).activations > estimate_memory(MOE_SHAPE, layout, settings).activations
+    activations = estimate_memory(MOE_SHAPE, layout, settings).activations
+    assert estimate_memory(roomy, layout, settings).activations > activations
     hardware = Hardware(devices_per_node=8)
     assert estimate_step_time(MOE_SHAPE, layout, settings, hardware).expert_parallel > 0
     single = estimate_step_time(MOE_SHAPE, Layout(1, 1, 4, 1, 2, False, False, 1), settings, hardware)
@@ -254,7 +255,8 @@ def test_plan_layout_tool_plans_moe_presets_and_flags(capsys):
     from tools.plan_layout import main
     assert main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80", "--top", "3"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert "PP > 1 are left out" in table[0] and table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |")
+    assert "PP > 1 are left out" in table[0]
+    assert table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |") and len(table) == 5
     main(["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
           "--global-batch-size", "8", "--vocab-size", "200", "--devices", "4", "--device-memory", "1", "--json",
           "--num-experts", "2", "4", "--mlp-type", "residual", "--topk", "2"])

@@ -113,7 +113,8 @@ def table_row(plan, settings, experts: bool) -> list:
                                                       "pipeline_in_flight", "logits_and_loss")]
     return [layout.tensor, layout.pipeline, layout.data, layout.zero_stage, layout.micro_batch,
             "yes" if layout.recompute else "no", "yes" if layout.sequence_parallel else "no",
-            *([layout.expert_parallel] if experts else []), *(f"{value:.2f}" for value in gib), memory.stage, f"{memory.total / GIB:.2f}", "yes" if plan.fits else "NO",
+            *([layout.expert_parallel] if experts else []), *(f"{value:.2f}" for value in gib), memory.stage,
+            f"{memory.total / GIB:.2f}", "yes" if plan.fits else "NO",
             f"{plan.step_time.total:.3f}", f"{plan.samples_per_second(settings):.1f}"]
 
 

@@ -10,6 +10,8 @@ from megatron.planning.shape import Layout, ModelShape, TrainingSettings
 from megatron.planning.step_time import Hardware, StepTime, estimate_step_time
 
 GIB = 1 << 30
+MOE_NO_PIPELINE = ("mixture-of-experts runs on DeepSpeed's plain engine (--no-pipeline-parallel), so layouts with "
+                   "PP > 1 are left out")
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,6 @@ class Plan:
 
 def _divisors(n: int) -> list:
     return [k for k in range(1, n + 1) if n % k == 0]
-
-
-MOE_NO_PIPELINE = ("mixture-of-experts runs on DeepSpeed's plain engine (--no-pipeline-parallel), so layouts with "
-                   "PP > 1 are left out")
 
 
 def expert_parallel_sizes(shape: ModelShape, data: int, fixed: Optional[int] = None) -> list:
