@@ -256,7 +256,7 @@ def test_plan_layout_tool_plans_moe_presets_and_flags(capsys):
     assert main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80", "--top", "3"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert "PP > 1 are left out" in table[0]
-    assert table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |") and len(table) == 5
+    assert table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |") and len(table) == 6
     main(["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
           "--global-batch-size", "8", "--vocab-size", "200", "--devices", "4", "--device-memory", "1", "--json",
           "--num-experts", "2", "4", "--mlp-type", "residual", "--topk", "2"])
