@@ -50,8 +50,10 @@ class _Size:
 # accumulation and pipeline overlap both happen. 300 iterations take a few minutes on 2 cores, and
 # the schedule decays over exactly those 300 (a 500k-iteration "full" run would be no demo).
 # 125M_MoE64, 1.3B_MoE128: upstream's examples/MoE/ds_pretrain_gpt_125M_MoE64.sh and ds_pretrain_gpt_1.3B_MoE128.sh
-# (b4d4a0e) on 8 devices: their shapes, batches and learning rates, 64 / 128 experts spread over the 8 ranks
-# (EP_PARALLEL_SIZE = min(experts, devices)), --moe-loss-coeff 0.01, no pipeline (upstream runs MoE without one).
+# (b4d4a0e): their shapes, batches and learning rates, --moe-loss-coeff 0.01, no pipeline (upstream runs MoE without
+# one), experts spread over one node's 8 ranks (upstream's EP_PARALLEL_SIZE = min(experts, devices) at 8 devices).
+# Upstream runs 1.3B_MoE128 on NUM_GPUS=64 at EP 64: on one node of 80 GiB devices it does not fit (the planner and
+# the entry scripts say so); on 8 nodes add --moe-expert-parallel-size 64.
 _TABLE = (
     #     name               TP PP layers hidden heads  seq  mbs gbs  lr      min lr
     _Size("345M",             1, 2, 24,    1024,  16,   1024, 4,  16, 1.5e-4, 1.5e-5),
