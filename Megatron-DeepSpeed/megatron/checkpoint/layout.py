@@ -27,6 +27,7 @@ TAG_PATTERN = re.compile(r"global_step(\d+)")
 UNIVERSAL_DIR = "zero"  # per-parameter state of a universal checkpoint (DeepSpeed's universal layout)
 UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of our writer's checkpoints: they load at any DP/ZeRO
 OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim
+MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's state per parameter besides the step, as torch names it
 
 # Client state, as upstream's save_checkpoint hands it to DeepSpeed.
 ARGS = "args"  # an argparse.Namespace of the flags under upstream's names
@@ -92,6 +93,11 @@ EXPERT_KEY_PATTERN = re.compile(r"layers\.(\d+)\..*\.deepspeed_moe\.experts\.dee
 def expert_file(moe_layer: int, expert: int, mp_rank: int) -> str:
     """The file DeepSpeed reads expert `expert` (global index) of the `moe_layer`-th MoE layer from."""
     return f"layer_{moe_layer}_expert_{expert}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def expert_optimizer_file(expert_parallel_rank: int, mp_rank: int) -> str:
+    """The file DeepSpeed keeps an MoE model's optimizer state in at ZeRO stage 0, per expert-parallel rank."""
+    return f"expp_rank_{expert_parallel_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
 MANIFEST_FILE = "manifest.json"  # in each global_stepN: its files, sizes and checksums (checkpoint/manifest.py)

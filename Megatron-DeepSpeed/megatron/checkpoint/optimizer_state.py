@@ -24,7 +24,8 @@ from typing import Dict, Iterator, List, Mapping
 
 import torch
 
-from megatron.checkpoint.layout import UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
+from megatron.checkpoint import expert_optimizer_state as experts
+from megatron.checkpoint.layout import MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
 from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
                                        positions_with_parameters, stage_name)
 from megatron.checkpoint.reader import (Checkpoint, Progress, _module_names, _quiet, load_file, padded_rows,
@@ -32,8 +33,6 @@ from megatron.checkpoint.reader import (Checkpoint, Progress, _module_names, _qu
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @dataclass(frozen=True)
@@ -237,6 +236,8 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
         for pp in range(layout.pipeline):
             if layout.zero_stage == 3:
                 rank_state = _zero3_rank_state(checkpoint, tp, progress)
+            elif layout.zero_stage == 0 and checkpoint.moe is not None:
+                rank_state = experts.read_rank_moments(checkpoint, tp)
             elif layout.zero_stage == 0:
                 rank_state = _zero0_rank_state(checkpoint, pp, tp)
             else:
@@ -254,6 +255,7 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
                 full[kind][name] = join_shards(name, [joined[kind][name] for joined in per_tp])
             else:  # never stepped: Adam starts it at zero
                 full[kind][name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
-    step, groups = (_zero3_step_and_groups if layout.zero_stage == 3 else
-                    _zero0_step_and_groups if layout.zero_stage == 0 else _zero12_step_and_groups)(checkpoint)
+    step, groups = (_zero3_step_and_groups if layout.zero_stage == 3 else _zero12_step_and_groups
+                    if layout.zero_stage else experts.step_and_groups if checkpoint.moe is not None
+                    else _zero0_step_and_groups)(checkpoint)
     return OptimizerState(step=step, param_groups=_without_params(groups), **full)

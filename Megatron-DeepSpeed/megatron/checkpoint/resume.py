@@ -25,7 +25,7 @@ from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, RELEASE,
                                         UNIVERSAL_DIR)
 from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
-                                        read_client_state)
+                                        read_client_state, whole_model_moe)
 from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
@@ -159,6 +159,10 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     if universal and run.zero_stage == 3 and run.tensor > 1:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal-checkpoint loader cannot cut tensor-parallel "
                          "shards under ZeRO stage 3; resume it with --zero-stage 1 or 2")
+    if layout.universal and load_optimizer and run.zero_stage >= 1 and whole_model_moe(state[ARGS]) is not None:
+        raise InputError(f"--load {load_dir}: a converted mixture-of-experts checkpoint's Adam state is kept in "
+                         "DeepSpeed's per-expert-parallel-rank files, which load at ZeRO stage 0 only; resume it "
+                         "with --zero-stage 0, or pass --no-load-optim")
     if layout.universal and load_optimizer and run.zero_stage == 0 and mixed_precision:
         raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
                          "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")

@@ -14,7 +14,9 @@ them:
         parameter, with the dimension its tensor-parallel shards are cut along. ZeRO 1, 2 and 3 load it at any
         data-parallel size (checkpoint.load_universal), cutting the rank's partition themselves.
   global_step{N}/layer_{i}_expert_{e}_mp_rank_{mp:02d}_model_states.pt   a mixture-of-experts model's experts
-        (plain engine, weights only), one file per expert by global index: any expert-parallel size reads them.
+        (plain engine), one file per expert by global index: any expert-parallel size reads them.
+  global_step{N}/expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt   its Adam state per expert-parallel rank of the
+        target, which DeepSpeed reads at ZeRO stage 0 (checkpoint/expert_optimizer_state.py).
   latest, latest_universal, latest_checkpointed_iteration.txt
 With --weights-only the Adam state is left out (zero/ then holds fp32.pt only) and resuming starts the
 optimizer fresh. The caller writes into a fresh directory and renames it into place (tools/convert_checkpoint.py).
@@ -27,9 +29,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
+from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
                                         LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK,
-                                        expert_file, layer_file, model_parallel_rank, model_states_file)
+                                        expert_file, expert_optimizer_file, layer_file, model_parallel_rank,
+                                        model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name)
@@ -185,9 +189,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     experts = experts_by_file(names)
     in_expert_files = {name for group in experts.values() for name in group}
     dense = [name for name in names if name not in in_expert_files]
-    if experts and (optimizer is not None or target.pipeline_engine):
-        raise InputError("a mixture-of-experts checkpoint is written for the plain engine (--no-pipeline-parallel) "
-                         "and weights only")
+    if experts and target.pipeline_engine:
+        raise InputError("a mixture-of-experts checkpoint is written for the plain engine (--no-pipeline-parallel)")
     flags = target_args(state.args, target, config.vocab_size)
     args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
                          state.consumed_train_samples, config.vocab_size,
@@ -215,8 +218,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
             module = None if target.pipeline_engine else nest({
                 name: shard_of(name, model[name], tp, tp_size).clone() for name in dense})
-            zero0 = None if optimizer is None else _zero0_optimizer(stage_names, stage_shapes, optimizer, num_layers,
-                                                                    tp, tp_size)
+            zero0 = None if optimizer is None or experts else _zero0_optimizer(
+                stage_names, stage_shapes, optimizer, num_layers, tp, tp_size)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
@@ -227,6 +230,10 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 for (moe_layer, expert), expert_names in experts.items():
                     _save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
                           {name: model[name].clone() for name in expert_names})
+                for rank in range(target.expert) if optimizer is not None else ():
+                    _save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
+                        model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
+                        tp_size))
             _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 _save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,

@@ -1,0 +1,156 @@
+"""The Adam state of a mixture-of-experts checkpoint at ZeRO stage 0. DeepSpeed keeps it per expert-parallel rank,
+in expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt = {'optimizer': torch's AdamW state_dict}. Each file covers
+that rank's parameters: the dense ones (the same on every rank) and its own experts. Reading joins the files into
+one state per full parameter (the single-process model's names, global expert indices). Writing cuts that state
+for another expert-parallel size, so a run resumed there takes the source run's next steps.
+
+torch numbers a state_dict's parameters in group order, and within each group in module order. Our groups
+(training/optimizer.py) are the decayed matrices and then the rest. DeepSpeed's MoE groups
+(--create-moe-param-group, or ZeRO 1-2) move the experts into groups of their own at the end, decayed then not,
+each cut at DeepSpeed's group size limit. In module order a layer's experts follow its gate: DeepSpeed's MoE
+registers the gate, then the experts, then PR-MoE's MLP and coefficient.
+"""
+import os
+from typing import Callable, Dict, List, Mapping, Sequence
+
+import torch
+
+from megatron.checkpoint.layout import EXPERT_KEY_PATTERN, MOMENTS, expert_optimizer_file
+from megatron.checkpoint.reader import Checkpoint, load_file
+from megatron.checkpoint.shards import shard_of
+from megatron.errors import InputError
+
+GATE_SUFFIX = ".deepspeed_moe.gate.wg.weight"
+# max_group_size of DeepSpeed's split_params_into_different_moe_groups_for_optimizer (deepspeed/moe/utils.py)
+EXPERT_GROUP_LIMIT = 178_956_971
+
+
+def module_order(names: Sequence[str]) -> List[str]:
+    """`names` (the dense ones in module order, the experts anywhere) in MoEGPTModel's module order."""
+    experts: Dict[int, List[tuple]] = {}
+    dense = []
+    for name in names:
+        match = EXPERT_KEY_PATTERN.search(name)
+        if match:
+            experts.setdefault(int(match.group(1)), []).append((int(match.group(2)), name))
+        else:
+            dense.append(name)
+    ordered = []
+    for name in dense:
+        ordered.append(name)
+        if name.endswith(GATE_SUFFIX):  # sorted() is stable: each expert's parameters keep their order
+            ordered += [expert for _, expert in sorted(experts.pop(int(name.split(".")[1])), key=lambda e: e[0])]
+    return ordered
+
+
+def rank_names(ordered: Sequence[str], expert_parallel_rank: int, expert_parallel_size: int) -> List[str]:
+    """The parameters (global names, module order) that rank `expert_parallel_rank` of `expert_parallel_size`
+    holds: every dense one and, in each MoE layer, its consecutive share of the experts."""
+    counts: Dict[int, set] = {}
+    for name in ordered:
+        if match := EXPERT_KEY_PATTERN.search(name):
+            counts.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    held = []
+    for name in ordered:
+        match = EXPERT_KEY_PATTERN.search(name)
+        if match:
+            per_rank = len(counts[int(match.group(1))]) // expert_parallel_size
+            if int(match.group(2)) // per_rank != expert_parallel_rank:
+                continue
+        held.append(name)
+    return held
+
+
+def _classes(expert_groups: bool) -> List[tuple]:
+    """The optimizer's groups as (expert: None for either, matrix) in order."""
+    dense = [(None, True), (None, False)] if not expert_groups else [(False, True), (False, False)]
+    return dense + ([(True, True), (True, False)] if expert_groups else [])
+
+
+def _members(names: Sequence[str], is_matrix: Callable[[str], bool], expert, matrix: bool) -> List[str]:
+    return [name for name in names if is_matrix(name) == matrix
+            and (expert is None or bool(EXPERT_KEY_PATTERN.search(name)) == expert)]
+
+
+def state_order(names: Sequence[str], is_matrix: Callable[[str], bool], expert_groups: bool) -> List[str]:
+    """`names` (one rank's, module order) in the order torch numbers their optimizer state."""
+    return [name for expert, matrix in _classes(expert_groups) for name in _members(names, is_matrix, expert, matrix)]
+
+
+def expert_groups_of(param_groups: Sequence[Mapping]) -> bool:
+    """Whether an optimizer's groups include DeepSpeed's MoE groups."""
+    return any(group.get("moe") for group in param_groups)
+
+
+def _rank_file(checkpoint: Checkpoint, expert_parallel_rank: int, tp_rank: int) -> dict:
+    path = os.path.join(checkpoint.directory, expert_optimizer_file(expert_parallel_rank, tp_rank))
+    if not os.path.isfile(path):
+        raise InputError(f"{checkpoint.directory} lacks {os.path.basename(path)}, the optimizer state of expert-"
+                         f"parallel rank {expert_parallel_rank}; convert it with --weights-only")
+    return load_file(path)["optimizer"]
+
+
+def read_rank_moments(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
+    """{kind: {global name: tensor}} of the Adam moments of tensor-parallel rank `tp_rank`, joined over the
+    expert-parallel ranks (a parameter that never had a gradient has none)."""
+    size = int(checkpoint.args["moe_expert_parallel_size"])
+    ordered = module_order(list(checkpoint.model))
+    result = {kind: {} for kind in MOMENTS}
+    for rank in range(size):
+        adam = _rank_file(checkpoint, rank, tp_rank)
+        order = state_order(rank_names(ordered, rank, size), lambda name: checkpoint.model[name].dim() > 1,
+                            expert_groups_of(adam["param_groups"]))
+        if sum(len(group["params"]) for group in adam["param_groups"]) != len(order):
+            raise InputError(f"{checkpoint.directory}: {expert_optimizer_file(rank, tp_rank)} holds the state of "
+                             f"another model than its weights ({len(order)} parameters on expert-parallel rank "
+                             f"{rank}); convert it with --weights-only")
+        for index, name in enumerate(order):
+            for kind in MOMENTS if index in adam["state"] else ():
+                result[kind].setdefault(name, adam["state"][index][kind])
+    return result
+
+
+def step_and_groups(checkpoint: Checkpoint) -> tuple:
+    """The step count and the groups' hyperparameters (expert-parallel rank 0's)."""
+    adam = _rank_file(checkpoint, 0, 0)
+    return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
+
+
+def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
+                   expert_parallel_size: int, tp_rank: int, tp_size: int) -> dict:
+    """{'optimizer': torch's AdamW state_dict} as DeepSpeed reads it from one target rank's expp_rank file, from
+    `optimizer` (an optimizer_state.OptimizerState of the full model): the dense groups' hyperparameters are its
+    first two groups' and, with `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit)."""
+    names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
+    is_matrix = lambda name: model[name].dim() > 1  # noqa: E731
+    order = state_order(names, is_matrix, expert_groups)
+    step = torch.tensor(float(optimizer.step))
+    state = {index: {"step": step.clone(),
+                     **{kind: shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size).clone()
+                        for kind in MOMENTS}}
+             for index, name in enumerate(order)}
+    groups, start = [], 0
+    for expert, matrix in _classes(expert_groups):
+        hyper = {**optimizer.param_groups[0 if matrix else 1]}
+        if expert:
+            hyper.update(name=f"ep_size_{expert_parallel_size}", moe=True)
+        for chunk in _chunks(_members(names, is_matrix, expert, matrix), model, EXPERT_GROUP_LIMIT if expert else None):
+            groups.append({**hyper, "params": list(range(start, start + len(chunk)))})
+            start += len(chunk)
+    return {"optimizer": {"state": state, "param_groups": groups}}
+
+
+def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:
+    """`names` cut as DeepSpeed cuts an MoE group: a new group whenever the next parameter would pass `limit`
+    elements (None: one group); an empty class makes no group."""
+    chunks: List[List[str]] = []
+    size = 0
+    for name in names:
+        numel = model[name].numel()
+        if not chunks or (limit is not None and size + numel > limit):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(name)
+        size += numel
+    return chunks
+
