@@ -198,6 +198,12 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
     experts = {name for name in read_checkpoint(str(tmp_path), iteration=2).model if is_expert_parameter(name)}
     assert experts == {f"layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.{e}.{linear}.{kind}"
                        for e in range(4) for linear in ("dense_h_to_4h", "dense_4h_to_h") for kind in ("weight", "bias")}
+    # ZeRO 1 keeps the experts' Adam state in flat partitions per expert-data-parallel rank: not reshaped.
+    from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.writer import TargetLayout
+    from megatron.errors import InputError
+    with pytest.raises(InputError, match="trained at ZeRO stage 1, whose Adam state is cut into flat partitions"):
+        reshape(str(tmp_path), str(tmp_path / "ep1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2)
     (tmp_path / "latest").write_text("global_step2")
     resumed = run_on_ranks(train_moe, 4, [*flags, "--load", str(tmp_path)])[0]
     assert resumed[0] == straight[0][2:] and resumed[2] == straight[2]
@@ -242,6 +248,52 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
     # DeepSpeed reads those per-rank files at ZeRO 0 only.
     with pytest.raises(AssertionError, match="resume it with --zero-stage 0, or pass --no-load-optim"):
         run_on_ranks(train_moe, 1, [*flags, "--load", str(tmp_path / "ep1"), "--zero-stage", "1"])
+
+
+@pytest.mark.parametrize("expert_groups", [False, True], ids=["our-groups", "deepspeeds-moe-groups"])
+def test_an_moe_ranks_adam_state_is_numbered_and_grouped_as_torch_and_deepspeed_do(expert_groups):
+    # The converter names each index of an expp_rank file's AdamW state_dict by rule (module order, then groups);
+    # here the rule meets the real thing: a PR-MoE layer (experts between its gate and its dense MLP) under our
+    # groups or DeepSpeed's MoE split, one AdamW step, and the state written back loads into a fresh optimizer.
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    from megatron.checkpoint.expert_optimizer_state import module_order, rank_names, rank_optimizer, state_order
+    from megatron.checkpoint.optimizer_state import OptimizerState
+    from megatron.training.optimizer import parameter_groups
+
+    def adam(model):
+        groups = parameter_groups(model, 0.01)
+        return torch.optim.AdamW(split_params_into_different_moe_groups_for_optimizer(groups) if expert_groups
+                                 else groups, lr=1e-2)
+
+    model = skewed_model("--mlp-type", "residual")
+    parameters = dict(model.named_parameters())
+    names = list(parameters)
+    experts = [name for name in names if is_expert_parameter(name)]
+    by_expert_backwards = sorted(experts, key=lambda name: -int(name.split(".")[6]))  # as the reader may list them
+    assert module_order([name for name in names if name not in experts] + by_expert_backwards) == names
+    assert {name.split(".")[6] for name in rank_names(names, 1, 2) if name in experts} == {"2", "3"}
+    optimizer = adam(model)
+    tokens = torch.randint(0, 200, (2, 32))
+    model(tokens, labels=tokens).backward()
+    optimizer.step()
+    saved = optimizer.state_dict()
+    order = state_order(names, lambda name: parameters[name].dim() > 1, expert_groups)
+    by_parameter = {parameter: name for name, parameter in parameters.items()}
+    assert order == [by_parameter[p] for group in optimizer.param_groups for p in group["params"]]
+
+    moments = {kind: {name: saved["state"][index][kind] for index, name in enumerate(order)}
+               for kind in ("exp_avg", "exp_avg_sq")}
+    full = OptimizerState(step=1, fp32={}, param_groups=tuple(saved["param_groups"][:2]), **moments)
+    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, expert_groups, 0, 1, 0, 1)
+    assert [len(g["params"]) for g in written["optimizer"]["param_groups"]] == \
+        [len(g["params"]) for g in saved["param_groups"]]
+    fresh = adam(model)
+    fresh.load_state_dict(written["optimizer"])
+    for name, parameter in parameters.items():
+        for kind in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(fresh.state[parameter][kind], optimizer.state[parameter][kind], rtol=0,
+                                       atol=0, msg=name)
 
 
 # --- upstream's MoE scripts (b4d4a0e examples/MoE/), flags exactly as their shell expands them ---------------
