@@ -198,12 +198,6 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
     experts = {name for name in read_checkpoint(str(tmp_path), iteration=2).model if is_expert_parameter(name)}
     assert experts == {f"layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.{e}.{linear}.{kind}"
                        for e in range(4) for linear in ("dense_h_to_4h", "dense_4h_to_h") for kind in ("weight", "bias")}
-    # ZeRO 1 keeps the experts' Adam state in flat partitions per expert-data-parallel rank: not reshaped.
-    from megatron.checkpoint.convert import reshape
-    from megatron.checkpoint.writer import TargetLayout
-    from megatron.errors import InputError
-    with pytest.raises(InputError, match="trained at ZeRO stage 1, whose Adam state is cut into flat partitions"):
-        reshape(str(tmp_path), str(tmp_path / "ep1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2)
     (tmp_path / "latest").write_text("global_step2")
     resumed = run_on_ranks(train_moe, 4, [*flags, "--load", str(tmp_path)])[0]
     assert resumed[0] == straight[0][2:] and resumed[2] == straight[2]
@@ -213,41 +207,53 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
 
 @pytest.mark.full
 def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_as_the_source_run(data_prefix, tmp_path):
-    # EP 2 x DP 2 at ZeRO 0 saves at iteration 2. Reshaped with its Adam moments (DeepSpeed's expp_rank files,
-    # regrouped per target expert-parallel rank), it resumes in one process and at EP 4 x DP 4, and both runs
-    # take the source run's iterations 3 and 4.
+    # EP 2 x DP 2 saves at iteration 2, once at ZeRO 0 (DeepSpeed's expp_rank files: each expert-parallel rank's
+    # AdamW state_dict) and once at ZeRO 2 (flat partitions: the dense state over all four ranks, each
+    # expert-parallel rank's experts' over the two ranks holding them). Reshaped with the Adam state, regrouped
+    # per target expert-parallel rank, both take the source run's iterations 3 and 4 in one process, and the
+    # ZeRO 0 one also at EP 4 x DP 4.
     from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.optimizer_state import read_optimizer_state
+    from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.writer import TargetLayout
     from megatron.errors import InputError
-    flags = [*COMMON, "--data-path", data_prefix]
-    source = tmp_path / "ep2"
-    straight = run_on_ranks(train_moe, 4, [*flags, "--moe-expert-parallel-size", "2", "--save", str(source),
-                                           "--save-interval", "2"])[0]
+    flags = [*COMMON, "--data-path", data_prefix, "--moe-expert-parallel-size"]
+    straight = {stage: run_on_ranks(train_moe, 4, [*flags, "2", "--zero-stage", stage, "--save",
+                                                   str(tmp_path / f"zero{stage}"), "--save-interval", "2"])[0]
+                for stage in ("0", "2")}
+    # Both layouts hold the same state under the single-process names; ZeRO 2's master weights, placed by the
+    # expert-parallel rule, are the experts DeepSpeed filed by global index.
+    zero0, zero2 = (read_checkpoint(str(tmp_path / f"zero{stage}"), iteration=2) for stage in ("0", "2"))
+    adam0, adam2 = read_optimizer_state(zero0), read_optimizer_state(zero2)
+    for name, weight in zero2.model.items():
+        torch.testing.assert_close(adam2.fp32[name], weight, rtol=0, atol=0, msg=name)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(adam2.tensors(kind)[name], adam0.tensors(kind)[name], rtol=1e-4, atol=1e-9,
+                                       msg=name)
     with pytest.raises(InputError, match="--target-expert-parallel-size 3 does not divide the --num-experts 4"):
-        reshape(str(source), str(tmp_path / "ep3"), TargetLayout(1, 1, pipeline_engine=False, expert=3),
+        reshape(str(tmp_path / "zero0"), str(tmp_path / "ep3"), TargetLayout(1, 1, pipeline_engine=False, expert=3),
                 iteration=2, weights_only=True)
-    reshape(str(source), str(tmp_path / "ep1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2)
+    for stage in ("0", "2"):
+        reshape(str(tmp_path / f"zero{stage}"), str(tmp_path / f"ep1_zero{stage}"),
+                TargetLayout(1, 1, pipeline_engine=False), iteration=2)
     from tools.convert_checkpoint import main as convert_main
-    convert_main(["--load", str(source), "--iteration", "2", "--save", str(tmp_path / "ep4"),
+    convert_main(["--load", str(tmp_path / "zero0"), "--iteration", "2", "--save", str(tmp_path / "ep4_zero0"),
                   "--target-no-pipeline-parallel", "--target-expert-parallel-size", "4"])
     # A TP 2 target (not trainable with experts over gloo) holds the same model: the dense part split, every
     # expert file per tensor-parallel rank.
-    reshape(str(source), str(tmp_path / "tp2"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
-            weights_only=True)
-    from megatron.checkpoint.reader import read_checkpoint
-    whole = read_checkpoint(str(source), iteration=2).model
+    reshape(str(tmp_path / "zero0"), str(tmp_path / "tp2"), TargetLayout(2, 1, pipeline_engine=False),
+            iteration=2, weights_only=True)
     split = read_checkpoint(str(tmp_path / "tp2")).model
-    assert split.keys() == whole.keys()
-    for name, tensor in whole.items():
+    assert split.keys() == zero0.model.keys()
+    for name, tensor in zero0.model.items():
         torch.testing.assert_close(split[name], tensor, rtol=0, atol=0, msg=name)
-    for expert_parallel, world in ((1, 1), (4, 4)):
-        target = tmp_path / f"ep{expert_parallel}"
-        resumed = run_on_ranks(train_moe, world, [*flags, "--moe-expert-parallel-size", str(expert_parallel),
-                                                  "--load", str(target)])[0]
-        assert resumed[0] == pytest.approx(straight[0][2:], rel=1e-5), expert_parallel
+    for expert_parallel, stage in ((1, "0"), (4, "0"), (1, "2")):
+        resumed = run_on_ranks(train_moe, expert_parallel, [*flags, str(expert_parallel), "--load",
+                                                            str(tmp_path / f"ep{expert_parallel}_zero{stage}")])[0]
+        assert resumed[0] == pytest.approx(straight[stage][0][2:], rel=1e-5), (expert_parallel, stage)
     # DeepSpeed reads those per-rank files at ZeRO 0 only.
     with pytest.raises(AssertionError, match="resume it with --zero-stage 0, or pass --no-load-optim"):
-        run_on_ranks(train_moe, 1, [*flags, "--load", str(tmp_path / "ep1"), "--zero-stage", "1"])
+        run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1_zero0"), "--zero-stage", "1"])
 
 
 @pytest.mark.parametrize("expert_groups", [False, True], ids=["our-groups", "deepspeeds-moe-groups"])

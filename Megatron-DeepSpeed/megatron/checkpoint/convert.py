@@ -60,17 +60,17 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
 
 def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout, weights_only: bool) -> None:
     """Raise InputError when a mixture-of-experts checkpoint cannot be written at `target`. Its weights can: the
-    expert files are named by global expert index at any expert-parallel size. So can its Adam state when DeepSpeed
-    kept it per expert-parallel rank at ZeRO stage 0 (checkpoint/expert_optimizer_state.py); ZeRO 1-2 cut the
-    experts' state into flat partitions per expert-data-parallel group, which are not regrouped here."""
+    expert files are named by global expert index at any expert-parallel size. So can its Adam state, regrouped
+    per target expert-parallel rank (checkpoint/expert_optimizer_state.py), when the source ran without tensor
+    parallelism: with it, DeepSpeed's consecutive expert-parallel groups mix tensor-parallel ranks, a layout no
+    run here has written (gloo cannot train it)."""
     if target.pipeline_engine:
         raise InputError(f"--load {load_dir} holds a mixture-of-experts model, which runs on the plain engine "
                          "only; add --target-no-pipeline-parallel")
-    stage = source.layout.zero_stage
-    if source.has_optimizer_state and not weights_only and stage and not source.layout.universal:
-        raise InputError(f"--load {load_dir} holds a mixture-of-experts model trained at ZeRO stage {stage}, whose "
-                         "Adam state is cut into flat partitions per expert-data-parallel rank and is not reshaped "
-                         "(ZeRO stage 0's is); add --weights-only (the resumed run starts the optimizer fresh)")
+    if source.has_optimizer_state and not weights_only and source.layout.tensor > 1 and not source.layout.universal:
+        raise InputError(f"--load {load_dir} holds a mixture-of-experts model trained at tensor-parallel size "
+                         f"{source.layout.tensor}, whose per-rank Adam state is not regrouped; add --weights-only "
+                         "(the resumed run starts the optimizer fresh)")
     uneven = [count for count in source.moe.num_experts if count % target.expert]
     if target.expert < 1 or uneven:
         raise InputError(f"--target-expert-parallel-size {target.expert} does not divide the --num-experts "

@@ -11,7 +11,7 @@ each cut at DeepSpeed's group size limit. In module order a layer's experts foll
 registers the gate, then the experts, then PR-MoE's MLP and coefficient.
 """
 import os
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Sequence
 
 import torch
 
@@ -43,22 +43,35 @@ def module_order(names: Sequence[str]) -> List[str]:
     return ordered
 
 
+def expert_counts(names: Iterable[str]) -> Dict[int, int]:
+    """{transformer layer: its number of experts} of a model's parameter names (global expert indices)."""
+    indices: Dict[int, set] = {}
+    for name in names:
+        if match := EXPERT_KEY_PATTERN.search(name):
+            indices.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    return {layer: len(experts) for layer, experts in indices.items()}
+
+
+def global_name(name: str, expert_parallel_rank: int, expert_parallel_size: int, counts: Mapping[int, int]) -> str:
+    """A parameter's name on rank `expert_parallel_rank` (local expert index) as the single-process model names it."""
+    match = EXPERT_KEY_PATTERN.search(name)
+    if not match:
+        return name
+    first = expert_parallel_rank * counts[int(match.group(1))] // expert_parallel_size
+    start, end = match.span(2)
+    return f"{name[:start]}{first + int(match.group(2))}{name[end:]}"
+
+
 def rank_names(ordered: Sequence[str], expert_parallel_rank: int, expert_parallel_size: int) -> List[str]:
     """The parameters (global names, module order) that rank `expert_parallel_rank` of `expert_parallel_size`
     holds: every dense one and, in each MoE layer, its consecutive share of the experts."""
-    counts: Dict[int, set] = {}
-    for name in ordered:
-        if match := EXPERT_KEY_PATTERN.search(name):
-            counts.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
-    held = []
-    for name in ordered:
+    counts = expert_counts(ordered)
+
+    def held(name: str) -> bool:
         match = EXPERT_KEY_PATTERN.search(name)
-        if match:
-            per_rank = len(counts[int(match.group(1))]) // expert_parallel_size
-            if int(match.group(2)) // per_rank != expert_parallel_rank:
-                continue
-        held.append(name)
-    return held
+        return not match or int(match.group(2)) * expert_parallel_size // counts[int(match.group(1))] == \
+            expert_parallel_rank
+    return [name for name in ordered if held(name)]
 
 
 def _classes(expert_groups: bool) -> List[tuple]:

@@ -8,7 +8,9 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
   ZeRO 1 / 2     per data-parallel rank, the rank's slice of each group's flat fp32 buffer
                  (single_partition_of_fp32_groups, group padding stripped) and of the Adam state (padded);
                  the group's parameters, in flat order, are `param_shapes` in the mp_rank file, each
-                 followed by its alignment padding (param_alignment_paddings).
+                 followed by its alignment padding (param_alignment_paddings). DeepSpeed's MoE groups are
+                 partitioned over the ranks that hold the same experts instead.
+  MoE, ZeRO 0    per expert-parallel rank, torch's state_dict of its parameters (expert_optimizer_state.py).
   ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
                  parameter split on its own (reader.zero3_flat_params).
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
@@ -54,26 +56,42 @@ def _keep_first(target: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor
 # ----------------------------------------------------------------------------- ZeRO 1 / 2
 
 def _zero12_rank_state(checkpoint: Checkpoint, mp_rank: int, progress: Progress) -> Dict[str, Dict[str, torch.Tensor]]:
-    """{kind: {stage parameter name: tensor}} of one model-parallel rank, joined over data-parallel ranks."""
+    """{kind: {stage parameter name: tensor}} of one model-parallel rank, joined over data-parallel ranks. An MoE
+    group (DeepSpeed's) is partitioned over the ranks holding the same experts: with one tensor-parallel rank,
+    every EP-th data-parallel rank from the expert-parallel rank on (DeepSpeed's consecutive expert-parallel
+    groups); its local expert indices become global ones."""
     tag_dir, layout = checkpoint.directory, checkpoint.layout
     param_shapes = load_file(os.path.join(tag_dir, model_states_file(mp_rank, layout.zero_stage)))["param_shapes"]
     partitions = []
     for dp in range(layout.data):
         progress(f"reading optimizer partition {dp + 1}/{layout.data} of model-parallel rank {mp_rank}")
         partitions.append(zero_optimizer_state(tag_dir, checkpoint.args, mp_rank, dp))
+    size = int(checkpoint.args.get("moe_expert_parallel_size") or 1)
+    counts = experts.expert_counts(checkpoint.model)
     result = {kind: {} for kind in ("fp32", *MOMENTS)}
     for group, shapes in enumerate(param_shapes):
-        flat = {"fp32": torch.cat([p["single_partition_of_fp32_groups"][group] for p in partitions])}
-        for kind in MOMENTS:
-            flat[kind] = torch.cat([p["base_optimizer_state"]["state"][group][kind] for p in partitions])
-        paddings = partitions[0].get("param_alignment_paddings", [[0] * len(shapes)] * len(param_shapes))[group]
-        offset = 0
-        for (name, shape), padding in zip(shapes.items(), paddings):
-            numel = torch.Size(shape).numel()
-            for kind, tensor in flat.items():
-                result[kind][name] = tensor.narrow(0, offset, numel).view(shape).clone()
-            offset += numel + padding
+        if not partitions[0]["base_optimizer_state"]["param_groups"][group].get("moe"):
+            _unflatten_group(partitions, group, shapes, result)
+            continue
+        for rank in range(size):
+            _unflatten_group(partitions[rank::size], group, {
+                experts.global_name(name, rank, size, counts): shape for name, shape in shapes.items()}, result)
     return result
+
+
+def _unflatten_group(partitions: List[dict], group: int, shapes: Mapping[str, tuple],
+                     result: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    """Each parameter of a flat group (`shapes` in flat order) from the group's partitions into `result`."""
+    flat = {"fp32": torch.cat([p["single_partition_of_fp32_groups"][group] for p in partitions])}
+    for kind in MOMENTS:
+        flat[kind] = torch.cat([p["base_optimizer_state"]["state"][group][kind] for p in partitions])
+    paddings = partitions[0].get("param_alignment_paddings")
+    offset = 0
+    for (name, shape), padding in zip(shapes.items(), paddings[group] if paddings else [0] * len(shapes)):
+        numel = torch.Size(shape).numel()
+        for kind, tensor in flat.items():
+            result[kind][name] = tensor.narrow(0, offset, numel).view(shape).clone()
+        offset += numel + padding
 
 
 def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
