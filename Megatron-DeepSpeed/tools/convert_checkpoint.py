@@ -5,13 +5,15 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
-                          [--target-expert-parallel-size E]   (a mixture-of-experts model: weights only)
+                          [--target-expert-parallel-size E]   (a mixture-of-experts model, plain engine)
     convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
 
 A reshaped checkpoint resumes with `pretrain_gpt.py --load OUT` at the target layout and any data-parallel size
-and ZeRO stage, with its optimizer state (unless --weights-only); an imported one with `--load OUT --finetune`.
+and ZeRO stage, with its optimizer state (unless --weights-only); a mixture-of-experts one with its optimizer
+state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank); an imported one with
+`--load OUT --finetune`.
 The output directory appears complete or not at all; an existing one is replaced only with --force.
 """
 import argparse
@@ -36,7 +38,7 @@ def parse_args(argv):
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--target-expert-parallel-size", type=int, default=1,
-                        help="a mixture-of-experts model's --moe-expert-parallel-size to resume at (weights only)")
+                        help="a mixture-of-experts model's --moe-expert-parallel-size to resume at")
     parser.add_argument("--target-no-pipeline-parallel", action="store_true",
                         help="for a run with --no-pipeline-parallel (DeepSpeed's plain engine; needs PP 1)")
     parser.add_argument("--weights-only", action="store_true",

@@ -1,8 +1,9 @@
-"""The Adam state of a mixture-of-experts checkpoint at ZeRO stage 0. DeepSpeed keeps it per expert-parallel rank,
-in expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt = {'optimizer': torch's AdamW state_dict}. Each file covers
-that rank's parameters: the dense ones (the same on every rank) and its own experts. Reading joins the files into
-one state per full parameter (the single-process model's names, global expert indices). Writing cuts that state
-for another expert-parallel size, so a run resumed there takes the source run's next steps.
+"""The Adam state of a mixture-of-experts checkpoint, which DeepSpeed keeps per expert-parallel rank. At ZeRO
+stage 0 it is in expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt = {'optimizer': torch's AdamW state_dict}. Each
+file covers that rank's parameters: the dense ones (the same on every rank) and its own experts. Reading joins the
+files into one state per full parameter (the single-process model's names, global expert indices). Writing cuts
+that state for another expert-parallel size, so a run resumed there takes the source run's next steps. ZeRO 1-2's
+flat partitions are read by optimizer_state.py, with the expert naming kept here.
 
 torch numbers a state_dict's parameters in group order, and within each group in module order. Our groups
 (training/optimizer.py) are the decayed matrices and then the rest. DeepSpeed's MoE groups
@@ -75,9 +76,9 @@ def rank_names(ordered: Sequence[str], expert_parallel_rank: int, expert_paralle
 
 
 def _classes(expert_groups: bool) -> List[tuple]:
-    """The optimizer's groups as (expert: None for either, matrix) in order."""
-    dense = [(None, True), (None, False)] if not expert_groups else [(False, True), (False, False)]
-    return dense + ([(True, True), (True, False)] if expert_groups else [])
+    """The optimizer's groups in order, as (expert: True, False or None for either; matrix)."""
+    return [(False, True), (False, False), (True, True), (True, False)] if expert_groups else [(None, True),
+                                                                                               (None, False)]
 
 
 def _members(names: Sequence[str], is_matrix: Callable[[str], bool], expert, matrix: bool) -> List[str]:
@@ -135,7 +136,9 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
     `optimizer` (an optimizer_state.OptimizerState of the full model): the dense groups' hyperparameters are its
     first two groups' and, with `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit)."""
     names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
-    is_matrix = lambda name: model[name].dim() > 1  # noqa: E731
+
+    def is_matrix(name: str) -> bool:
+        return model[name].dim() > 1
     order = state_order(names, is_matrix, expert_groups)
     step = torch.tensor(float(optimizer.step))
     state = {index: {"step": step.clone(),

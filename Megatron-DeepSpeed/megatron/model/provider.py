@@ -33,10 +33,10 @@ def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parall
         return GPTModel(model_config, piece_sharder(parallel_state, sequence_parallel, rng_tracker))
     if parallel_config.tensor > 1 and parallel_config.distributed_backend == "gloo":
         raise InputError(f"--tensor-model-parallel-size {parallel_config.tensor} with --num-experts above 1 over "
-                         "gloo: DeepSpeed's MoE layer (0.19.8) gathers its expert outputs over the tensor-parallel ranks "
-                         "(deepspeed/moe/sharded_moe.py:742) into a flat buffer (deepspeed/moe/mappings.py:39-40), "
-                         "and gloo's all_gather_into_tensor takes only an output shaped as the inputs stacked on "
-                         "dim 0; use nccl/hccl, or tensor-parallel size 1")
+                         "gloo: DeepSpeed's MoE layer (0.19.8) gathers its expert outputs over the tensor-parallel "
+                         "ranks (deepspeed/moe/sharded_moe.py:742) into a flat buffer (deepspeed/moe/mappings.py:"
+                         "39-40), and gloo's all_gather_into_tensor takes only an output shaped as the inputs "
+                         "stacked on dim 0; use nccl/hccl, or tensor-parallel size 1")
     model = MoEGPTModel(model_config, expert_parallel_rank(model_config.moe.expert_parallel_size))
     if parallel_config.tensor > 1:
         apply_tensor_parallel(model, parallel_state, sequence_parallel, rng_tracker=rng_tracker)
