@@ -211,14 +211,16 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
     # AdamW state_dict) and once at ZeRO 2 (flat partitions: the dense state over all four ranks, each
     # expert-parallel rank's experts' over the two ranks holding them). Reshaped with the Adam state, regrouped
     # per target expert-parallel rank, both take the source run's iterations 3 and 4 in one process, and the
-    # ZeRO 0 one also at EP 4 x DP 4.
+    # ZeRO 0 one also at EP 4 x DP 4. The ZeRO 2 run names --create-moe-param-group, as upstream's scripts do, so
+    # its target's files carry DeepSpeed's MoE groups; the ZeRO 0 one has our two groups.
     from megatron.checkpoint.convert import reshape
     from megatron.checkpoint.optimizer_state import read_optimizer_state
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.writer import TargetLayout
     from megatron.errors import InputError
     flags = [*COMMON, "--data-path", data_prefix, "--moe-expert-parallel-size"]
-    straight = {stage: run_on_ranks(train_moe, 4, [*flags, "2", "--zero-stage", stage, "--save",
+    groups = {"0": [], "2": ["--create-moe-param-group"]}
+    straight = {stage: run_on_ranks(train_moe, 4, [*flags, "2", "--zero-stage", stage, *groups[stage], "--save",
                                                    str(tmp_path / f"zero{stage}"), "--save-interval", "2"])[0]
                 for stage in ("0", "2")}
     # Both layouts hold the same state under the single-process names; ZeRO 2's master weights, placed by the
@@ -239,21 +241,52 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
     from tools.convert_checkpoint import main as convert_main
     convert_main(["--load", str(tmp_path / "zero0"), "--iteration", "2", "--save", str(tmp_path / "ep4_zero0"),
                   "--target-no-pipeline-parallel", "--target-expert-parallel-size", "4"])
-    # A TP 2 target (not trainable with experts over gloo) holds the same model: the dense part split, every
-    # expert file per tensor-parallel rank.
-    reshape(str(tmp_path / "zero0"), str(tmp_path / "tp2"), TargetLayout(2, 1, pipeline_engine=False),
-            iteration=2, weights_only=True)
+    # A TP 2 x EP 2 target (not trainable with experts over gloo) holds the same model: the dense part split, every
+    # expert file per tensor-parallel rank; each rank's expp_rank file its shards of the dense moments.
+    reshape(str(tmp_path / "zero0"), str(tmp_path / "tp2"), TargetLayout(2, 1, pipeline_engine=False, expert=2),
+            iteration=2)
     split = read_checkpoint(str(tmp_path / "tp2")).model
     assert split.keys() == zero0.model.keys()
     for name, tensor in zero0.model.items():
         torch.testing.assert_close(split[name], tensor, rtol=0, atol=0, msg=name)
+    from megatron.checkpoint.expert_optimizer_state import module_order, rank_names, state_order
+    from megatron.checkpoint.reader import load_file
+    names = rank_names(module_order(list(zero0.model)), 1, 2)
+    order = state_order(names, lambda name: zero0.model[name].dim() > 1, expert_groups=False)
+    qkv = "layers.0.self_attention.query_key_value.weight"  # column-parallel: rows split
+    for tp in range(2):
+        written = load_file(str(tmp_path / "tp2" / "global_step2" / f"expp_rank_1_mp_rank_{tp:02d}_optim_states.pt"))
+        state = written["optimizer"]["state"]
+        torch.testing.assert_close(state[order.index(qkv)]["exp_avg"], adam0.exp_avg[qkv].chunk(2)[tp], rtol=0,
+                                   atol=0)
+        expert = "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.dense_h_to_4h.weight"  # whole
+        torch.testing.assert_close(state[order.index(expert)]["exp_avg_sq"], adam0.exp_avg_sq[expert], rtol=0,
+                                   atol=0)
     for expert_parallel, stage in ((1, "0"), (4, "0"), (1, "2")):
-        resumed = run_on_ranks(train_moe, expert_parallel, [*flags, str(expert_parallel), "--load",
+        resumed = run_on_ranks(train_moe, expert_parallel, [*flags, str(expert_parallel), *groups[stage], "--load",
                                                             str(tmp_path / f"ep{expert_parallel}_zero{stage}")])[0]
         assert resumed[0] == pytest.approx(straight[stage][0][2:], rel=1e-5), (expert_parallel, stage)
     # DeepSpeed reads those per-rank files at ZeRO 0 only.
     with pytest.raises(AssertionError, match="resume it with --zero-stage 0, or pass --no-load-optim"):
         run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1_zero0"), "--zero-stage", "1"])
+
+
+def test_the_adam_state_of_an_moe_checkpoint_trained_with_tensor_parallelism_is_refused_in_one_line():
+    # DeepSpeed's consecutive expert-parallel groups then mix tensor-parallel ranks: a layout no run here wrote.
+    from megatron.checkpoint.convert import check_expert_target
+    from megatron.checkpoint.reader import Checkpoint, Layout
+    from megatron.checkpoint.writer import TargetLayout
+    from megatron.errors import InputError
+    args = {"num_layers": 2, "num_experts": [4], "moe_expert_parallel_size": 2}
+    source = Checkpoint(directory="ckpt/global_step2", iteration=2, consumed_train_samples=8, args=args,
+                        layout=Layout(tensor=2, pipeline=1, data=2, zero_stage=0, pipeline_engine=False),
+                        padded_vocab_size=256, model={}, has_optimizer_state=True)
+    target = TargetLayout(1, 1, pipeline_engine=False)
+    with pytest.raises(InputError) as caught:
+        check_expert_target("ckpt", source, target, weights_only=False)
+    assert "trained at tensor-parallel size 2, whose per-rank Adam state is not regrouped; add --weights-only" in \
+        str(caught.value) and "\n" not in str(caught.value)
+    check_expert_target("ckpt", source, target, weights_only=True)
 
 
 @pytest.mark.parametrize("expert_groups", [False, True], ids=["our-groups", "deepspeeds-moe-groups"])
