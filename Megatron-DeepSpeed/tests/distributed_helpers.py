@@ -13,6 +13,8 @@ import socket
 import time
 import traceback
 
+import flat_gather_backend
+
 PRELOADED_MODULES = ["torch", "torch.distributed", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer"]
 
 
@@ -22,7 +24,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(function, args, rank, world_size, port, results):
+def _rank_main(function, args, rank, world_size, port, results, backend):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     for name, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("LOCAL_RANK", rank)):
         os.environ[name] = str(value)
@@ -30,7 +32,9 @@ def _rank_main(function, args, rank, world_size, port, results):
         import torch
         import torch.distributed as dist
         torch.set_num_threads(1)  # N ranks share 2 cores: more threads only add contention
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        if backend == flat_gather_backend.BACKEND:
+            flat_gather_backend.register()
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         try:
             outcome = ("ok", function(*args))
         finally:
@@ -41,8 +45,9 @@ def _rank_main(function, args, rank, world_size, port, results):
     results.put((rank, pickle.dumps(outcome)))
 
 
-def run_on_ranks(function, world_size: int, *args, timeout: float = 120.0) -> list:
-    """function(*args) on ranks 0..world_size-1; returns their results ordered by rank.
+def run_on_ranks(function, world_size: int, *args, timeout: float = 120.0, backend: str = "gloo") -> list:
+    """function(*args) on ranks 0..world_size-1; returns their results ordered by rank. `backend` is gloo, or
+    flat_gather_backend.BACKEND for what needs nccl's all_gather_into_tensor (tensor parallelism with experts).
 
     `function` must be importable by name (defined at module level) because it is pickled into the children.
     """
@@ -50,7 +55,8 @@ def run_on_ranks(function, world_size: int, *args, timeout: float = 120.0) -> li
     context.set_forkserver_preload(PRELOADED_MODULES)
     results = context.Queue()
     port = free_port()
-    processes = [context.Process(target=_rank_main, args=(function, args, rank, world_size, port, results))
+    processes = [context.Process(target=_rank_main,
+                                 args=(function, args, rank, world_size, port, results, backend))
                  for rank in range(world_size)]
     for process in processes:
         process.start()

@@ -58,6 +58,20 @@ def test_expert_parallel_training_equals_single_process(zero_stage, data_prefix,
         torch.testing.assert_close(tensor, reference_dense[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.full
+def test_tensor_and_expert_parallel_training_equals_single_process(data_prefix, single_process):
+    # TP 2 x EP 2 (DP 2): the dense part is tensor-parallel and each MoE layer drops the duplicate tokens of the
+    # TP ranks before its all-to-all and gathers them after. That gather needs nccl's flat all_gather_into_tensor,
+    # which tests/flat_gather_backend.py gives these CPU ranks; the losses are still the single process's.
+    from flat_gather_backend import BACKEND
+    losses, _, norm = run_on_ranks(train_moe, 4, [*COMMON, "--data-path", data_prefix,
+                                                  "--tensor-model-parallel-size", "2",
+                                                  "--moe-expert-parallel-size", "2"], backend=BACKEND)[0]
+    reference_losses, _, reference_norm = single_process
+    assert losses == pytest.approx(reference_losses, rel=1e-5)
+    assert norm == pytest.approx(reference_norm, rel=1e-5)
+
+
 def gather_like_deepspeeds_moe_then_train(argv):
     """What gloo says to the gather DeepSpeed's MoE layer makes over tensor-parallel ranks (a flat output for a
     3-D input, deepspeed/moe/mappings.py:39-40) and to the same gather into the inputs stacked on dim 0; then

@@ -1,4 +1,5 @@
 """This rank's part of the GPT, parallelised as the job says: what pretrain_gpt.py hands the training loop."""
+import torch.distributed as dist
 from torch import nn
 
 from megatron.config.job import ParallelConfig
@@ -31,7 +32,7 @@ def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parall
     sequence_parallel = parallel_config.sequence_parallel
     if model_config.moe is None:
         return GPTModel(model_config, piece_sharder(parallel_state, sequence_parallel, rng_tracker))
-    if parallel_config.tensor > 1 and parallel_config.distributed_backend == "gloo":
+    if parallel_config.tensor > 1 and dist.get_backend(parallel_state.get_tensor_model_parallel_group()) == "gloo":
         raise InputError(f"--tensor-model-parallel-size {parallel_config.tensor} with --num-experts above 1 over "
                          "gloo: DeepSpeed's MoE layer (0.19.8) gathers its expert outputs over the tensor-parallel "
                          "ranks (deepspeed/moe/sharded_moe.py:742) into a flat buffer (deepspeed/moe/mappings.py:"
