@@ -88,6 +88,12 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
     return True
 
 
+def is_zip_archive(path: str) -> bool:
+    """Whether `path` is in torch's zip format (which torch.load can memory-map), not its legacy pickle format."""
+    with open(path, "rb") as handle:
+        return handle.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+
+
 def check_torch_file(path: str) -> None:
     """`path` exists and is a whole torch file: a zip archive with its closing directory (which a truncated copy
     or an interrupted write lacks), or torch's legacy pickle format."""

@@ -30,7 +30,7 @@ import os
 from collections import abc
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -41,8 +41,9 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LA
                                         OPTIMIZER_SAVED, RELEASE, TAG_PATTERN,
                                         UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file, megatron_iteration_dir,
                                         megatron_rank_dir, model_states_file, optimizer_states_file)
-from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position,
-                                       nest, old_position_name, positions_with_parameters)
+from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name,
+                                       name_at_position, nest, old_position_name, positions_with_parameters,
+                                       spec_position)
 from megatron.checkpoint.shards import overlapping_ranks, shard_from_shards
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
@@ -110,12 +111,12 @@ def load_file(path: str, mmap: bool = True) -> dict:
     """The one torch.load of a checkpoint file: on the CPU, as data only (checkpoint/trust.py), memory-mapped
     unless `mmap` is False (tensors are read when used, so assembling a model holds about one copy of it), with
     an InputError naming the file when it is missing, truncated, not a torch file, or holds a type a checkpoint
-    may not hold."""
+    may not hold. A file in torch's legacy (non-zip) format cannot be memory-mapped: it is read whole."""
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
     try:
-        return trust.torch_load(path, mmap=mmap)
+        return trust.torch_load(path, mmap=mmap and manifest.is_zip_archive(path))
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file
         if trust.is_refusal(err):
             raise trust.refusal(path, trust.refused_type(err)) from None
@@ -358,6 +359,72 @@ def _assembled(part: TensorShard, shards: Dict[int, Mapping[str, torch.Tensor]],
     return part.assemble(name, {tp: shard[key] for tp, shard in shards.items()}, source_size)
 
 
+@dataclass(frozen=True)
+class _Units:
+    """A layout's weights as units read one at a time: the unit of each GPTModel name (in the order the whole
+    model lists them) and how to read one unit's tensors. A unit is a model piece (embedding, one layer, the
+    final LayerNorm) of one set of memory-mapped files, an expert file, or, for a file in torch's legacy
+    (non-zip) format, which cannot be memory-mapped, the whole file set (read whole, one set at a time)."""
+    of: Dict[str, Hashable]
+    read: Callable[[Hashable], Dict[str, torch.Tensor]]
+
+
+def _names(of: Mapping[str, Hashable], unit: Hashable) -> List[str]:
+    return [name for name, its in of.items() if its == unit]
+
+
+def _unit(mappable: bool, files: Hashable, name: str, num_layers: int) -> Hashable:
+    return (files, spec_position(name, num_layers)[0]) if mappable else (files,)
+
+
+def _all_mappable(paths) -> bool:
+    return all(manifest.is_zip_archive(path) for path in paths)
+
+
+def _joined(first: _Units, second: _Units) -> _Units:
+    """Both sets of units, the second's names added after (or over) the first's."""
+    of = {**{name: (0, unit) for name, unit in first.of.items()}, **{name: (1, unit) for name, unit in second.of.items()}}
+    return _Units(of, lambda unit: (first, second)[unit[0]].read(unit[1]))
+
+
+def _read_whole(units: _Units, progress: Progress) -> dict:
+    """Every unit read once, in order: the whole model (or a TensorShard's part of it) in memory."""
+    order = list(dict.fromkeys(units.of.values()))
+    model = {}
+    for index, unit in enumerate(order):
+        progress(f"reading part {index + 1}/{len(order)} of the weights")
+        model.update(units.read(unit))
+    return {name: model[name] for name in units.of}
+
+
+class StreamedWeights(abc.Mapping):
+    """A checkpoint's weights read one unit (_Units) at a time when asked for, only the last unit kept: a
+    converter writing one target file at a time then holds that file and one source piece, never the whole
+    model (the tensors are those read whole, so what is written stays the same)."""
+
+    def __init__(self, units: _Units):
+        self._units = units
+        self._unit: Tuple[Optional[Hashable], dict] = (None, {})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        unit = self._units.of[name]
+        if self._unit[0] != unit:
+            self._unit = (None, {})  # drop the last unit before reading the next
+            self._unit = (unit, self._units.read(unit))
+        return self._unit[1][name]
+
+    def __contains__(self, name: object) -> bool:  # without reading the unit, as Mapping's default would
+        return name in self._units.of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._units.of)
+
+    def __len__(self) -> int:
+        return len(self._units.of)
+
+
+# --- DeepSpeed's pipeline engine: one file per piece and tensor-parallel rank
+
 def _pipeline_positions(tag_dir: str, num_layers: int) -> Tuple[bool, Sequence[int]]:
     """Whether the layer files are numbered as earlier versions of this project numbered them (embedding
     layer_00), and the spec positions that have a file."""
@@ -377,100 +444,94 @@ def _piece_name(old: bool, position: int, key: str, num_layers: int) -> str:
     return (old_position_name if old else name_at_position)(position, key, num_layers)
 
 
-def _pipeline_engine_weights(tag_dir: str, layout: Layout, num_layers: int, progress: Progress,
-                             part: TensorShard) -> dict:
+def _pipeline_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
     """The layer files: numbered as upstream's (model/pipe.py), or as earlier versions of this project numbered
-    them (embedding layer_00)."""
+    them (embedding layer_00); a piece's keys are read from the pickle, not its tensors."""
     old, positions = _pipeline_positions(tag_dir, num_layers)
-    model = {}
-    for index, position in enumerate(positions):
-        progress(f"reading piece {index + 1}/{len(positions)} ({layout.tensor} tensor-parallel shard(s))")
-        model.update(_piece_weights(tag_dir, layout, num_layers, old, position, part))
-    return model
+    source = part.sources(layout.tensor)[0]
+    of = {_piece_name(old, position, key, num_layers): position for position in positions
+          for key in load_file(os.path.join(tag_dir, layer_file(position, source)))}
+    return _Units(of, lambda position: _piece_weights(tag_dir, layout, num_layers, old, position, part))
 
 
-class StreamedWeights(abc.Mapping):
-    """The pipeline engine's weights read piece by piece when asked for, only the last piece kept: a converter
-    writing one target file at a time then holds that file and one source piece, never the whole model
-    (the tensors are those _pipeline_engine_weights assembles, so what is written stays the same)."""
-
-    def __init__(self, tag_dir: str, layout: Layout, num_layers: int, part: TensorShard = WHOLE):
-        self._read = lambda position: _piece_weights(tag_dir, layout, num_layers, old, position, part)
-        old, positions = _pipeline_positions(tag_dir, num_layers)
-        source = part.sources(layout.tensor)[0]
-        self._position = {}  # name -> spec position; the file's keys are read from the pickle, not its tensors
-        for position in positions:
-            for key in load_file(os.path.join(tag_dir, layer_file(position, source))):
-                self._position[_piece_name(old, position, key, num_layers)] = position
-        self._piece: Tuple[Optional[int], dict] = (None, {})
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        position = self._position[name]
-        if self._piece[0] != position:
-            self._piece = (None, {})  # drop the last piece before reading the next
-            self._piece = (position, self._read(position))
-        return self._piece[1][name]
-
-    def __contains__(self, name: object) -> bool:  # without reading the piece, as Mapping's default would
-        return name in self._position
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._position)
-
-    def __len__(self) -> int:
-        return len(self._position)
-
+# --- DeepSpeed's plain engine: the whole module in each tensor-parallel rank's model-states file
 
 def _module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     """A plain engine's `module` under GPTModel's names: nested as upstream's, or flat as earlier versions."""
     return flatten(module) if is_nested(module) else flatten(nest(module))
 
 
-def _plain_engine_weights(tag_dir: str, layout: Layout, first_state: dict, progress: Progress,
-                          part: TensorShard) -> dict:
-    shards = {}
-    for tp in part.sources(layout.tensor):
-        progress(f"reading tensor-parallel shard {tp + 1}/{layout.tensor}")
-        state = first_state if tp == 0 else load_file(os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)))
-        shards[tp] = _module_names(state["module"])
-    return {name: _assembled(part, shards, layout.tensor, name, name) for name in shards[min(shards)]}
+def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
+    paths = {tp: os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)) for tp in part.sources(layout.tensor)}
+    mappable = _all_mappable(paths.values())
+    of = {name: _unit(mappable, 0, name, num_layers) for name in _module_names(load_file(paths[min(paths)])["module"])}
 
-
-def _megatron_weights(tag_dir: str, layout: Layout, progress: Progress, part: TensorShard) -> dict:
-    """Each stage's layers numbered from 0 in its file; the stages' layers follow one another."""
-    model, first_layer = {}, 0
-    for pp in range(layout.pipeline):
+    def read(unit: Hashable) -> dict:
+        names = _names(of, unit)
         shards = {}
-        for tp in part.sources(layout.tensor):
-            progress(f"reading pipeline stage {pp + 1}/{layout.pipeline}, tensor-parallel shard {tp + 1}/"
-                     f"{layout.tensor}")
-            shards[tp] = flatten(load_file(_megatron_rank_file(tag_dir, tp, pp, layout.pipeline))[MEGATRON_MODEL])
+        for tp, path in paths.items():
+            module = _module_names(load_file(path)["module"])
+            shards[tp] = {name: module[name] for name in names}
+        return {name: _assembled(part, shards, layout.tensor, name, name) for name in names}
+    return _Units(of, read)
+
+
+def _expert_units(tag_dir: str) -> _Units:
+    """Every expert of an MoE checkpoint, under the single-process model's names, one expert file at a time: the
+    union of the expert files of all model-parallel ranks (a tensor-parallel rank may hold the same experts as
+    another, then with the same values, or other experts; the first file in name order is read)."""
+    paths = [os.path.join(tag_dir, name) for name in sorted(os.listdir(tag_dir)) if EXPERT_FILE_PATTERN.fullmatch(name)]
+    of: Dict[str, Hashable] = {}
+    for path in paths:
+        for key in load_file(path):
+            of.setdefault(key, path)
+    return _Units(of, lambda path: {key: tensor for key, tensor in load_file(path).items() if of[key] == path})
+
+
+# --- Megatron's layout: one file per tensor- and pipeline-parallel rank
+
+def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
+    """Each stage's layers numbered from 0 in its file; the stages' layers follow one another."""
+    sources = part.sources(layout.tensor)
+    paths = {(tp, pp): _megatron_rank_file(tag_dir, tp, pp, layout.pipeline)
+             for pp in range(layout.pipeline) for tp in sources}
+    mappable = _all_mappable(paths.values())
+    keys, of, first_layer = {}, {}, 0  # GPTModel name -> its key in its stage's files, its unit
+    for pp in range(layout.pipeline):
         stage_layers = set()
-        for key in shards[min(shards)]:
+        for key in flatten(load_file(paths[sources[0], pp])[MEGATRON_MODEL]):
             name = key
-            if key.startswith("layers."):
+            if key.startswith(LAYERS_PREFIX):
                 _, number, rest = key.split(".", 2)
                 stage_layers.add(int(number))
-                name = f"layers.{first_layer + int(number)}.{rest}"
-            model[name] = _assembled(part, shards, layout.tensor, key, name)
+                name = f"{LAYERS_PREFIX}{first_layer + int(number)}.{rest}"
+            keys[name], of[name] = key, _unit(mappable, pp, name, num_layers)
         first_layer += len(stage_layers)
-    return model
+
+    def read(unit: Hashable) -> dict:
+        names, pp = _names(of, unit), unit[0]
+        shards = {}
+        for tp in sources:
+            stage = flatten(load_file(paths[tp, pp])[MEGATRON_MODEL])
+            shards[tp] = {keys[name]: stage[keys[name]] for name in names}
+        return {name: _assembled(part, shards, layout.tensor, keys[name], name) for name in names}
+    return _Units(of, read)
 
 
-def _universal_weights(tag_dir: str, num_layers: int, padded_vocab_size: int, progress: Progress,
-                       part: TensorShard) -> dict:
+# --- DeepSpeed universal (ds_to_universal's output): one file per full parameter
+
+def _universal_units(tag_dir: str, num_layers: int, padded_vocab_size: int, part: TensorShard) -> _Units:
     """zero/<engine name>/fp32.pt of a universal checkpoint, the vocabulary padding ds_to_universal strips put
     back (as zeros, as DeepSpeed's loader pads it)."""
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
     entries = sorted(entry for entry in os.listdir(universal) if os.path.isdir(os.path.join(universal, entry)))
-    model = {}
-    for index, entry in enumerate(entries):
-        progress(f"reading per-parameter state {index + 1}/{len(entries)}: {entry}")
-        tensor = load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
-        name = model_name(entry, num_layers)
+    of = {model_name(entry, num_layers): entry for entry in entries}
+
+    def read(entry: str) -> dict:
+        name, tensor = model_name(entry, num_layers), load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
         whole = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
-        model[name] = part.assemble(name, {0: whole}, 1)
-    return model
+        return {name: part.assemble(name, {0: whole}, 1)}
+    return _Units(of, read)
 
 
 def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
@@ -480,54 +541,85 @@ def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
-def _expert_weights(tag_dir: str, progress: Progress) -> dict:
-    """Every expert of an MoE checkpoint, under the single-process model's names: the union of the expert files of
-    all model-parallel ranks (a tensor-parallel rank may hold the same experts as another, then with the same
-    values, or other experts)."""
-    names = sorted(name for name in os.listdir(tag_dir) if EXPERT_FILE_PATTERN.fullmatch(name))
-    experts = {}
-    for index, name in enumerate(names):
-        progress(f"reading expert file {index + 1}/{len(names)}")
-        for key, tensor in load_file(os.path.join(tag_dir, name)).items():
-            experts.setdefault(key, tensor)
-    return experts
+# --- ZeRO 3: the weights are the fp32 partitions in the optimizer files
+
+Zero3Place = Tuple[int, int, torch.Size]  # offset in a rank's flat partition, elements per rank, shape
+
+
+def zero3_placement(param_shapes: List[Mapping[str, torch.Size]], world: int) -> Tuple[Dict[str, Zero3Place], int]:
+    """Where each parameter lies in ZeRO-3's flat partitions (one flat tensor per data-parallel rank, its groups
+    concatenated), and how many values a rank holds: each parameter is split on its own into ceil(numel / DP)
+    elements per rank, laid out one after another in the order of param_shapes."""
+    placement, offset = {}, 0
+    for name, shape in ((name, shape) for group in param_shapes for name, shape in group.items()):
+        per_rank = -(-torch.Size(shape).numel() // world)
+        placement[name] = (offset, per_rank, torch.Size(shape))
+        offset += per_rank
+    return placement, offset
+
+
+def _check_zero3_size(flat_size: int, accounted: int) -> None:
+    if accounted != flat_size:
+        raise InputError(f"ZeRO-3 partitions hold {flat_size} values per rank but the parameter shapes account for "
+                         f"{accounted}: the checkpoint's files do not belong together")
+
+
+def _flat_range(groups: Sequence[torch.Tensor], offset: int, length: int) -> torch.Tensor:
+    """Values offset..offset+length of the concatenation of `groups` (flattened), reading only those."""
+    parts, start = [], 0
+    for group in groups:
+        flat = group.flatten()
+        low, high = max(offset, start), min(offset + length, start + flat.numel())
+        if low < high:
+            parts.append(flat.narrow(0, low - start, high - low))
+        start += flat.numel()
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def zero3_parameter(place: Zero3Place, groups_per_rank: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    """One full parameter from every data-parallel rank's flat groups."""
+    offset, per_rank, shape = place
+    pieces = [_flat_range(groups, offset, per_rank) for groups in groups_per_rank]
+    return torch.cat(pieces)[:shape.numel()].view(shape).clone()
 
 
 def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_rank: List[torch.Tensor]
                       ) -> Dict[str, torch.Tensor]:
-    """Full tensors from ZeRO-3 flat partitions (one flat tensor per data-parallel rank, its groups
-    concatenated): each parameter is split on its own into ceil(numel / DP) elements per rank, laid out
-    one after another in the order of param_shapes."""
-    world = len(flat_per_rank)
-    full, offset = {}, 0
-    for name, shape in ((name, shape) for group in param_shapes for name, shape in group.items()):
-        numel = torch.Size(shape).numel()
-        per_rank = -(-numel // world)
-        pieces = [flat.narrow(0, offset, per_rank) for flat in flat_per_rank]
-        full[name] = torch.cat(pieces)[:numel].view(shape).clone()
-        offset += per_rank
-    if offset != flat_per_rank[0].numel():
-        raise InputError(f"ZeRO-3 partitions hold {flat_per_rank[0].numel()} values per rank but the parameter "
-                         f"shapes account for {offset}: the checkpoint's files do not belong together")
-    return full
+    """Every full tensor of ZeRO-3's flat partitions (zero3_placement)."""
+    placement, accounted = zero3_placement(param_shapes, len(flat_per_rank))
+    _check_zero3_size(flat_per_rank[0].numel(), accounted)
+    return {name: zero3_parameter(place, [[flat] for flat in flat_per_rank]) for name, place in placement.items()}
 
 
-def _zero3_weights(tag_dir: str, first_state: dict, progress: Progress, part: TensorShard) -> dict:
-    layout, args = layout_of(first_state), first_state["args"]
-    shards = {}
-    for tp in part.sources(layout.tensor):
-        param_shapes = (first_state if tp == 0 else
-                        load_file(os.path.join(tag_dir, model_states_file(tp, 3))))["param_shapes"]
-        flats = []
-        for dp in range(layout.data):
-            progress(f"reading ZeRO-3 partition {dp + 1}/{layout.data} of tensor-parallel shard {tp + 1}/"
-                     f"{layout.tensor}")
-            groups = zero_optimizer_state(tag_dir, args, tp, dp)["fp32_flat_groups"]
-            flats.append(torch.cat([group.flatten() for group in groups]))
-        dtype = training_dtype(args)
-        shards[tp] = {current_name(name): tensor.to(dtype)
-                      for name, tensor in zero3_flat_params(param_shapes, flats).items()}
-    return {name: _assembled(part, shards, layout.tensor, name, name) for name in shards[min(shards)]}
+def _zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int,
+                 part: TensorShard) -> _Units:
+    """A parameter is read from each data-parallel rank's optimizer file, its range of the memory-mapped fp32
+    partitions only."""
+    sources, dtype = part.sources(layout.tensor), training_dtype(args)
+    placements = {}  # per source rank: engine name -> place
+    for tp in sources:
+        shapes = load_file(os.path.join(tag_dir, model_states_file(tp, 3)))["param_shapes"]
+        placements[tp], accounted = zero3_placement(shapes, layout.data)
+        _check_zero3_size(sum(group.numel() for group in _zero3_groups(tag_dir, args, tp, 0)), accounted)
+    engine_names = {current_name(name): name for name in placements[sources[0]]}  # GPTModel name -> engine name
+    paths = [os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
+             for tp in sources for dp in range(layout.data)]
+    mappable = _all_mappable(paths)
+    of = {name: _unit(mappable, 0, name, num_layers) for name in engine_names}
+
+    def read(unit: Hashable) -> dict:
+        names = _names(of, unit)
+        shards = {}
+        for tp in sources:
+            groups = [_zero3_groups(tag_dir, args, tp, dp) for dp in range(layout.data)]
+            shards[tp] = {name: zero3_parameter(placements[tp][engine_names[name]], groups).to(dtype)
+                          for name in names}
+        return {name: _assembled(part, shards, layout.tensor, name, name) for name in names}
+    return _Units(of, read)
+
+
+def _zero3_groups(tag_dir: str, args: Mapping[str, object], tp: int, dp: int) -> List[torch.Tensor]:
+    return zero_optimizer_state(tag_dir, args, tp, dp)["fp32_flat_groups"]
 
 
 def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int, dp_rank: int) -> dict:
@@ -540,28 +632,26 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
                     universal: bool = False, part: TensorShard = WHOLE, streamed: bool = False) -> Checkpoint:
     """The checkpoint in `load_dir` (its newest, or that of `iteration`; with `universal` the one
     `latest_universal` names) with the full model weights, or with `part`'s shard of each (its padded
-    vocabulary size is still the whole model's). With `streamed`, a pipeline engine's weights are read when
-    asked for (StreamedWeights), for a caller that uses one tensor at a time."""
+    vocabulary size is still the whole model's). With `streamed`, the weights are read when asked for
+    (StreamedWeights), for a caller that uses one tensor at a time."""
     tag_dir = checkpoint_directory(load_dir, iteration, universal)
-    state = read_client_state(tag_dir, whole=part == WHOLE)
+    state = read_client_state(tag_dir, whole=part == WHOLE)  # not kept: the weights are read again, unit by unit
     args = state[ARGS]
     layout = layout_of(state, tag_dir)
     num_layers = int(args["num_layers"])
     engine_weights = (any(name.startswith("layer_") for name in os.listdir(tag_dir)) if layout.pipeline_engine
                       else state.get("module") is not None or not layout.universal)
     if layout.megatron:
-        model = _megatron_weights(tag_dir, layout, progress, part)
+        units = _megatron_units(tag_dir, layout, num_layers, part)
     elif not engine_weights:  # DeepSpeed's ds_to_universal copies the model-states files only
-        model = _universal_weights(tag_dir, num_layers, int(args["padded_vocab_size"]), progress, part)
-    elif layout.pipeline_engine and streamed:
-        model = StreamedWeights(tag_dir, layout, num_layers, part)
+        units = _universal_units(tag_dir, num_layers, int(args["padded_vocab_size"]), part)
     elif layout.pipeline_engine:
-        model = _pipeline_engine_weights(tag_dir, layout, num_layers, progress, part)
+        units = _pipeline_engine_units(tag_dir, layout, num_layers, part)
     elif layout.zero_stage == 3:
-        model = _zero3_weights(tag_dir, state, progress, part)
-    else:
-        model = _plain_engine_weights(tag_dir, layout, state, progress, part)
-        model.update(_expert_weights(tag_dir, progress))  # experts whole: tensor parallelism does not split them
+        units = _zero3_units(tag_dir, layout, args, num_layers, part)
+    else:  # experts whole: tensor parallelism does not split them
+        units = _joined(_plain_engine_units(tag_dir, layout, num_layers, part), _expert_units(tag_dir))
+    model = StreamedWeights(units) if streamed else _read_whole(units, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
                       consumed_train_samples=recorded_consumed_samples(state), args=MappingProxyType(dict(args)),
