@@ -2,7 +2,6 @@
 engine, plain engine, ZeRO 3, Megatron; a legacy-format file whole), and a universal checkpoint's Adam state one
 file at a time, and still writes byte for byte the files the writer makes from the
 whole model and Adam state in memory (what reshape did before)."""
-import argparse
 import os
 import weakref
 
@@ -10,12 +9,9 @@ import pytest
 import torch
 
 from megatron.checkpoint.convert import reshape, training_state
-from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, MEGATRON_FILE, megatron_iteration_dir,
-                                        megatron_rank_dir, model_states_file, optimizer_states_file)
-from megatron.checkpoint.names import nest
+from megatron.checkpoint.layout_writers import write_megatron, write_zero3
 from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups, read_optimizer_state
 from megatron.checkpoint.reader import read_checkpoint
-from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.gpt_config import gpt_config
@@ -83,60 +79,17 @@ def test_universal_adam_state_reads_as_it_was_written(tmp_path):
 # ----------------------------------------------------------------------------- the other source layouts
 
 def stage_of(name: str) -> int:
-    """Where the Megatron source below keeps `name`: the embedding and layers 0-1 on stage 0, the rest on 1."""
+    """Where the Megatron source at PP2 keeps `name`: the embedding and layers 0-1 on stage 0, the rest on 1."""
     return 0 if name.startswith("embedding.") or name.split(".")[:2] in (["layers", "0"], ["layers", "1"]) else 1
 
 
 def megatron_source(directory, weights: dict, legacy: bool) -> str:
-    """TP2 x PP2 in Megatron's layout (iter_N/mp_rank_XX_YYY/model_optim_rng.pt, each stage numbering its layers
-    from 0), in torch's legacy format when `legacy`."""
-    args = argparse.Namespace(**FLAGS, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
-    for pp in range(2):
-        for tp in range(2):
-            stage = {}
-            for name, tensor in weights.items():
-                if stage_of(name) == pp:
-                    local = name
-                    if pp and name.startswith("layers."):
-                        _, number, rest = name.split(".", 2)
-                        local = f"layers.{int(number) - 2}.{rest}"
-                    stage[local] = shard_of(name, tensor, tp, 2).clone()
-            path = os.path.join(directory, megatron_iteration_dir(7), megatron_rank_dir(tp, pp, 2), MEGATRON_FILE)
-            os.makedirs(os.path.dirname(path))
-            torch.save({"model": nest(stage), "args": args, "iteration": 7, "checkpoint_version": 3.0}, path,
-                       _use_new_zipfile_serialization=not legacy)
-    with open(os.path.join(directory, LATEST_ITERATION_FILE), "w", encoding="utf-8") as handle:
-        handle.write("7")
+    write_megatron(str(directory), weights, FLAGS, tensor=2, pipeline=2, iteration=7, legacy=legacy)
     return str(directory)
 
 
 def zero3_source(directory, weights: dict, legacy: bool = False) -> str:
-    """TP2 x DP2 at ZeRO stage 3 (plain engine) as DeepSpeed lays out its fp32 partitions: two parameter groups
-    (matrices, vectors), each parameter split on its own into ceil(numel / DP) values per rank, padded."""
-    tag_dir = os.path.join(directory, "global_step7")
-    os.makedirs(tag_dir)
-    args = {**FLAGS, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "data_parallel_size": 2,
-            "zero_stage": 3, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
-    for tp in range(2):
-        shards = {name: shard_of(name, tensor, tp, 2) for name, tensor in weights.items()}
-        groups = [{name: shard.shape for name, shard in shards.items() if (shard.dim() > 1) == matrices}
-                  for matrices in (True, False)]
-        for dp in range(2):
-            flats = []
-            for group in groups:
-                parts = []
-                for name in group:
-                    flat = shards[name].flatten()
-                    per_rank = -(-flat.numel() // 2)
-                    parts.append(torch.nn.functional.pad(flat, (0, 2 * per_rank - flat.numel()))
-                                 [dp * per_rank:(dp + 1) * per_rank])
-                flats.append(torch.cat(parts))
-            torch.save({"module": None, "param_shapes": groups, "args": args, "iteration": 7},
-                       os.path.join(tag_dir, model_states_file(tp, 3, dp)), _use_new_zipfile_serialization=not legacy)
-            torch.save({"optimizer_state_dict": {"fp32_flat_groups": flats}},
-                       os.path.join(tag_dir, optimizer_states_file(tp, dp)), _use_new_zipfile_serialization=not legacy)
-    with open(os.path.join(directory, LATEST_TAG_FILE), "w", encoding="utf-8") as handle:
-        handle.write("global_step7")
+    write_zero3(str(directory), weights, FLAGS, tensor=2, data=2, iteration=7, legacy=legacy)
     return str(directory)
 
 

@@ -383,7 +383,8 @@ def _all_mappable(paths) -> bool:
 
 def _joined(first: _Units, second: _Units) -> _Units:
     """Both sets of units, the second's names added after (or over) the first's."""
-    of = {**{name: (0, unit) for name, unit in first.of.items()}, **{name: (1, unit) for name, unit in second.of.items()}}
+    of = {name: (0, unit) for name, unit in first.of.items()}
+    of.update((name, (1, unit)) for name, unit in second.of.items())
     return _Units(of, lambda unit: (first, second)[unit[0]].read(unit[1]))
 
 

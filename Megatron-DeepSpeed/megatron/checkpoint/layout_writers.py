@@ -1,0 +1,97 @@
+"""Checkpoints in the layouts other programs write, made from a full state dict (GPTModel's names): Megatron's
+(iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it) and DeepSpeed's
+ZeRO stage 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need such
+sources at any size without running those programs; the reader (checkpoint/reader.py) documents the formats.
+Weights only: no optimizer state beyond ZeRO 3's fp32 partitions, which are the weights."""
+import argparse
+import os
+from typing import Dict, List, Mapping
+
+import torch
+
+from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CHECKPOINT_VERSION_VALUE, LATEST_ITERATION_FILE,
+                                        LATEST_TAG_FILE, MEGATRON_FILE, MEGATRON_MODEL, megatron_iteration_dir,
+                                        megatron_rank_dir, model_states_file, optimizer_states_file)
+from megatron.checkpoint.names import LAYERS_PREFIX, nest
+from megatron.checkpoint.shards import shard_of
+
+
+def _save(path: str, contents: object, legacy: bool) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(contents, path, _use_new_zipfile_serialization=not legacy)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def stage_layers(num_layers: int, stages: int) -> List[range]:
+    """Megatron's even split of the transformer layers over pipeline stages (the first ones take the rest)."""
+    bounds = [0]
+    for stage in range(stages):
+        bounds.append(bounds[-1] + num_layers // stages + (1 if stage < num_layers % stages else 0))
+    return [range(bounds[stage], bounds[stage + 1]) for stage in range(stages)]
+
+
+def write_megatron(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapping[str, object], tensor: int,
+                   pipeline: int, iteration: int, legacy: bool = False) -> None:
+    """`weights` in Megatron's layout at TP `tensor` x PP `pipeline`: the embedding on the first stage, the final
+    LayerNorm on the last, each stage numbering its layers from 0; in torch's legacy format when `legacy`."""
+    num_layers = int(flags["num_layers"])
+    layers = stage_layers(num_layers, pipeline)
+    args = argparse.Namespace(**{**flags, "tensor_model_parallel_size": tensor,
+                                 "pipeline_model_parallel_size": pipeline})
+    for pp, stage in enumerate(layers):
+        names: Dict[str, str] = {}  # GPTModel name -> its key in this stage's files
+        for name in weights:
+            if name.startswith(LAYERS_PREFIX):
+                _, number, rest = name.split(".", 2)
+                if int(number) in stage:
+                    names[name] = f"{LAYERS_PREFIX}{int(number) - stage.start}.{rest}"
+            elif (pp == 0) == name.startswith("embedding."):
+                names[name] = name
+        for tp in range(tensor):
+            model = nest({key: shard_of(name, weights[name], tp, tensor).clone() for name, key in names.items()})
+            _save(os.path.join(directory, megatron_iteration_dir(iteration), megatron_rank_dir(tp, pp, pipeline),
+                               MEGATRON_FILE),
+                  {MEGATRON_MODEL: model, "args": args, "iteration": iteration,
+                   CHECKPOINT_VERSION: CHECKPOINT_VERSION_VALUE}, legacy)
+    _write_text(os.path.join(directory, LATEST_ITERATION_FILE), str(iteration))
+
+
+def zero3_partition(shards: Mapping[str, torch.Tensor], groups: List[List[str]], data: int, rank: int
+                    ) -> List[torch.Tensor]:
+    """Data-parallel rank `rank`'s flat fp32 partition of each parameter group: every parameter split on its own
+    into ceil(numel / DP) values per rank (the last rank's padded with zeros), one after another."""
+    flats = []
+    for group in groups:
+        parts = []
+        for name in group:
+            flat = shards[name].float().flatten()
+            per_rank = -(-flat.numel() // data)
+            padded = torch.nn.functional.pad(flat, (0, data * per_rank - flat.numel()))
+            parts.append(padded[rank * per_rank:(rank + 1) * per_rank])
+        flats.append(torch.cat(parts))
+    return flats
+
+
+def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapping[str, object], tensor: int,
+                data: int, iteration: int, legacy: bool = False) -> None:
+    """`weights` as DeepSpeed's plain engine saves them at ZeRO stage 3, TP `tensor` x DP `data`: per rank a
+    model-states file (client state, `param_shapes`, no module) and an optimizer file holding its fp32
+    partitions, parameters in two groups (matrices, then vectors, as the trainer's weight-decay groups)."""
+    tag = f"global_step{iteration}"
+    args = {**flags, "tensor_model_parallel_size": tensor, "pipeline_model_parallel_size": 1,
+            "data_parallel_size": data, "zero_stage": 3, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
+    for tp in range(tensor):
+        shards = {name: shard_of(name, full, tp, tensor) for name, full in weights.items()}
+        groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices]
+                  for matrices in (True, False)]
+        shapes = [{name: shards[name].shape for name in group} for group in groups]
+        for dp in range(data):
+            _save(os.path.join(directory, tag, model_states_file(tp, 3, dp)),
+                  {"module": None, "param_shapes": shapes, "args": args, "iteration": iteration}, legacy)
+            _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)),
+                  {"optimizer_state_dict": {"fp32_flat_groups": zero3_partition(shards, groups, data, dp)}}, legacy)
+    _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
