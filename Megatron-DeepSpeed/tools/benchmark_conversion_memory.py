@@ -2,14 +2,16 @@
 (megatron/checkpoint/convert.reshape), which once assembled the whole model before writing and now reads each
 target file's tensors when it writes it.
 
-The source is a GPT of random fp32 weights (no training) written by the project's own writer at TP x PP
-(--source-tensor/--source-pipeline; made once into --source, reused when it exists). Each conversion runs in
+The source is a GPT of random fp32 weights (no training) at TP x PP (--source-tensor/--source-pipeline; made
+once into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's
+(the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py). Each conversion runs in
 its own process, so its peak RSS (the whole process: Python and torch included) is its own; with
 --compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of an older
 commit) as well.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
-      --source /tmp/src [--layers 20 --hidden 1536] [--compare-root /path/to/old/Megatron-DeepSpeed]
+      --source /tmp/src [--layers 20 --hidden 1536] [--source-layout megatron] \\
+      [--compare-root /path/to/old/Megatron-DeepSpeed] [--keep-outputs DIR (to compare them with diff -r)]
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 from megatron.errors import RunError, run_cli
 
@@ -27,12 +30,16 @@ RESULT_PREFIX = "conversion-memory: "
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
 
 
+SOURCE_LAYOUTS = ("pipeline", "plain", "megatron", "zero3")
+
+
 def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int,
-                        with_adam: bool) -> int:
-    """A checkpoint of random weights (and Adam moments when `with_adam`) at TP `tensor` x PP `pipeline`
-    (pipeline engine); its parameter count."""
+                        with_adam: bool, layout: str = "pipeline", data: int = 1) -> int:
+    """A checkpoint of random weights (and Adam moments when `with_adam`) at TP `tensor` x PP `pipeline` (DP
+    `data` for ZeRO 3) in `layout` (SOURCE_LAYOUTS); its parameter count."""
     import torch
 
+    from megatron.checkpoint.layout_writers import write_megatron, write_zero3
     from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
     from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
@@ -50,8 +57,15 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
     adam = OptimizerState(step=10, fp32=weights, param_groups=default_param_groups(args), **{
         kind: {name: torch.rand(shape, generator=generator) for name, shape in shapes.items()}
         for kind in ("exp_avg", "exp_avg_sq")}) if with_adam else None
-    write_directory_atomically(directory, lambda out: write_checkpoint(
-        out, weights, config, TrainingState(10, 80, args), TargetLayout(tensor, pipeline), adam))
+    if layout in ("megatron", "zero3") and with_adam:
+        raise RunError(f"--with-adam: a {layout} source is written with weights only")
+    write = {"pipeline": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
+                                                      TargetLayout(tensor, pipeline), adam),
+             "plain": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
+                                                   TargetLayout(tensor, pipeline, pipeline_engine=False), adam),
+             "megatron": lambda out: write_megatron(out, weights, args, tensor, pipeline, 10),
+             "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10)}[layout]
+    write_directory_atomically(directory, write)
     return sum(weight.numel() for weight in weights.values())
 
 
@@ -79,9 +93,10 @@ def convert_in_this_process(source: str, target: str, tensor: int, pipeline: int
             "seconds": time.perf_counter() - start}
 
 
-def run(root: str, source: str, tensor: int, pipeline: int) -> dict:
-    """One conversion in a fresh process with `root`'s megatron; its measurement (the output removed)."""
-    target = tempfile.mkdtemp(prefix="conversion-target-")
+def run(root: str, source: str, tensor: int, pipeline: int, keep: Optional[str] = None) -> dict:
+    """One conversion in a fresh process with `root`'s megatron; its measurement (the output removed unless
+    it is to be kept in `keep`)."""
+    target = keep or tempfile.mkdtemp(prefix="conversion-target-")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--source", source, "--target", target,
                "--tensor", str(tensor), "--pipeline", str(pipeline)]
     environment = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -89,7 +104,8 @@ def run(root: str, source: str, tensor: int, pipeline: int) -> dict:
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=environment)
     finally:
-        shutil.rmtree(target, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(target, ignore_errors=True)
     if result.returncode:
         raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
                        f"\n{result.stderr[-2000:]}")
@@ -105,7 +121,10 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--source-tensor", type=int, default=2)
     parser.add_argument("--source-pipeline", type=int, default=2)
+    parser.add_argument("--source-data", type=int, default=2, help="the ZeRO-3 source's data-parallel size")
+    parser.add_argument("--source-layout", choices=SOURCE_LAYOUTS, default="pipeline")
     parser.add_argument("--with-adam", action="store_true", help="the source made with Adam moments")
+    parser.add_argument("--keep-outputs", help="keep each conversion's output in this directory, one folder per code")
     parser.add_argument("--tensor", type=int, default=1, help="the target's tensor-parallel size")
     parser.add_argument("--pipeline", type=int, default=1, help="the target's pipeline-parallel size")
     parser.add_argument("--compare-root", help="another checkout's Megatron-DeepSpeed directory")
@@ -118,15 +137,17 @@ def main(argv=None):
         return 0
     if not os.path.exists(args.source):
         count = write_random_source(args.source, args.layers, args.hidden, args.heads, args.source_tensor,
-                                    args.source_pipeline, args.with_adam)
+                                    args.source_pipeline, args.with_adam, args.source_layout, args.source_data)
         print(f"wrote {args.source}: {count / 1e6:.0f}M parameters, {count * 4 / GIB:.2f} GiB in fp32, "
-              f"TP {args.source_tensor} x PP {args.source_pipeline}{', Adam state' if args.with_adam else ''}")
+              f"{args.source_layout} layout, TP {args.source_tensor} x PP {args.source_pipeline}"
+              f"{', Adam state' if args.with_adam else ''}")
     roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
     print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
     print("| code | peak RSS | RSS before | seconds |")
     print("|---|---|---|---|")
-    for label, root in roots:
-        measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline)
+    for index, (label, root) in enumerate(roots):
+        keep = args.keep_outputs and os.path.join(os.path.abspath(args.keep_outputs), f"output{index}")
+        measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline, keep)
         print(f"| {label} | {measured['peak_rss'] / GIB:.2f} | {measured['rss_before'] / GIB:.2f} | "
               f"{measured['seconds']:.1f} |", flush=True)
     return 0

@@ -11,7 +11,8 @@ import torch
 
 from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CHECKPOINT_VERSION_VALUE, LATEST_ITERATION_FILE,
                                         LATEST_TAG_FILE, MEGATRON_FILE, MEGATRON_MODEL, megatron_iteration_dir,
-                                        megatron_rank_dir, model_states_file, optimizer_states_file)
+                                        megatron_rank_dir, model_states_file, OPTIMIZER_SAVED,
+                                        optimizer_states_file)
 from megatron.checkpoint.names import LAYERS_PREFIX, nest
 from megatron.checkpoint.shards import shard_of
 
@@ -80,7 +81,8 @@ def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapp
                 data: int, iteration: int, legacy: bool = False) -> None:
     """`weights` as DeepSpeed's plain engine saves them at ZeRO stage 3, TP `tensor` x DP `data`: per rank a
     model-states file (client state, `param_shapes`, no module) and an optimizer file holding its fp32
-    partitions, parameters in two groups (matrices, then vectors, as the trainer's weight-decay groups)."""
+    partitions, parameters in two groups (matrices, then vectors, as the trainer's weight-decay groups). No Adam
+    moments: the client state says the optimizer state was not saved, so readers take the weights only."""
     tag = f"global_step{iteration}"
     args = {**flags, "tensor_model_parallel_size": tensor, "pipeline_model_parallel_size": 1,
             "data_parallel_size": data, "zero_stage": 3, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
@@ -91,7 +93,8 @@ def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapp
         shapes = [{name: shards[name].shape for name in group} for group in groups]
         for dp in range(data):
             _save(os.path.join(directory, tag, model_states_file(tp, 3, dp)),
-                  {"module": None, "param_shapes": shapes, "args": args, "iteration": iteration}, legacy)
+                  {"module": None, "param_shapes": shapes, "args": args, "iteration": iteration,
+                   OPTIMIZER_SAVED: False}, legacy)
             _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)),
                   {"optimizer_state_dict": {"fp32_flat_groups": zero3_partition(shards, groups, data, dp)}}, legacy)
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
