@@ -15,6 +15,7 @@ from megatron.checkpoint.convert import reshape
 from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         NP_RNG_STATE, RANDOM_RNG_STATE, RNG_TRACKER_STATES, TORCH_RNG_STATE,
                                         UNIVERSAL_CHECKPOINT_INFO)
+from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.reader import Layout, load_file, read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume
@@ -213,3 +214,17 @@ def test_an_unknown_layout_is_named_in_one_line(tmp_path):
                                          r"which is no checkpoint layout this trainer reads") as error:
         read_checkpoint(str(tmp_path))
     assert "\n" not in str(error.value)
+
+
+def test_a_plain_engine_module_nests_its_state_dict_while_saving_only():
+    """What DeepSpeed saves as a plain engine's `module` (the module's state_dict) is upstream's nesting within
+    nested_state_dict, the flat dict again after; a part of the model asked on its own keeps its names."""
+    gpt = GPTModel(CONFIG)
+    flat = gpt.state_dict()
+    with nested_state_dict(gpt):
+        nested = gpt.state_dict()
+        layer = gpt.layers[0].state_dict()
+    assert list(nested) == ["language_model"] and names.flatten(nested).keys() == flat.keys()
+    assert all(torch.equal(names.flatten(nested)[name], tensor) for name, tensor in flat.items())
+    assert set(layer) == {name[len("layers.0."):] for name in flat if name.startswith("layers.0.")}
+    assert gpt.state_dict().keys() == flat.keys()

@@ -1,9 +1,10 @@
-"""`latest` only ever names a checkpoint whose files are all written."""
+"""`latest` only ever names a checkpoint whose files are all written; each rank writes its files as upstream's."""
 import os
 
 import pytest
 import torch
 from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import COMMON, ITERATIONS, train
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
@@ -50,3 +51,23 @@ def test_interrupted_save_leaves_latest_on_the_previous_checkpoint(tmp_path):
     (latest, iteration, left, message), = run_on_ranks(save_then_fail, 1, str(tmp_path))
     assert (latest, iteration, left) == ("global_step10", "10", ["global_step10"])  # partial global_step20 removed
     assert message.startswith(f"saving checkpoint global_step20 to {tmp_path} failed: OSError: disk full; ")
+
+
+def test_plain_engine_ranks_write_their_module_nested_as_upstreams(data_prefix, tmp_path):
+    """TP2 on the plain engine: each rank's model-states file holds upstream's nesting as DeepSpeed wrote it
+    (nothing rewrites it), with the weights the run ended with."""
+    from megatron.checkpoint.names import flatten
+    from megatron.checkpoint.reader import load_file
+    from megatron.checkpoint.shards import shard_of
+
+    flags = [*COMMON, "--data-path", data_prefix, "--tensor-model-parallel-size", "2", "--no-pipeline-parallel",
+             "--save", str(tmp_path), "--save-interval", str(ITERATIONS)]
+    _, weights = run_on_ranks(train, 2, flags, timeout=300)[0]
+    for tp in range(2):
+        path = os.path.join(tmp_path, f"global_step{ITERATIONS}", f"mp_rank_0{tp}_model_states.pt")
+        module = load_file(path)["module"]
+        assert list(module) == ["language_model"]
+        saved = flatten(module)
+        assert saved.keys() == weights.keys()
+        for name, tensor in saved.items():
+            assert torch.equal(tensor, shard_of(name, weights[name], tp, 2)), name

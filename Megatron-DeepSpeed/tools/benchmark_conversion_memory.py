@@ -4,10 +4,10 @@ target file's tensors when it writes it.
 
 The source is a GPT of random fp32 weights (no training) at TP x PP (--source-tensor/--source-pipeline; made
 once into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's
-(the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py). Each conversion runs in
-its own process, so its peak RSS (the whole process: Python and torch included) is its own; with
---compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of an older
-commit) as well.
+(the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py).
+Each conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) is its
+own; with --compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of
+an older commit) as well.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
       --source /tmp/src [--layers 20 --hidden 1536] [--source-layout megatron] \\

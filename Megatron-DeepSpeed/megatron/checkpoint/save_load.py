@@ -22,6 +22,7 @@ import pickle
 import random
 import shutil
 import tempfile
+from contextlib import nullcontext
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -38,6 +39,7 @@ from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, 
                                         model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
+from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
 from megatron.checkpoint.resume import MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.checkpoint.shards import shard_of
@@ -147,14 +149,18 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     state[OPTIMIZER_SAVED] = save_optimizer
     if getattr(engine, "has_moe_layers", False):  # DeepSpeed writes its own for MoE and refuses ours
         del state[UNIVERSAL_CHECKPOINT_INFO]
+    # upstream's nesting of the plain engine's module, written by each rank (ZeRO 3 saves no module)
+    nesting = nested_state_dict(engine.module) if not pipeline_engine and flags["zero_stage"] < 3 else nullcontext()
     try:
-        engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
+        with nesting:
+            engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
         dist.barrier()  # every model-states file written
         if dist.get_rank() == 0:
             for script in DEEPSPEED_RECOVERY_SCRIPTS:
                 if os.path.isfile(os.path.join(save_dir, script)):
                     os.remove(os.path.join(save_dir, script))
-            _rewrite_model_states(step_dir, flags, save_optimizer, pipeline_engine)
+            if not save_optimizer:
+                _drop_optimizer_state(step_dir, flags)
         dist.barrier()  # no rank flushes a file that rank 0 is still replacing
         fsync_tree(step_dir)
     except (OSError, RuntimeError) as err:
@@ -170,27 +176,18 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     return step_dir
 
 
-def _rewrite_model_states(tag_dir: str, flags: Mapping[str, Any], save_optimizer: bool, pipeline_engine: bool
-                          ) -> None:
-    """What DeepSpeed's files need to be upstream's: under the plain engine each model-states file's `module`
-    nested as upstream's GPTModel.state_dict_for_save_checkpoint nests it. And --no-save-optim: drop what
-    DeepSpeed saved of the optimizer (its ZeRO partitions; under ZeRO 0 the state inside each model-states
-    file)."""
-    if not save_optimizer:
-        for name in os.listdir(tag_dir):
-            if name.endswith("_optim_states.pt"):
-                os.remove(os.path.join(tag_dir, name))
+def _drop_optimizer_state(tag_dir: str, flags: Mapping[str, Any]) -> None:
+    """--no-save-optim: remove what DeepSpeed saved of the optimizer (its ZeRO partitions; under ZeRO 0 the
+    state inside each model-states file, which is rewritten without it)."""
+    for name in os.listdir(tag_dir):
+        if name.endswith("_optim_states.pt"):
+            os.remove(os.path.join(tag_dir, name))
     zero_stage = flags["zero_stage"]
-    nest_module = not pipeline_engine and zero_stage < 3
-    if not nest_module and (save_optimizer or zero_stage != 0):
+    if zero_stage != 0:
         return
     for mp_rank in range(flags["tensor_model_parallel_size"] * flags["pipeline_model_parallel_size"]):
         path = os.path.join(tag_dir, model_states_file(mp_rank, zero_stage))
-        state = dict(load_file(path))
-        if nest_module:
-            state["module"] = nest(state["module"])
-        if not save_optimizer and zero_stage == 0:
-            state["optimizer"] = None
+        state = {**load_file(path), "optimizer": None}
         write_atomically(path, lambda handle: torch.save(state, handle))
 
 
