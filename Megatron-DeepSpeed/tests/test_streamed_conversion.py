@@ -88,8 +88,8 @@ def megatron_source(directory, weights: dict, legacy: bool) -> str:
     return str(directory)
 
 
-def zero3_source(directory, weights: dict, legacy: bool = False) -> str:
-    write_zero3(str(directory), weights, FLAGS, tensor=2, data=2, iteration=7, legacy=legacy)
+def zero3_source(directory, weights: dict, legacy: bool = False, adam=None) -> str:
+    write_zero3(str(directory), weights, FLAGS, tensor=2, data=2, iteration=7, adam=adam, legacy=legacy)
     return str(directory)
 
 
@@ -132,6 +132,31 @@ def test_reshaping_each_layout_writes_what_the_writer_makes_of_the_whole_model(t
     source = read_checkpoint(src)  # its names' order (ZeRO 3: its groups'), the values made above
     write_checkpoint(str(tmp_path / "whole"), {name: weights[name] for name in source.model}, CONFIG,
                      training_state(source), target)
+    streamed, expected = files(str(tmp_path / "streamed")), files(str(tmp_path / "whole"))
+    assert sorted(streamed) == sorted(expected)
+    assert [name for name in expected if streamed[name] != expected[name]] == []
+
+
+def test_zero3_adam_state_streams_and_reshapes_byte_for_byte(tmp_path):
+    weights = GPTModel(CONFIG).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    moment = lambda: {name: torch.rand(w.shape, generator=generator) for name, w in weights.items()}  # noqa: E731
+    adam = OptimizerState(step=5, fp32=weights, exp_avg=moment(), exp_avg_sq=moment(),
+                          param_groups=default_param_groups(FLAGS))
+    src = zero3_source(tmp_path / "src", weights, adam=adam)
+    read = read_optimizer_state(read_checkpoint(src, streamed=True))
+    assert read.step == 5 and [group["weight_decay"] for group in read.param_groups] == [0.01, 0.0]
+    for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+        assert sorted(read.tensors(kind)) == sorted(weights)
+        for name in read.tensors(kind):
+            assert torch.equal(read.tensors(kind)[name], adam.tensors(kind)[name]), (kind, name)
+    target = TargetLayout(1, 2)
+    reshape(src, str(tmp_path / "streamed"), target)
+    source = read_checkpoint(src)
+    in_order = lambda tensors: {name: tensors[name] for name in source.model}  # noqa: E731
+    kinds = {kind: in_order(adam.tensors(kind)) for kind in ("fp32", "exp_avg", "exp_avg_sq")}
+    write_checkpoint(str(tmp_path / "whole"), in_order(weights), CONFIG, training_state(source), target,
+                     OptimizerState(step=5, param_groups=read.param_groups, **kinds))
     streamed, expected = files(str(tmp_path / "streamed")), files(str(tmp_path / "whole"))
     assert sorted(streamed) == sorted(expected)
     assert [name for name in expected if streamed[name] != expected[name]] == []

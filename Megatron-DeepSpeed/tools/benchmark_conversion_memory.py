@@ -57,14 +57,14 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
     adam = OptimizerState(step=10, fp32=weights, param_groups=default_param_groups(args), **{
         kind: {name: torch.rand(shape, generator=generator) for name, shape in shapes.items()}
         for kind in ("exp_avg", "exp_avg_sq")}) if with_adam else None
-    if layout in ("megatron", "zero3") and with_adam:
-        raise RunError(f"--with-adam: a {layout} source is written with weights only")
+    if layout == "megatron" and with_adam:
+        raise RunError("--with-adam: Megatron's layout holds weights only")
     write = {"pipeline": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
                                                       TargetLayout(tensor, pipeline), adam),
              "plain": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
                                                    TargetLayout(tensor, pipeline, pipeline_engine=False), adam),
              "megatron": lambda out: write_megatron(out, weights, args, tensor, pipeline, 10),
-             "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10)}[layout]
+             "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10, adam)}[layout]
     write_directory_atomically(directory, write)
     return sum(weight.numel() for weight in weights.values())
 

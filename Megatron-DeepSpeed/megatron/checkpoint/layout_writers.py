@@ -2,10 +2,10 @@
 (iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it) and DeepSpeed's
 ZeRO stage 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need such
 sources at any size without running those programs; the reader (checkpoint/reader.py) documents the formats.
-Weights only: no optimizer state beyond ZeRO 3's fp32 partitions, which are the weights."""
+Megatron's files hold weights only; ZeRO 3's optionally Adam's moments."""
 import argparse
 import os
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import torch
 
@@ -14,6 +14,7 @@ from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V
                                         megatron_rank_dir, model_states_file, OPTIMIZER_SAVED,
                                         optimizer_states_file)
 from megatron.checkpoint.names import LAYERS_PREFIX, nest
+from megatron.checkpoint.optimizer_state import OptimizerState
 from megatron.checkpoint.shards import shard_of
 
 
@@ -78,11 +79,12 @@ def zero3_partition(shards: Mapping[str, torch.Tensor], groups: List[List[str]],
 
 
 def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapping[str, object], tensor: int,
-                data: int, iteration: int, legacy: bool = False) -> None:
+                data: int, iteration: int, adam: Optional[OptimizerState] = None, legacy: bool = False) -> None:
     """`weights` as DeepSpeed's plain engine saves them at ZeRO stage 3, TP `tensor` x DP `data`: per rank a
     model-states file (client state, `param_shapes`, no module) and an optimizer file holding its fp32
-    partitions, parameters in two groups (matrices, then vectors, as the trainer's weight-decay groups). No Adam
-    moments: the client state says the optimizer state was not saved, so readers take the weights only."""
+    partitions and, from `adam`, Adam's moments in the same layout (torch's state per parameter group), the
+    parameters in two groups (matrices, then vectors, as the trainer's weight-decay groups). Without `adam`
+    the client state says the optimizer state was not saved, so readers take the weights only."""
     tag = f"global_step{iteration}"
     args = {**flags, "tensor_model_parallel_size": tensor, "pipeline_model_parallel_size": 1,
             "data_parallel_size": data, "zero_stage": 3, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
@@ -91,10 +93,19 @@ def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapp
         groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices]
                   for matrices in (True, False)]
         shapes = [{name: shards[name].shape for name in group} for group in groups]
+        moments = {kind: {name: shard_of(name, full, tp, tensor) for name, full in adam.tensors(kind).items()}
+                   for kind in ("exp_avg", "exp_avg_sq")} if adam is not None else {}
         for dp in range(data):
             _save(os.path.join(directory, tag, model_states_file(tp, 3, dp)),
                   {"module": None, "param_shapes": shapes, "args": args, "iteration": iteration,
-                   OPTIMIZER_SAVED: False}, legacy)
-            _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)),
-                  {"optimizer_state_dict": {"fp32_flat_groups": zero3_partition(shards, groups, data, dp)}}, legacy)
+                   OPTIMIZER_SAVED: adam is not None}, legacy)
+            partition = {"fp32_flat_groups": zero3_partition(shards, groups, data, dp)}
+            if adam is not None:
+                flats = {kind: zero3_partition(moment, groups, data, dp) for kind, moment in moments.items()}
+                state = {group: {"step": torch.tensor(float(adam.step)), **{kind: flats[kind][group] for kind in flats}}
+                         for group in range(len(groups))}
+                partition["optimizer_state_dict"] = {"state": state, "param_groups": [
+                    {**hyperparameters, "params": [group]} for group, hyperparameters in enumerate(adam.param_groups)]}
+            _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)), {"optimizer_state_dict": partition},
+                  legacy)
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)

@@ -12,7 +12,7 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
                  partitioned over the ranks that hold the same experts instead.
   MoE, ZeRO 0    per expert-parallel rank, torch's state_dict of its parameters (expert_optimizer_state.py).
   ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
-                 parameter split on its own (reader.zero3_flat_params).
+                 parameter split on its own (reader.zero3_placement), read one model piece at a time.
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
                  tensors, and zero/optimizer_state.pt with the hyperparameters.
 Under the pipeline engine parameter names are the stage's ('tied_modules.embed.x', '<spec position>.y',
@@ -30,8 +30,8 @@ from megatron.checkpoint import expert_optimizer_state as experts
 from megatron.checkpoint.layout import MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
 from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
                                        positions_with_parameters, stage_name)
-from megatron.checkpoint.reader import (Checkpoint, Progress, _module_names, _quiet, load_file, padded_rows,
-                                        zero3_flat_params, zero_optimizer_state)
+from megatron.checkpoint.reader import (WHOLE, Checkpoint, Progress, StreamedWeights, _module_names, _quiet, load_file,
+                                        padded_rows, zero3_units, zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
@@ -101,18 +101,14 @@ def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
 
 # ----------------------------------------------------------------------------- ZeRO 3
 
-def _zero3_rank_state(checkpoint: Checkpoint, tp_rank: int, progress: Progress) -> Dict[str, Dict[str, torch.Tensor]]:
-    tag_dir, layout = checkpoint.directory, checkpoint.layout
-    param_shapes = load_file(os.path.join(tag_dir, model_states_file(tp_rank, 3)))["param_shapes"]
-    flats = {kind: [] for kind in ("fp32", *MOMENTS)}
-    for dp in range(layout.data):
-        progress(f"reading ZeRO-3 optimizer partition {dp + 1}/{layout.data} of tensor-parallel rank {tp_rank}")
-        partition = zero_optimizer_state(tag_dir, checkpoint.args, tp_rank, dp)
-        flats["fp32"].append(torch.cat([group.flatten() for group in partition["fp32_flat_groups"]]))
-        adam = partition["optimizer_state_dict"]["state"]
-        for kind in MOMENTS:
-            flats[kind].append(torch.cat([adam[group][kind].flatten() for group in sorted(adam)]))
-    return {kind: zero3_flat_params(param_shapes, per_rank) for kind, per_rank in flats.items()}
+def _zero3_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
+    """Each kind read one model piece at a time when asked for (reader.zero3_units), as the weights are."""
+    progress("ZeRO-3 optimizer state: read as each parameter is written")
+    layout, args = checkpoint.layout, checkpoint.args
+    kinds = {kind: StreamedWeights(zero3_units(checkpoint.directory, layout, args, int(args["num_layers"]), WHOLE,
+                                               kind)) for kind in ("fp32", *MOMENTS)}
+    step, groups = _zero3_step_and_groups(checkpoint)
+    return OptimizerState(step=step, param_groups=_without_params(groups), **kinds)
 
 
 def _zero3_step_and_groups(checkpoint: Checkpoint) -> tuple:
@@ -244,6 +240,8 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
     num_layers = int(args["num_layers"])
     if layout.universal:
         return _universal_state(checkpoint, progress)
+    if layout.zero_stage == 3:
+        return _zero3_state(checkpoint, progress)
     if layout.zero_stage == 0 and (args.get("bf16") or args.get("fp16")):
         raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
                          "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
@@ -252,9 +250,7 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
     for tp in range(layout.tensor):
         joined = {kind: {} for kind in ("fp32", *MOMENTS)}
         for pp in range(layout.pipeline):
-            if layout.zero_stage == 3:
-                rank_state = _zero3_rank_state(checkpoint, tp, progress)
-            elif layout.zero_stage == 0 and checkpoint.moe is not None:
+            if layout.zero_stage == 0 and checkpoint.moe is not None:
                 rank_state = experts.read_rank_moments(checkpoint, tp)
             elif layout.zero_stage == 0:
                 rank_state = _zero0_rank_state(checkpoint, pp, tp)
@@ -273,7 +269,6 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
                 full[kind][name] = join_shards(name, [joined[kind][name] for joined in per_tp])
             else:  # never stepped: Adam starts it at zero
                 full[kind][name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
-    step, groups = (_zero3_step_and_groups if layout.zero_stage == 3 else _zero12_step_and_groups
-                    if layout.zero_stage else experts.step_and_groups if checkpoint.moe is not None
-                    else _zero0_step_and_groups)(checkpoint)
+    step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups
+                    if checkpoint.moe is not None else _zero0_step_and_groups)(checkpoint)
     return OptimizerState(step=step, param_groups=_without_params(groups), **full)

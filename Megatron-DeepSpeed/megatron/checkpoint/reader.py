@@ -584,24 +584,17 @@ def zero3_parameter(place: Zero3Place, groups_per_rank: Sequence[Sequence[torch.
     return torch.cat(pieces)[:shape.numel()].view(shape).clone()
 
 
-def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_rank: List[torch.Tensor]
-                      ) -> Dict[str, torch.Tensor]:
-    """Every full tensor of ZeRO-3's flat partitions (zero3_placement)."""
-    placement, accounted = zero3_placement(param_shapes, len(flat_per_rank))
-    _check_zero3_size(flat_per_rank[0].numel(), accounted)
-    return {name: zero3_parameter(place, [[flat] for flat in flat_per_rank]) for name, place in placement.items()}
-
-
-def _zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int,
-                 part: TensorShard) -> _Units:
-    """A parameter is read from each data-parallel rank's optimizer file, its range of the memory-mapped fp32
-    partitions only."""
-    sources, dtype = part.sources(layout.tensor), training_dtype(args)
+def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int, part: TensorShard,
+                kind: str = "fp32", dtype: Optional[torch.dtype] = None) -> _Units:
+    """ZeRO 3's fp32 weights (`kind` fp32, cast to `dtype` unless None) or an Adam moment (exp_avg, exp_avg_sq),
+    kept in the same flat layout: a parameter is read from each data-parallel rank's optimizer file, its range of
+    the memory-mapped partitions only."""
+    sources = part.sources(layout.tensor)
     placements = {}  # per source rank: engine name -> place
     for tp in sources:
         shapes = load_file(os.path.join(tag_dir, model_states_file(tp, 3)))["param_shapes"]
         placements[tp], accounted = zero3_placement(shapes, layout.data)
-        _check_zero3_size(sum(group.numel() for group in _zero3_groups(tag_dir, args, tp, 0)), accounted)
+        _check_zero3_size(sum(group.numel() for group in zero3_groups(tag_dir, args, tp, 0, kind)), accounted)
     engine_names = {current_name(name): name for name in placements[sources[0]]}  # GPTModel name -> engine name
     paths = [os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
              for tp in sources for dp in range(layout.data)]
@@ -612,15 +605,22 @@ def _zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_l
         names = _names(of, unit)
         shards = {}
         for tp in sources:
-            groups = [_zero3_groups(tag_dir, args, tp, dp) for dp in range(layout.data)]
-            shards[tp] = {name: zero3_parameter(placements[tp][engine_names[name]], groups).to(dtype)
-                          for name in names}
+            groups = [zero3_groups(tag_dir, args, tp, dp, kind) for dp in range(layout.data)]
+            shards[tp] = {}
+            for name in names:
+                tensor = zero3_parameter(placements[tp][engine_names[name]], groups)
+                shards[tp][name] = tensor if dtype is None else tensor.to(dtype)
         return {name: _assembled(part, shards, layout.tensor, name, name) for name in names}
     return _Units(of, read)
 
 
-def _zero3_groups(tag_dir: str, args: Mapping[str, object], tp: int, dp: int) -> List[torch.Tensor]:
-    return zero_optimizer_state(tag_dir, args, tp, dp)["fp32_flat_groups"]
+def zero3_groups(tag_dir: str, args: Mapping[str, object], tp: int, dp: int, kind: str) -> List[torch.Tensor]:
+    """One rank's flat partitions of `kind` (fp32, exp_avg, exp_avg_sq), one per parameter group."""
+    partition = zero_optimizer_state(tag_dir, args, tp, dp)
+    if kind == "fp32":
+        return partition["fp32_flat_groups"]
+    adam = partition["optimizer_state_dict"]["state"]
+    return [adam[group][kind] for group in sorted(adam)]
 
 
 def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int, dp_rank: int) -> dict:
@@ -649,7 +649,7 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     elif layout.pipeline_engine:
         units = _pipeline_engine_units(tag_dir, layout, num_layers, part)
     elif layout.zero_stage == 3:
-        units = _zero3_units(tag_dir, layout, args, num_layers, part)
+        units = zero3_units(tag_dir, layout, args, num_layers, part, dtype=training_dtype(args))
     else:  # experts whole: tensor parallelism does not split them
         units = _joined(_plain_engine_units(tag_dir, layout, num_layers, part), _expert_units(tag_dir))
     model = StreamedWeights(units) if streamed else _read_whole(units, progress)
