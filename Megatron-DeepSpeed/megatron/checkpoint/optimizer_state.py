@@ -12,9 +12,11 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
                  partitioned over the ranks that hold the same experts instead.
   MoE, ZeRO 0    per expert-parallel rank, torch's state_dict of its parameters (expert_optimizer_state.py).
   ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
-                 parameter split on its own (reader.zero3_placement), read one model piece at a time.
+                 parameter split on its own (reader.zero3_placement).
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
                  tensors, and zero/optimizer_state.pt with the hyperparameters.
+Every layout is read one model piece (one parameter file) at a time, memory-mapped, when the writer asks for it;
+an MoE checkpoint's ZeRO-0 files (expp_rank_*) one kind of a stage at a time.
 Under the pipeline engine parameter names are the stage's ('tied_modules.embed.x', '<spec position>.y',
 checkpoint/names.py); the tied embedding lives on the first and the last stage, and the first stage's copy is
 the one kept. Checkpoints of earlier versions of this project number their pieces from 0 (Checkpoint.old).
@@ -22,16 +24,18 @@ the one kept. Checkpoints of earlier versions of this project number their piece
 import os
 from collections import abc
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping
+from typing import Dict, Hashable, Iterator, List, Mapping
 
 import torch
 
 from megatron.checkpoint import expert_optimizer_state as experts
-from megatron.checkpoint.layout import MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file
+from megatron.checkpoint.layout import (MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file,
+                                        optimizer_states_file)
 from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
                                        positions_with_parameters, stage_name)
-from megatron.checkpoint.reader import (WHOLE, Checkpoint, Progress, StreamedWeights, _module_names, _quiet, load_file,
-                                        padded_rows, zero3_units, zero_optimizer_state)
+from megatron.checkpoint.reader import (WHOLE, Checkpoint, Progress, StreamedWeights, Units, _module_names, _quiet,
+                                        all_mappable, flat_range, load_file, names_in, padded_rows, piece_unit,
+                                        zero3_units, zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
 from megatron.errors import InputError
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
@@ -49,49 +53,46 @@ class OptimizerState:
         return getattr(self, kind)
 
 
-def _keep_first(target: Dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
-    target.setdefault(name, tensor)
-
-
 # ----------------------------------------------------------------------------- ZeRO 1 / 2
 
-def _zero12_rank_state(checkpoint: Checkpoint, mp_rank: int, progress: Progress) -> Dict[str, Dict[str, torch.Tensor]]:
-    """{kind: {stage parameter name: tensor}} of one model-parallel rank, joined over data-parallel ranks. An MoE
-    group (DeepSpeed's) is partitioned over the ranks holding the same experts: with one tensor-parallel rank,
-    every EP-th data-parallel rank from the expert-parallel rank on (DeepSpeed's consecutive expert-parallel
-    groups); its local expert indices become global ones."""
-    tag_dir, layout = checkpoint.directory, checkpoint.layout
-    param_shapes = load_file(os.path.join(tag_dir, model_states_file(mp_rank, layout.zero_stage)))["param_shapes"]
-    partitions = []
-    for dp in range(layout.data):
-        progress(f"reading optimizer partition {dp + 1}/{layout.data} of model-parallel rank {mp_rank}")
-        partitions.append(zero_optimizer_state(tag_dir, checkpoint.args, mp_rank, dp))
-    size = int(checkpoint.args.get("moe_expert_parallel_size") or 1)
+def _zero12_placement(checkpoint: Checkpoint, mp_rank: int) -> Dict[str, tuple]:
+    """Stage name -> (group, offset in the group's flat buffer, shape, first and step of the data-parallel ranks
+    whose partitions make that buffer) of one model-parallel rank's parameters: in flat order, each followed by
+    its alignment padding. An MoE group (DeepSpeed's) is partitioned over the ranks holding the same experts:
+    with one tensor-parallel rank, every EP-th data-parallel rank from the expert-parallel rank on (DeepSpeed's
+    consecutive expert-parallel groups); its local expert indices become global ones."""
+    tag_dir, args = checkpoint.directory, checkpoint.args
+    param_shapes = load_file(os.path.join(tag_dir, model_states_file(mp_rank, checkpoint.layout.zero_stage)))[
+        "param_shapes"]
+    size = int(args.get("moe_expert_parallel_size") or 1)
     counts = experts.expert_counts(checkpoint.model)
-    result = {kind: {} for kind in ("fp32", *MOMENTS)}
+    first = zero_optimizer_state(tag_dir, args, mp_rank, 0)
+    placement = {}
     for group, shapes in enumerate(param_shapes):
-        if not partitions[0]["base_optimizer_state"]["param_groups"][group].get("moe"):
-            _unflatten_group(partitions, group, shapes, result)
-            continue
-        for rank in range(size):
-            _unflatten_group(partitions[rank::size], group, {
-                experts.global_name(name, rank, size, counts): shape for name, shape in shapes.items()}, result)
+        moe = first["base_optimizer_state"]["param_groups"][group].get("moe")
+        for rank in range(size) if moe else (0,):
+            paddings = zero_optimizer_state(tag_dir, args, mp_rank, rank).get("param_alignment_paddings")
+            offset = 0
+            for (name, shape), padding in zip(shapes.items(), paddings[group] if paddings else [0] * len(shapes)):
+                stage = experts.global_name(name, rank, size, counts) if moe else name
+                placement[stage] = (group, offset, torch.Size(shape), rank, size if moe else 1)
+                offset += torch.Size(shape).numel() + padding
+    return placement
+
+
+def _zero12_read(checkpoint: Checkpoint, mp_rank: int, placement: Dict[str, tuple], kind: str,
+                 names: List[str]) -> Dict[str, torch.Tensor]:
+    """`kind` of the parameters `names` of one model-parallel rank: each one's range of its data-parallel ranks'
+    partitions (the group's flat buffer cut in consecutive slices), memory-mapped."""
+    partitions = [zero_optimizer_state(checkpoint.directory, checkpoint.args, mp_rank, dp)
+                  for dp in range(checkpoint.layout.data)]
+    result = {}
+    for name in names:
+        group, offset, shape, first, step = placement[name]
+        flats = [p["single_partition_of_fp32_groups"][group] if kind == "fp32" else
+                 p["base_optimizer_state"]["state"][group][kind] for p in partitions[first::step]]
+        result[name] = flat_range(flats, offset, shape.numel()).view(shape).clone()
     return result
-
-
-def _unflatten_group(partitions: List[dict], group: int, shapes: Mapping[str, tuple],
-                     result: Dict[str, Dict[str, torch.Tensor]]) -> None:
-    """Each parameter of a flat group (`shapes` in flat order) from the group's partitions into `result`."""
-    flat = {"fp32": torch.cat([p["single_partition_of_fp32_groups"][group] for p in partitions])}
-    for kind in MOMENTS:
-        flat[kind] = torch.cat([p["base_optimizer_state"]["state"][group][kind] for p in partitions])
-    paddings = partitions[0].get("param_alignment_paddings")
-    offset = 0
-    for (name, shape), padding in zip(shapes.items(), paddings[group] if paddings else [0] * len(shapes)):
-        numel = torch.Size(shape).numel()
-        for kind, tensor in flat.items():
-            result[kind][name] = tensor.narrow(0, offset, numel).view(shape).clone()
-        offset += numel + padding
 
 
 def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
@@ -158,21 +159,29 @@ def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int)
     return parameters
 
 
-def _zero0_rank_state(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
-    layout = checkpoint.layout
-    mp_rank = model_parallel_rank(pp_rank, tp_rank, layout.tensor)
+def _zero0_index(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str, int]:
+    """Stage name -> torch's optimizer index of one model-parallel rank's parameters that have Adam state (a
+    parameter that never had a gradient, the last stage's position embedding, has none)."""
+    mp_rank = model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor)
     state = load_file(os.path.join(checkpoint.directory, model_states_file(mp_rank, 0)))
-    if layout.pipeline_engine:
+    if checkpoint.layout.pipeline_engine:
         parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
     else:
         parameters = [(name, tensor.shape) for name, tensor in _module_names(state["module"]).items()]
     adam = state["optimizer"]["state"]
-    result = {kind: {} for kind in MOMENTS}
-    for index, name in enumerate(decay_groups(parameters)):
-        if index in adam:  # a parameter that never had a gradient (the last stage's position embedding) has none
-            for kind in MOMENTS:
-                result[kind][name] = adam[index][kind]
-    return result
+    return {name: index for index, name in enumerate(decay_groups(parameters)) if index in adam}
+
+
+def _zero0_read(checkpoint: Checkpoint, mp_rank: int, index: Dict[str, int], kind: str,
+                names: List[str]) -> Dict[str, torch.Tensor]:
+    adam = load_file(os.path.join(checkpoint.directory, model_states_file(mp_rank, 0)))["optimizer"]["state"]
+    return {name: adam[index[name]][kind] for name in names}
+
+
+def _moe_zero0_read(checkpoint: Checkpoint, mp_rank: int, _names: Dict[str, str], kind: str,
+                    names: List[str]) -> Dict[str, torch.Tensor]:
+    moments = experts.read_rank_moments(checkpoint, mp_rank)[kind]  # the plain engine: mp rank = tp rank
+    return {name: moments[name] for name in names}
 
 
 def _zero0_step_and_groups(checkpoint: Checkpoint) -> tuple:
@@ -231,13 +240,65 @@ def _without_params(groups) -> tuple:
 
 # ----------------------------------------------------------------------------- assembled
 
+class _AsFloat(abc.Mapping):
+    """fp32 training's master weights: the weights, read when asked for."""
+
+    def __init__(self, model: Mapping[str, torch.Tensor]):
+        self._model = model
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._model[name].float()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._model)
+
+    def __len__(self) -> int:
+        return len(self._model)
+
+
+def _deepspeed_units(checkpoint: Checkpoint, kind: str) -> Units:
+    """One kind of the Adam state of DeepSpeed's optimizer files (ZeRO 0: in the model-states files; ZeRO 1/2:
+    the partitions) under GPTModel's names, tensor-parallel shards joined, one model piece of a pipeline
+    stage's memory-mapped files at a time. The tied embedding's first-stage copy is the one kept."""
+    layout, num_layers = checkpoint.layout, int(checkpoint.args["num_layers"])
+    zero0, moe = layout.zero_stage == 0, layout.zero_stage == 0 and checkpoint.moe is not None
+    rank_reader = _moe_zero0_read if moe else _zero0_read if zero0 else _zero12_read
+    where, located = {}, {}  # (pp, tp) -> the rank's parameters; GPTModel name -> (pp, stage name)
+    for pp in range(layout.pipeline):
+        for tp in range(layout.tensor):
+            mp_rank = model_parallel_rank(pp, tp, layout.tensor)
+            where[pp, tp] = ({name: name for name in experts.read_rank_moments(checkpoint, tp)[MOMENTS[0]]} if moe
+                             else _zero0_index(checkpoint, pp, tp) if zero0 else _zero12_placement(checkpoint, mp_rank))
+        for name in where[pp, 0]:
+            located.setdefault(model_name(name, num_layers, checkpoint.old), (pp, name))
+    paths = [os.path.join(checkpoint.directory, model_states_file(mp_rank, 0) if zero0 else
+                          optimizer_states_file(mp_rank, dp, bool(checkpoint.args.get("bf16"))))
+             for mp_rank in range(layout.tensor * layout.pipeline) for dp in range(1 if zero0 else layout.data)]
+    mappable = all_mappable(paths) and not moe  # an MoE model's expp files: joined whole, once per kind
+    of = {name: piece_unit(mappable, located.get(name, (0, None))[0], name, num_layers) for name in checkpoint.model}
+
+    def read(unit: Hashable) -> dict:
+        names, pp = names_in(of, unit), unit[0]
+        stage_names = [located[name][1] for name in names if name in located]
+        per_tp = [rank_reader(checkpoint, model_parallel_rank(pp, tp, layout.tensor), where[pp, tp], kind, stage_names)
+                  for tp in range(layout.tensor)]
+        result = {}
+        for name in names:
+            if name in located:
+                result[name] = join_shards(name, [tensors[located[name][1]] for tensors in per_tp])
+            else:  # never stepped: Adam starts it at zero
+                result[name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
+        return result
+    return Units(of, read)
+
+
 def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) -> OptimizerState:
-    """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined."""
+    """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined; each
+    kind a mapping that reads one model piece at a time when asked for (reader.StreamedWeights)."""
     layout, args = checkpoint.layout, checkpoint.args
     if not checkpoint.has_optimizer_state:
         raise InputError(f"{checkpoint.directory} holds no optimizer state (saved with --no-save-optim or converted "
                          "with --weights-only); read its weights only")
-    num_layers = int(args["num_layers"])
     if layout.universal:
         return _universal_state(checkpoint, progress)
     if layout.zero_stage == 3:
@@ -246,29 +307,10 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) ->
         raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
                          "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
                          "--weights-only")
-    per_tp = []  # per tensor-parallel rank: {kind: {GPTModel name: tensor}}
-    for tp in range(layout.tensor):
-        joined = {kind: {} for kind in ("fp32", *MOMENTS)}
-        for pp in range(layout.pipeline):
-            if layout.zero_stage == 0 and checkpoint.moe is not None:
-                rank_state = experts.read_rank_moments(checkpoint, tp)
-            elif layout.zero_stage == 0:
-                rank_state = _zero0_rank_state(checkpoint, pp, tp)
-            else:
-                rank_state = _zero12_rank_state(checkpoint, model_parallel_rank(pp, tp, layout.tensor), progress)
-            for kind, tensors in rank_state.items():
-                for name, tensor in tensors.items():
-                    _keep_first(joined[kind], model_name(name, num_layers, checkpoint.old), tensor)
-        per_tp.append(joined)
-    full = {kind: {} for kind in ("fp32", *MOMENTS)}
-    for kind in full:
-        for name in checkpoint.model:
-            if kind == "fp32" and layout.zero_stage == 0:  # fp32 training: the master weights are the weights
-                full[kind][name] = checkpoint.model[name].float()
-            elif name in per_tp[0][kind]:
-                full[kind][name] = join_shards(name, [joined[kind][name] for joined in per_tp])
-            else:  # never stepped: Adam starts it at zero
-                full[kind][name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
+    progress("optimizer state: read as each parameter is written")
+    kinds = {kind: StreamedWeights(_deepspeed_units(checkpoint, kind)) for kind in MOMENTS}
+    fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0  # fp32 training: the master weights are the weights
+            else StreamedWeights(_deepspeed_units(checkpoint, "fp32")))
     step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups
                     if checkpoint.moe is not None else _zero0_step_and_groups)(checkpoint)
-    return OptimizerState(step=step, param_groups=_without_params(groups), **full)
+    return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds)

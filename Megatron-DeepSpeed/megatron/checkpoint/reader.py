@@ -360,7 +360,7 @@ def _assembled(part: TensorShard, shards: Dict[int, Mapping[str, torch.Tensor]],
 
 
 @dataclass(frozen=True)
-class _Units:
+class Units:
     """A layout's weights as units read one at a time: the unit of each GPTModel name (in the order the whole
     model lists them) and how to read one unit's tensors. A unit is a model piece (embedding, one layer, the
     final LayerNorm) of one set of memory-mapped files, an expert file, or, for a file in torch's legacy
@@ -369,26 +369,27 @@ class _Units:
     read: Callable[[Hashable], Dict[str, torch.Tensor]]
 
 
-def _names(of: Mapping[str, Hashable], unit: Hashable) -> List[str]:
+def names_in(of: Mapping[str, Hashable], unit: Hashable) -> List[str]:
     return [name for name, its in of.items() if its == unit]
 
 
-def _unit(mappable: bool, files: Hashable, name: str, num_layers: int) -> Hashable:
+def piece_unit(mappable: bool, files: Hashable, name: str, num_layers: int) -> Hashable:
+    """The unit of GPTModel parameter `name` in the file set `files`: its model piece, or the whole set."""
     return (files, spec_position(name, num_layers)[0]) if mappable else (files,)
 
 
-def _all_mappable(paths) -> bool:
+def all_mappable(paths) -> bool:
     return all(manifest.is_zip_archive(path) for path in paths)
 
 
-def _joined(first: _Units, second: _Units) -> _Units:
+def _joined(first: Units, second: Units) -> Units:
     """Both sets of units, the second's names added after (or over) the first's."""
     of = {name: (0, unit) for name, unit in first.of.items()}
     of.update((name, (1, unit)) for name, unit in second.of.items())
-    return _Units(of, lambda unit: (first, second)[unit[0]].read(unit[1]))
+    return Units(of, lambda unit: (first, second)[unit[0]].read(unit[1]))
 
 
-def _read_whole(units: _Units, progress: Progress) -> dict:
+def _read_whole(units: Units, progress: Progress) -> dict:
     """Every unit read once, in order: the whole model (or a TensorShard's part of it) in memory."""
     order = list(dict.fromkeys(units.of.values()))
     model = {}
@@ -399,11 +400,11 @@ def _read_whole(units: _Units, progress: Progress) -> dict:
 
 
 class StreamedWeights(abc.Mapping):
-    """A checkpoint's weights read one unit (_Units) at a time when asked for, only the last unit kept: a
+    """A checkpoint's weights read one unit (Units) at a time when asked for, only the last unit kept: a
     converter writing one target file at a time then holds that file and one source piece, never the whole
     model (the tensors are those read whole, so what is written stays the same)."""
 
-    def __init__(self, units: _Units):
+    def __init__(self, units: Units):
         self._units = units
         self._unit: Tuple[Optional[Hashable], dict] = (None, {})
 
@@ -445,14 +446,14 @@ def _piece_name(old: bool, position: int, key: str, num_layers: int) -> str:
     return (old_position_name if old else name_at_position)(position, key, num_layers)
 
 
-def _pipeline_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
+def _pipeline_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> Units:
     """The layer files: numbered as upstream's (model/pipe.py), or as earlier versions of this project numbered
     them (embedding layer_00); a piece's keys are read from the pickle, not its tensors."""
     old, positions = _pipeline_positions(tag_dir, num_layers)
     source = part.sources(layout.tensor)[0]
     of = {_piece_name(old, position, key, num_layers): position for position in positions
           for key in load_file(os.path.join(tag_dir, layer_file(position, source)))}
-    return _Units(of, lambda position: _piece_weights(tag_dir, layout, num_layers, old, position, part))
+    return Units(of, lambda position: _piece_weights(tag_dir, layout, num_layers, old, position, part))
 
 
 # --- DeepSpeed's plain engine: the whole module in each tensor-parallel rank's model-states file
@@ -462,22 +463,23 @@ def _module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return flatten(module) if is_nested(module) else flatten(nest(module))
 
 
-def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
+def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> Units:
     paths = {tp: os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)) for tp in part.sources(layout.tensor)}
-    mappable = _all_mappable(paths.values())
-    of = {name: _unit(mappable, 0, name, num_layers) for name in _module_names(load_file(paths[min(paths)])["module"])}
+    mappable = all_mappable(paths.values())
+    module = _module_names(load_file(paths[min(paths)])["module"])
+    of = {name: piece_unit(mappable, 0, name, num_layers) for name in module}
 
     def read(unit: Hashable) -> dict:
-        names = _names(of, unit)
+        names = names_in(of, unit)
         shards = {}
         for tp, path in paths.items():
             module = _module_names(load_file(path)["module"])
             shards[tp] = {name: module[name] for name in names}
         return {name: _assembled(part, shards, layout.tensor, name, name) for name in names}
-    return _Units(of, read)
+    return Units(of, read)
 
 
-def _expert_units(tag_dir: str) -> _Units:
+def _expert_units(tag_dir: str) -> Units:
     """Every expert of an MoE checkpoint, under the single-process model's names, one expert file at a time: the
     union of the expert files of all model-parallel ranks (a tensor-parallel rank may hold the same experts as
     another, then with the same values, or other experts; the first file in name order is read)."""
@@ -486,17 +488,17 @@ def _expert_units(tag_dir: str) -> _Units:
     for path in paths:
         for key in load_file(path):
             of.setdefault(key, path)
-    return _Units(of, lambda path: {key: tensor for key, tensor in load_file(path).items() if of[key] == path})
+    return Units(of, lambda path: {key: tensor for key, tensor in load_file(path).items() if of[key] == path})
 
 
 # --- Megatron's layout: one file per tensor- and pipeline-parallel rank
 
-def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> _Units:
+def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> Units:
     """Each stage's layers numbered from 0 in its file; the stages' layers follow one another."""
     sources = part.sources(layout.tensor)
     paths = {(tp, pp): _megatron_rank_file(tag_dir, tp, pp, layout.pipeline)
              for pp in range(layout.pipeline) for tp in sources}
-    mappable = _all_mappable(paths.values())
+    mappable = all_mappable(paths.values())
     keys, of, first_layer = {}, {}, 0  # GPTModel name -> its key in its stage's files, its unit
     for pp in range(layout.pipeline):
         stage_layers = set()
@@ -506,22 +508,22 @@ def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorS
                 _, number, rest = key.split(".", 2)
                 stage_layers.add(int(number))
                 name = f"{LAYERS_PREFIX}{first_layer + int(number)}.{rest}"
-            keys[name], of[name] = key, _unit(mappable, pp, name, num_layers)
+            keys[name], of[name] = key, piece_unit(mappable, pp, name, num_layers)
         first_layer += len(stage_layers)
 
     def read(unit: Hashable) -> dict:
-        names, pp = _names(of, unit), unit[0]
+        names, pp = names_in(of, unit), unit[0]
         shards = {}
         for tp in sources:
             stage = flatten(load_file(paths[tp, pp])[MEGATRON_MODEL])
             shards[tp] = {keys[name]: stage[keys[name]] for name in names}
         return {name: _assembled(part, shards, layout.tensor, keys[name], name) for name in names}
-    return _Units(of, read)
+    return Units(of, read)
 
 
 # --- DeepSpeed universal (ds_to_universal's output): one file per full parameter
 
-def _universal_units(tag_dir: str, num_layers: int, padded_vocab_size: int, part: TensorShard) -> _Units:
+def _universal_units(tag_dir: str, num_layers: int, padded_vocab_size: int, part: TensorShard) -> Units:
     """zero/<engine name>/fp32.pt of a universal checkpoint, the vocabulary padding ds_to_universal strips put
     back (as zeros, as DeepSpeed's loader pads it)."""
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
@@ -532,7 +534,7 @@ def _universal_units(tag_dir: str, num_layers: int, padded_vocab_size: int, part
         name, tensor = model_name(entry, num_layers), load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
         whole = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
         return {name: part.assemble(name, {0: whole}, 1)}
-    return _Units(of, read)
+    return Units(of, read)
 
 
 def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
@@ -565,7 +567,7 @@ def _check_zero3_size(flat_size: int, accounted: int) -> None:
                          f"{accounted}: the checkpoint's files do not belong together")
 
 
-def _flat_range(groups: Sequence[torch.Tensor], offset: int, length: int) -> torch.Tensor:
+def flat_range(groups: Sequence[torch.Tensor], offset: int, length: int) -> torch.Tensor:
     """Values offset..offset+length of the concatenation of `groups` (flattened), reading only those."""
     parts, start = [], 0
     for group in groups:
@@ -580,12 +582,12 @@ def _flat_range(groups: Sequence[torch.Tensor], offset: int, length: int) -> tor
 def zero3_parameter(place: Zero3Place, groups_per_rank: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
     """One full parameter from every data-parallel rank's flat groups."""
     offset, per_rank, shape = place
-    pieces = [_flat_range(groups, offset, per_rank) for groups in groups_per_rank]
+    pieces = [flat_range(groups, offset, per_rank) for groups in groups_per_rank]
     return torch.cat(pieces)[:shape.numel()].view(shape).clone()
 
 
 def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int, part: TensorShard,
-                kind: str = "fp32", dtype: Optional[torch.dtype] = None) -> _Units:
+                kind: str = "fp32", dtype: Optional[torch.dtype] = None) -> Units:
     """ZeRO 3's fp32 weights (`kind` fp32, cast to `dtype` unless None) or an Adam moment (exp_avg, exp_avg_sq),
     kept in the same flat layout: a parameter is read from each data-parallel rank's optimizer file, its range of
     the memory-mapped partitions only."""
@@ -598,11 +600,11 @@ def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_la
     engine_names = {current_name(name): name for name in placements[sources[0]]}  # GPTModel name -> engine name
     paths = [os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
              for tp in sources for dp in range(layout.data)]
-    mappable = _all_mappable(paths)
-    of = {name: _unit(mappable, 0, name, num_layers) for name in engine_names}
+    mappable = all_mappable(paths)
+    of = {name: piece_unit(mappable, 0, name, num_layers) for name in engine_names}
 
     def read(unit: Hashable) -> dict:
-        names = _names(of, unit)
+        names = names_in(of, unit)
         shards = {}
         for tp in sources:
             groups = [zero3_groups(tag_dir, args, tp, dp, kind) for dp in range(layout.data)]
@@ -611,7 +613,7 @@ def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_la
                 tensor = zero3_parameter(placements[tp][engine_names[name]], groups)
                 shards[tp][name] = tensor if dtype is None else tensor.to(dtype)
         return {name: _assembled(part, shards, layout.tensor, name, name) for name in names}
-    return _Units(of, read)
+    return Units(of, read)
 
 
 def zero3_groups(tag_dir: str, args: Mapping[str, object], tp: int, dp: int, kind: str) -> List[torch.Tensor]:
