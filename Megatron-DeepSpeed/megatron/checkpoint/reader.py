@@ -43,7 +43,7 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LA
                                         megatron_rank_dir, model_states_file, optimizer_states_file)
 from megatron.checkpoint.names import (WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name, name_at_position,
                                        nest, old_position_name, positions_with_parameters)
-from megatron.checkpoint.shards import overlapping_ranks, shard_from_shards
+from megatron.checkpoint.shards import join_shards, overlapping_ranks, shard_from_shards
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
@@ -480,17 +480,22 @@ def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
-def _expert_weights(tag_dir: str, progress: Progress) -> dict:
-    """Every expert of an MoE checkpoint, under the single-process model's names: the union of the expert files of
-    all model-parallel ranks (a tensor-parallel rank may hold the same experts as another, then with the same
-    values, or other experts)."""
+def _expert_weights(tag_dir: str, split: bool, progress: Progress) -> dict:
+    """Every expert of an MoE checkpoint, under the single-process model's names, from the expert files of all
+    model-parallel ranks. Whole experts: their union (a tensor-parallel rank holds the same experts as another,
+    then with the same values, or other experts). `split` (--enable-expert-tensor-parallelism at TP > 1): each
+    rank's file holds its shards of the expert, joined by the tensor-parallel plan's rule."""
     names = sorted(name for name in os.listdir(tag_dir) if EXPERT_FILE_PATTERN.fullmatch(name))
-    experts = {}
+    shards: Dict[str, Dict[int, torch.Tensor]] = {}
     for index, name in enumerate(names):
         progress(f"reading expert file {index + 1}/{len(names)}")
+        mp_rank = int(EXPERT_FILE_PATTERN.fullmatch(name).group(3))
         for key, tensor in load_file(os.path.join(tag_dir, name)).items():
-            experts.setdefault(key, tensor)
-    return experts
+            shards.setdefault(key, {}).setdefault(mp_rank, tensor)
+    if not split:
+        return {key: by_rank[min(by_rank)] for key, by_rank in shards.items()}
+    return {key: join_shards(key, [by_rank[rank] for rank in sorted(by_rank)], experts=True)
+            for key, by_rank in shards.items()}
 
 
 def zero3_flat_params(param_shapes: List[Mapping[str, torch.Size]], flat_per_rank: List[torch.Tensor]
@@ -561,7 +566,8 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
         model = _zero3_weights(tag_dir, state, progress, part)
     else:
         model = _plain_engine_weights(tag_dir, layout, state, progress, part)
-        model.update(_expert_weights(tag_dir, progress))  # experts whole: tensor parallelism does not split them
+        split = bool(args.get("enable_expert_tensor_parallelism")) and layout.tensor > 1
+        model.update(_expert_weights(tag_dir, split, progress))
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
                       consumed_train_samples=recorded_consumed_samples(state), args=MappingProxyType(dict(args)),
