@@ -102,6 +102,8 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
     assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
     torch.testing.assert_close(read_checkpoint(str(tmp_path / "tp2"), iteration=2).model[shard], torch.cat(halves))
+    from megatron.checkpoint.examine import examine  # what tools/inspect_checkpoint.py prints first
+    assert "--moe-expert-parallel-size 2 --enable-expert-tensor-parallelism" in examine(str(tmp_path / "tp2")).header[-1]
     (tmp_path / "tp2" / "latest").write_text("global_step2")
     resumed = run_on_ranks(train_moe, 4, [*flags, "--load", str(tmp_path / "tp2")], backend=BACKEND)[0]
     assert resumed[0] == losses[2:] and resumed[2] == norm
@@ -517,6 +519,22 @@ def test_a_checkpoint_resumes_only_with_its_experts():
     with pytest.raises(InputError, match=r"--num-experts \[1\] \(checkpoint: \[4\]\)"):
         check_model_flags("ckpt", recorded, {**recorded, "num_experts": [1]})
     check_model_flags("ckpt", {"num_layers": 2}, {**recorded, "num_experts": [1]})  # older checkpoints: not recorded
+
+
+def test_a_checkpoint_at_tensor_parallel_size_two_resumes_only_with_its_experts_split_as_saved():
+    from megatron.checkpoint.resume import check_expert_split
+    from megatron.errors import InputError
+    split = {"num_experts": [4], "enable_expert_tensor_parallelism": True}
+    whole = {"num_experts": [4]}  # older checkpoints do not record the flag: their experts are whole
+    check_expert_split("ckpt", split, split, tensor=2)
+    check_expert_split("ckpt", whole, {"enable_expert_tensor_parallelism": False}, tensor=2)
+    check_expert_split("ckpt", split, whole, tensor=1)  # one tensor-parallel rank: shards are whole experts
+    check_expert_split("ckpt", {"num_experts": [1], "enable_expert_tensor_parallelism": True}, whole, tensor=2)
+    with pytest.raises(InputError, match="holds shards of each expert per tensor-parallel rank: add "
+                                         "--enable-expert-tensor-parallelism"):
+        check_expert_split("ckpt", split, whole, tensor=2)
+    with pytest.raises(InputError, match="holds whole experts per tensor-parallel rank: drop"):
+        check_expert_split("ckpt", whole, split, tensor=2)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["torch-recompute", "reentrant-recompute"])

@@ -323,10 +323,10 @@ def training_dtype(args: Mapping[str, object]) -> torch.dtype:
 
 
 def whole_model_moe(args: Mapping[str, object]) -> Optional[MoEConfig]:
-    """The MoE section of a checkpoint's recorded flags, for a model holding every expert (expert-parallel size 1);
-    None for a dense model."""
+    """The MoE section of a checkpoint's recorded flags, for a model holding every expert whole (expert-parallel
+    size 1, experts not split over tensor-parallel ranks); None for a dense model."""
     moe = recorded_moe_config(args)
-    return dataclasses.replace(moe, expert_parallel_size=1) if moe.enabled else None
+    return dataclasses.replace(moe, expert_parallel_size=1, expert_tensor_parallel=False) if moe.enabled else None
 
 
 # ----------------------------------------------------------------------------- weights
