@@ -254,11 +254,12 @@ def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer:
                      state: TrainingState, num_layers: int, target: TargetLayout, progress: Progress) -> None:
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
     names = list(model)
+    split_experts = bool(state.args.get("enable_expert_tensor_parallelism"))
     for index, name in enumerate(names):
         engine_name = stage_name(name, num_layers) if target.pipeline_engine else name
         progress(f"writing per-parameter state {index + 1}/{len(names)}: {name}")
         folder = os.path.join(universal, engine_name)
-        cat_dim = split_dim(name) or 0
+        cat_dim = split_dim(name, split_experts) or 0
         kinds: Dict[str, torch.Tensor] = {"fp32": model[name].float() if optimizer is None else optimizer.fp32[name]}
         if optimizer is not None:
             kinds.update(exp_avg=optimizer.exp_avg[name], exp_avg_sq=optimizer.exp_avg_sq[name])
