@@ -113,6 +113,13 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     converted = run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "tp1"),
                                             "--no-load-optim"])[0]
     assert converted[0][0] == pytest.approx(losses[2], rel=1e-5)
+    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model.
+    reshape(str(tmp_path / "tp2"), str(tmp_path / "ep1"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
+            weights_only=True)
+    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" /
+                                     "layer_0_expert_3_mp_rank_01_model_states.pt"))[shard], halves[1])
+    source, target = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("tp2", "ep1"))
+    assert source.keys() == target.keys() and all(torch.equal(source[name], target[name]) for name in source)
 
 
 def gather_like_deepspeeds_moe_then_train(argv):
