@@ -159,6 +159,22 @@ def test_moe_model_state_terms_equal_the_tensors_of_a_trained_single_process_mod
     assert stage_expert_parameters(MOE_SHAPE, 1) == experts == 6 * (2 * 32 * 128 + 128 + 32)
 
 
+def test_experts_split_over_tensor_parallel_ranks_count_their_shards():
+    # --enable-expert-tensor-parallelism: each rank holds the plan's shards of its experts (the row-parallel bias
+    # whole), counted here from a built single-process model by the plan's partition dims; without it, whole ones.
+    from megatron.model.gpt import GPTConfig
+    from megatron.model.moe import MoEGPTModel, is_expert_parameter
+    from megatron.model.parallelize import tensor_parallel_partition_dim
+    split = ModelShape(**{**vars(SHAPE), "moe": MoEConfig(**{**vars(PYRAMID), "expert_tensor_parallel": True})})
+    model = MoEGPTModel(GPTConfig(**{**vars(gpt_config(2)), "moe": split.moe}))
+    per_rank = {name: p.numel() // (1 if tensor_parallel_partition_dim(name, experts=True) is None else 2)
+                for name, p in model.named_parameters()}
+    assert stage_parameters(split, 2, 1, 0, pipeline_engine=False) == sum(per_rank.values())
+    experts = sum(count for name, count in per_rank.items() if is_expert_parameter(name))
+    assert stage_expert_parameters(split, 1, 2) == experts == 6 * ((2 * 32 * 128 + 128) // 2 + 32)
+    assert stage_expert_parameters(MOE_SHAPE, 1, 2) == stage_expert_parameters(MOE_SHAPE, 1)  # whole experts
+
+
 MOE_ZERO2_FLAGS = [*TINY_FLAGS, "--num-layers", "4", "--num-experts", "2", "4", "--mlp-type", "residual", "--topk",
                    "2", "--no-pipeline-parallel", "--moe-expert-parallel-size", "2", "--zero-stage", "2",
                    "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--mock-data",

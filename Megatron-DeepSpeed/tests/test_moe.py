@@ -72,6 +72,56 @@ def test_tensor_and_expert_parallel_training_equals_single_process(data_prefix, 
     assert norm == pytest.approx(reference_norm, rel=1e-5)
 
 
+@pytest.mark.full
+def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_one_process(data_prefix, single_process,
+                                                                                           tmp_path):
+    # TP 2 x EP 2 with --enable-expert-tensor-parallelism: DeepSpeed's expert-parallel groups lie across the data-
+    # parallel ranks ([0, 2], [1, 3]), each expert is a column- then row-parallel MLP, and the MoE layer gathers the
+    # tokens over the tensor-parallel ranks before the experts and drops them after. Same losses and weight norm as
+    # one process; the iteration-2 checkpoint (each tensor-parallel rank's expert shards in its own mp_rank file)
+    # resumes exactly, and its weights converted to TP 1 x EP 1 give the next loss in one process.
+    from flat_gather_backend import BACKEND
+
+    from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.writer import TargetLayout
+    # DeepSpeed splits the capacity over the tensor-parallel ranks, and without token dropping its gate leaves an
+    # odd capacity then (refused in flags/moe.py); capacity factor 4 = experts gives each expert room for every
+    # token, so none is dropped, as in the reference run.
+    flags = [*COMMON, "--data-path", data_prefix, "--tensor-model-parallel-size", "2", "--moe-expert-parallel-size",
+             "2", "--enable-expert-tensor-parallelism", "--moe-train-capacity-factor", "4"]
+    flags.remove("--disable-moe-token-dropping")
+    losses, _, norm = run_on_ranks(train_moe, 4, [*flags, "--save", str(tmp_path / "tp2"), "--save-interval", "2"],
+                                   backend=BACKEND)[0]
+    reference_losses, _, reference_norm = single_process
+    assert losses == pytest.approx(reference_losses, rel=1e-5)
+    assert norm == pytest.approx(reference_norm, rel=1e-5)
+    shard = "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.dense_h_to_4h.weight"
+    tag_dir = tmp_path / "tp2" / "global_step2"
+    from megatron.checkpoint.reader import load_file
+    halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
+    assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
+    torch.testing.assert_close(read_checkpoint(str(tmp_path / "tp2"), iteration=2).model[shard], torch.cat(halves))
+    from megatron.checkpoint.examine import examine  # what tools/inspect_checkpoint.py prints first
+    header = examine(str(tmp_path / "tp2")).header[-1]
+    assert header.endswith("--moe-expert-parallel-size 2 --enable-expert-tensor-parallelism")
+    (tmp_path / "tp2" / "latest").write_text("global_step2")
+    resumed = run_on_ranks(train_moe, 4, [*flags, "--load", str(tmp_path / "tp2")], backend=BACKEND)[0]
+    assert resumed[0] == losses[2:] and resumed[2] == norm
+    reshape(str(tmp_path / "tp2"), str(tmp_path / "tp1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2,
+            weights_only=True)  # Adam state of MoE sources with TP > 1 is refused (convert.check_expert_target)
+    converted = run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "tp1"),
+                                            "--no-load-optim"])[0]
+    assert converted[0][0] == pytest.approx(losses[2], rel=1e-5)
+    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model.
+    reshape(str(tmp_path / "tp2"), str(tmp_path / "ep1"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
+            weights_only=True)
+    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" /
+                                     "layer_0_expert_3_mp_rank_01_model_states.pt"))[shard], halves[1])
+    source, target = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("tp2", "ep1"))
+    assert source.keys() == target.keys() and all(torch.equal(source[name], target[name]) for name in source)
+
+
 def gather_like_deepspeeds_moe_then_train(argv):
     """What gloo says to the gather DeepSpeed's MoE layer makes over tensor-parallel ranks (a flat output for a
     3-D input, deepspeed/moe/mappings.py:39-40) and to the same gather into the inputs stacked on dim 0; then
@@ -131,8 +181,13 @@ def validated(*extra, world_size=4):
     (["--num-experts", "8", "--no-pipeline-parallel", "--moe-expert-parallel-size", "8"],
      "world size 4 is not divisible by --moe-expert-parallel-size 8"),
     (["--num-experts", "4", "--no-pipeline-parallel", "--zero-stage", "3"], "use --zero-stage 2 or lower"),
-    (["--num-experts", "4", "--no-pipeline-parallel", "--enable-expert-tensor-parallelism"],
-     "--enable-expert-tensor-parallelism is not supported"),
+    (["--num-experts", "4", "--no-pipeline-parallel", "--enable-expert-tensor-parallelism",
+      "--tensor-model-parallel-size", "2", "--moe-expert-parallel-size", "4"],
+     "the data-parallel size 2 is not divisible by --moe-expert-parallel-size 4; with "
+     "--enable-expert-tensor-parallelism"),
+    (["--num-experts", "4", "--no-pipeline-parallel", "--enable-expert-tensor-parallelism",
+      "--tensor-model-parallel-size", "2", "--disable-moe-token-dropping"],
+     "deepspeed/moe/sharded_moe.py:253) then leaves the capacity unpadded"),
     (["--num-experts", "4", "--no-pipeline-parallel", "--moe-train-capacity-factor", "0"], "must be greater than 0"),
 ])
 def test_moe_flags_are_checked_with_one_line(extra, message):
@@ -472,6 +527,22 @@ def test_a_checkpoint_resumes_only_with_its_experts():
     with pytest.raises(InputError, match=r"--num-experts \[1\] \(checkpoint: \[4\]\)"):
         check_model_flags("ckpt", recorded, {**recorded, "num_experts": [1]})
     check_model_flags("ckpt", {"num_layers": 2}, {**recorded, "num_experts": [1]})  # older checkpoints: not recorded
+
+
+def test_a_checkpoint_at_tensor_parallel_size_two_resumes_only_with_its_experts_split_as_saved():
+    from megatron.checkpoint.resume import check_expert_split
+    from megatron.errors import InputError
+    split = {"num_experts": [4], "enable_expert_tensor_parallelism": True}
+    whole = {"num_experts": [4]}  # older checkpoints do not record the flag: their experts are whole
+    check_expert_split("ckpt", split, split, tensor=2)
+    check_expert_split("ckpt", whole, {"enable_expert_tensor_parallelism": False}, tensor=2)
+    check_expert_split("ckpt", split, whole, tensor=1)  # one tensor-parallel rank: shards are whole experts
+    check_expert_split("ckpt", {"num_experts": [1], "enable_expert_tensor_parallelism": True}, whole, tensor=2)
+    with pytest.raises(InputError, match="holds shards of each expert per tensor-parallel rank: add "
+                                         "--enable-expert-tensor-parallelism"):
+        check_expert_split("ckpt", split, whole, tensor=2)
+    with pytest.raises(InputError, match="holds whole experts per tensor-parallel rank: drop"):
+        check_expert_split("ckpt", whole, split, tensor=2)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["torch-recompute", "reentrant-recompute"])

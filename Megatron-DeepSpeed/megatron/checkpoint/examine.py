@@ -42,9 +42,10 @@ def examine(path: str, progress: Progress = _quiet) -> Examined:
     moe = checkpoint.moe
     if moe is not None:
         experts = " ".join(map(str, moe.num_experts))
+        split = " --enable-expert-tensor-parallelism" if checkpoint.args.get("enable_expert_tensor_parallelism") else ""
         header.append(f"mixture of experts: --num-experts {experts} --expert-interval {moe.expert_interval} "
                       f"--mlp-type {moe.mlp_type} --topk {moe.topk} --moe-expert-parallel-size "
-                      f"{checkpoint.args['moe_expert_parallel_size']}")
+                      f"{checkpoint.args['moe_expert_parallel_size']}{split}")
     return Examined(header, checkpoint.model, from_hf=False)
 
 

@@ -44,7 +44,7 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LA
 from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name,
                                        name_at_position, nest, old_position_name, positions_with_parameters,
                                        spec_position)
-from megatron.checkpoint.shards import overlapping_ranks, shard_from_shards
+from megatron.checkpoint.shards import join_shards, overlapping_ranks, shard_from_shards
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
@@ -324,10 +324,10 @@ def training_dtype(args: Mapping[str, object]) -> torch.dtype:
 
 
 def whole_model_moe(args: Mapping[str, object]) -> Optional[MoEConfig]:
-    """The MoE section of a checkpoint's recorded flags, for a model holding every expert (expert-parallel size 1);
-    None for a dense model."""
+    """The MoE section of a checkpoint's recorded flags, for a model holding every expert whole (expert-parallel
+    size 1, experts not split over tensor-parallel ranks); None for a dense model."""
     moe = recorded_moe_config(args)
-    return dataclasses.replace(moe, expert_parallel_size=1) if moe.enabled else None
+    return dataclasses.replace(moe, expert_parallel_size=1, expert_tensor_parallel=False) if moe.enabled else None
 
 
 # ----------------------------------------------------------------------------- weights
@@ -479,16 +479,28 @@ def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: Ten
     return Units(of, read)
 
 
-def _expert_units(tag_dir: str) -> Units:
-    """Every expert of an MoE checkpoint, under the single-process model's names, one expert file at a time: the
-    union of the expert files of all model-parallel ranks (a tensor-parallel rank may hold the same experts as
-    another, then with the same values, or other experts; the first file in name order is read)."""
-    paths = [os.path.join(tag_dir, name) for name in sorted(os.listdir(tag_dir)) if EXPERT_FILE_PATTERN.fullmatch(name)]
-    of: Dict[str, Hashable] = {}
-    for path in paths:
-        for key in load_file(path):
-            of.setdefault(key, path)
-    return Units(of, lambda path: {key: tensor for key, tensor in load_file(path).items() if of[key] == path})
+def _expert_units(tag_dir: str, split: bool) -> Units:
+    """Every expert of an MoE checkpoint, under the single-process model's names, from the expert files of all
+    model-parallel ranks, one expert at a time. Whole experts: one file each (a tensor-parallel rank holds the same
+    experts as another, then with the same values, or other experts; the lowest rank's file is read). `split`
+    (--enable-expert-tensor-parallelism at TP > 1): each rank's file holds its shards of the expert, joined by the
+    tensor-parallel plan's rule; the unit is then that expert's files of every rank."""
+    files: Dict[str, Dict[int, str]] = {}  # name -> model-parallel rank -> its file
+    for file_name in sorted(os.listdir(tag_dir)):
+        match = EXPERT_FILE_PATTERN.fullmatch(file_name)
+        if match:
+            path = os.path.join(tag_dir, file_name)
+            for key in load_file(path):
+                files.setdefault(key, {})[int(match.group(3))] = path
+    of = {key: tuple(by_rank[rank] for rank in sorted(by_rank)) if split else by_rank[min(by_rank)]
+          for key, by_rank in files.items()}
+
+    def read(unit: Hashable) -> dict:
+        paths = unit if split else (unit,)
+        states = [load_file(path) for path in paths]
+        return {key: join_shards(key, [state[key] for state in states], experts=True) if split else states[0][key]
+                for key in names_in(of, unit)}
+    return Units(of, read)
 
 
 # --- Megatron's layout: one file per tensor- and pipeline-parallel rank
@@ -652,8 +664,9 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
         units = _pipeline_engine_units(tag_dir, layout, num_layers, part)
     elif layout.zero_stage == 3:
         units = zero3_units(tag_dir, layout, args, num_layers, part, dtype=training_dtype(args))
-    else:  # experts whole: tensor parallelism does not split them
-        units = _joined(_plain_engine_units(tag_dir, layout, num_layers, part), _expert_units(tag_dir))
+    else:
+        split = bool(args.get("enable_expert_tensor_parallelism")) and layout.tensor > 1
+        units = _joined(_plain_engine_units(tag_dir, layout, num_layers, part), _expert_units(tag_dir, split))
     model = StreamedWeights(units) if streamed else _read_whole(units, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),

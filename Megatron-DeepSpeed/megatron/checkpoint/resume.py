@@ -33,6 +33,8 @@ from megatron.errors import InputError
 # The mixture-of-experts flags a checkpoint must share with the run: which layers hold how many experts, and how
 # they are spread (DeepSpeed saves the experts' optimizer state per expert-parallel rank).
 MOE_FLAGS = ("num_experts", "expert_interval", "mlp_type", "moe_expert_parallel_size")
+# How the experts are split: at TP > 1 each rank's expert files hold whole experts, or with this flag its shards.
+EXPERT_SPLIT_FLAG = "enable_expert_tensor_parallelism"
 # The flags that define the learning-rate schedule; Megatron checks them against the checkpoint's.
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_decay_style", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters",
                   "lr_warmup_samples", "lr_warmup_fraction")
@@ -123,6 +125,18 @@ def check_model_flags(load_dir: str, recorded: Mapping[str, object], run_flags: 
         raise InputError(f"--load {load_dir} holds a different model: {described}; give the checkpoint's values")
 
 
+def check_expert_split(load_dir: str, recorded: Mapping[str, object], run_flags: Mapping[str, object],
+                       tensor: int) -> None:
+    """A mixture-of-experts checkpoint saved at tensor-parallel size above 1 holds whole experts per rank, or with
+    --enable-expert-tensor-parallelism each rank's shards of them: the run must split them as it did."""
+    recorded_split, run_split = bool(recorded.get(EXPERT_SPLIT_FLAG)), bool(run_flags.get(EXPERT_SPLIT_FLAG))
+    if tensor > 1 and max(recorded.get("num_experts") or [1]) > 1 and recorded_split != run_split:
+        held = "shards of each expert" if recorded_split else "whole experts"
+        raise InputError(f"--load {load_dir} holds {held} per tensor-parallel rank: "
+                         f"{'add' if recorded_split else 'drop'} --enable-expert-tensor-parallelism, or convert it to "
+                         "--target-tensor-parallel-size 1 with tools/convert_checkpoint.py first")
+
+
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool,
                 model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run)."""
@@ -147,6 +161,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
         raise InputError(f"--load {load_dir}: its weights are copied into this run's modules, which ZeRO stage 3 "
                          "partitions; load it with --zero-stage 0-2, or convert it first")
     check_model_flags(load_dir, state[ARGS], model_flags)
+    check_expert_split(load_dir, state[ARGS], model_flags, layout.tensor)
     load_optimizer = holds_optimizer_state(tag_dir, state) and not weights_only
     from_universal_files = not foreign and _engine_weights_missing(tag_dir, layout)
     if not (from_universal_files or foreign):

@@ -41,7 +41,7 @@ from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
-from megatron.checkpoint.resume import MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
+from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
@@ -219,7 +219,7 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
     parallel, precision = config.parallel, config.precision
     run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
-    model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in MOE_FLAGS}}
+    model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in (*MOE_FLAGS, EXPERT_SPLIT_FLAG)}}
     return plan_resume(config.checkpoint.load, run, load_options(config), precision.fp16 or precision.bf16,
                        model_flags)
 

@@ -15,17 +15,19 @@ from megatron.tensor_parallel import shard_of as shard_along
 __all__ = ["split_dim", "join_shards", "shard_of", "shard_state_dict", "overlapping_ranks", "shard_from_shards"]
 
 
-def join_shards(name: str, shards: List[torch.Tensor]) -> torch.Tensor:
-    """The full tensor of GPTModel parameter `name` from its per-rank shards (ordered by tensor-parallel rank)."""
-    dim = split_dim(name)
+def join_shards(name: str, shards: List[torch.Tensor], experts: bool = False) -> torch.Tensor:
+    """The full tensor of GPTModel parameter `name` from its per-rank shards (ordered by tensor-parallel rank).
+    `experts`: the MoE experts are split too (--enable-expert-tensor-parallelism)."""
+    dim = split_dim(name, experts)
     if dim is None or len(shards) == 1:
         return shards[0]
     return torch.cat(shards, dim=dim)
 
 
-def shard_of(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """Tensor-parallel rank `rank`'s shard of the full tensor `name`, out of `size` ranks."""
-    dim = split_dim(name)
+def shard_of(name: str, full: torch.Tensor, rank: int, size: int, experts: bool = False) -> torch.Tensor:
+    """Tensor-parallel rank `rank`'s shard of the full tensor `name`, out of `size` ranks (`experts`: as
+    join_shards)."""
+    dim = split_dim(name, experts)
     if dim is None or size == 1:
         return full
     return shard_along(full, dim, rank, size, what=f"{name}: dimension {dim} of size")

@@ -192,6 +192,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     if experts and target.pipeline_engine:
         raise InputError("a mixture-of-experts checkpoint is written for the plain engine (--no-pipeline-parallel)")
     flags = target_args(state.args, target, config.vocab_size)
+    split_experts = bool(flags.get("enable_expert_tensor_parallelism"))  # each rank's file its shards of them
     args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
                          state.consumed_train_samples, config.vocab_size,
                          flags.get("tokenizer_vocab_size"))
@@ -224,12 +225,13 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
             contents = {"module": module, "optimizer": zero0, **_deepspeed_bookkeeping(state, target), **client}
-            if experts:  # DeepSpeed reads the experts from their own files (tensor parallelism does not split them)
+            if experts:  # DeepSpeed reads the experts from their own files, whole or split as the flags recorded
                 contents["num_experts"] = [sum(1 for layer, _ in experts if layer == moe_layer)
                                            for moe_layer in sorted({layer for layer, _ in experts})]
                 for (moe_layer, expert), expert_names in experts.items():
                     _save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
-                          {name: model[name].clone() for name in expert_names})
+                          {name: shard_of(name, model[name], tp, tp_size, split_experts).clone()
+                           for name in expert_names})
                 for rank in range(target.expert) if optimizer is not None else ():
                     _save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
                         model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
@@ -252,11 +254,12 @@ def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer:
                      state: TrainingState, num_layers: int, target: TargetLayout, progress: Progress) -> None:
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
     names = list(model)
+    split_experts = bool(state.args.get("enable_expert_tensor_parallelism"))
     for index, name in enumerate(names):
         engine_name = stage_name(name, num_layers) if target.pipeline_engine else name
         progress(f"writing per-parameter state {index + 1}/{len(names)}: {name}")
         folder = os.path.join(universal, engine_name)
-        cat_dim = split_dim(name) or 0
+        cat_dim = split_dim(name, split_experts) or 0
         kinds: Dict[str, torch.Tensor] = {"fp32": model[name].float() if optimizer is None else optimizer.fp32[name]}
         if optimizer is not None:
             kinds.update(exp_avg=optimizer.exp_avg[name], exp_avg_sq=optimizer.exp_avg_sq[name])

@@ -30,6 +30,7 @@ class MoEConfig:
     loss_coeff: float  # weight of the summed load-balancing losses added to the LM loss
     create_param_group: bool
     expert_parallel_size: int
+    expert_tensor_parallel: bool = False  # experts split over the tensor-parallel ranks like the dense MLP
 
     def experts_of_layer(self, layer_number: int) -> int:
         """Experts of 1-based transformer layer `layer_number` (1: a dense MLP), as upstream assigns them: layers

@@ -37,7 +37,8 @@ class ExpertsMLP(MoE):
                          ep_size=moe.expert_parallel_size, k=moe.topk,
                          capacity_factor=moe.train_capacity_factor, eval_capacity_factor=moe.eval_capacity_factor,
                          min_capacity=moe.min_capacity, use_residual=moe.mlp_type == "residual",
-                         drop_tokens=moe.token_dropping)
+                         drop_tokens=moe.token_dropping,
+                         enable_expert_tensor_parallelism=moe.expert_tensor_parallel)
         self.aux_loss: Optional[torch.Tensor] = None
         self.dropped: Optional[torch.Tensor] = None  # expert assignments over capacity in the last forward
         self.deepspeed_moe.gate.register_forward_hook(self._count_dropped)
@@ -61,16 +62,21 @@ def seed_experts(layer: ExpertsMLP, config: GPTConfig, layer_number: int, expert
             init_linear(expert.dense_4h_to_h, config.output_layer_init_std, config)
 
 
-def expert_parallel_rank(expert_parallel_size: int) -> int:
+def expert_parallel_rank(moe, parallel_state=None) -> int:
     """This process's rank in its expert-parallel group (0 without process groups). Creates DeepSpeed's expert-
-    parallel and expert-data-parallel groups as its MoE layer would (consecutive ranks share experts' tokens), so
-    that the experts can be seeded before the engine exists; the engine then finds the groups made. Every rank
-    must call it."""
+    parallel and expert-data-parallel groups as its MoE layer would, so that the experts can be seeded before the
+    engine exists; the engine then finds the groups made. Whole experts: consecutive ranks share experts' tokens.
+    Experts split over tensor-parallel ranks (`moe.expert_tensor_parallel`, `parallel_state` the mpu): each
+    expert-parallel group lies inside one data-parallel group, so tensor-parallel ranks hold shards of the same
+    experts. Every rank must call it."""
     if not dist.is_initialized():
         return 0
-    name = f"ep_size_{expert_parallel_size}"  # the MoE layer's group name
+    name = f"ep_size_{moe.expert_parallel_size}"  # the MoE layer's group name
     if name not in groups._get_expert_parallel_group_dict():
-        groups._create_expert_and_data_parallel(expert_parallel_size)
+        if moe.expert_tensor_parallel and parallel_state is not None:
+            groups._create_expert_data_and_model_parallel(moe.expert_parallel_size, mpu=parallel_state)
+        else:
+            groups._create_expert_and_data_parallel(moe.expert_parallel_size)
     return groups._get_expert_parallel_rank(name)
 
 

@@ -12,6 +12,9 @@ weights, so the result computes what the single-process model computes.
   query_key_value, dense_h_to_4h column-parallel (output features split)
   self_attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
   lm_head, loss                  vocab-split logits and vocab-parallel cross entropy (full logits never exist)
+  ...deepspeed_experts.*.        with --enable-expert-tensor-parallelism only (GPT_EXPERT_TENSOR_PARALLEL_PLAN): each
+    dense_h_to_4h / dense_4h_to_h  expert of an MoE layer split as the dense MLP is; they keep DeepSpeed's
+                                 expert marks, so its expert-data-parallel gradient reduction still takes them
 With sequence_parallel, activations between the tensor-parallel regions are split along the sequence: the
 embedding's dropout first scatters it, LayerNorms and dropout run on the local chunk (dropout in the
 model-parallel stream), the column-parallel linears and the LM head gather the sequence, the row-parallel ones
@@ -115,26 +118,60 @@ GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
 })
 
 
-def tensor_parallel_partition_dim(name: str) -> Optional[int]:
+class KeepsExpertMarks:
+    """Mixed into a linear style for an expert: the split parameters keep the attributes DeepSpeed's Experts set
+    on the whole ones (`allreduce` False, `group_name`), by which its engine reduces their gradients over the
+    expert-data-parallel group only and its MoE parameter groups find them."""
+    MARKS = ("allreduce", "group_name")
+
+    def apply(self, module, context):
+        replacement = super().apply(module, context)
+        for name, parameter in replacement.named_parameters(recurse=False):
+            for mark in self.MARKS:
+                if hasattr(getattr(module, name), mark):
+                    setattr(parameter, mark, getattr(getattr(module, name), mark))
+        return replacement
+
+
+class ExpertColumnParallel(KeepsExpertMarks, ColumnParallel):
+    pass
+
+
+class ExpertRowParallel(KeepsExpertMarks, RowParallel):
+    pass
+
+
+_EXPERTS = "layers.*.mlp.deepspeed_moe.experts.deepspeed_experts.*"  # model/moe.py: DeepSpeed's names, local index
+GPT_EXPERT_TENSOR_PARALLEL_PLAN = MappingProxyType({
+    **GPT_TENSOR_PARALLEL_PLAN,
+    f"{_EXPERTS}.dense_h_to_4h": ExpertColumnParallel(*_FFN),
+    f"{_EXPERTS}.dense_4h_to_h": ExpertRowParallel(*_FFN),
+})
+
+
+def tensor_parallel_partition_dim(name: str, experts: bool = False) -> Optional[int]:
     """For a parameter's full name in GPTModel (e.g. 'layers.3.self_attention.dense.weight'), the dim along which
     tensor parallelism splits it over the ranks, or None where every rank holds all of it. Splitting a full
     checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of) and joining them back
-    (torch.cat along the same dim) both follow this rule."""
-    return partition_dim(GPT_TENSOR_PARALLEL_PLAN, name)
+    (torch.cat along the same dim) both follow this rule. `experts`: the model's experts are split too
+    (--enable-expert-tensor-parallelism)."""
+    return partition_dim(GPT_EXPERT_TENSOR_PARALLEL_PLAN if experts else GPT_TENSOR_PARALLEL_PLAN, name)
 
 
 def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: bool = False, *,
-                          rng_tracker: RNGStatesTracker, path: str = "") -> nn.Module:
+                          rng_tracker: RNGStatesTracker, path: str = "", experts: bool = False) -> nn.Module:
     """Shard `module` by the GPT plan in place and return what takes its place: a whole GPTModel (path ""), or a
     pipeline stage's piece at its path in GPTModel (model/pipe.py), so both share this one plan.
 
     rng_tracker: from tensor_parallel_rng_tracker(seed, tp_rank); dropout in TP / SP regions draws from it and
     activation recomputation rewinds it. Its states belong in checkpoints next to torch's. With
     sequence_parallel, whoever trains the module must sum the marked gradients
-    (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
+    (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step). `experts`: split the MoE layers'
+    experts too (GPT_EXPERT_TENSOR_PARALLEL_PLAN).
     """
     context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
-    return parallelize_module(module, GPT_TENSOR_PARALLEL_PLAN, context, path)
+    plan = GPT_EXPERT_TENSOR_PARALLEL_PLAN if experts else GPT_TENSOR_PARALLEL_PLAN
+    return parallelize_module(module, plan, context, path)
 
 
 def piece_sharder(parallel_state, sequence_parallel: bool, rng_tracker: RNGStatesTracker):

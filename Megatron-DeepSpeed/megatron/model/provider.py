@@ -38,9 +38,10 @@ def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parall
                          "ranks (deepspeed/moe/sharded_moe.py:742) into a flat buffer (deepspeed/moe/mappings.py:"
                          "39-40), and gloo's all_gather_into_tensor takes only an output shaped as the inputs "
                          "stacked on dim 0; use nccl/hccl, or tensor-parallel size 1")
-    model = MoEGPTModel(model_config, expert_parallel_rank(model_config.moe.expert_parallel_size))
+    model = MoEGPTModel(model_config, expert_parallel_rank(model_config.moe, parallel_state))
     if parallel_config.tensor > 1:
-        apply_tensor_parallel(model, parallel_state, sequence_parallel, rng_tracker=rng_tracker)
+        apply_tensor_parallel(model, parallel_state, sequence_parallel, rng_tracker=rng_tracker,
+                              experts=model_config.moe.expert_tensor_parallel)
     return model
 
 

@@ -144,7 +144,8 @@ def estimate_memory(shape: ModelShape, layout: Layout, settings: TrainingSetting
     for stage in sorted({0, layout.pipeline - 1}):
         parameters = stage_parameters(shape, layout.tensor, layout.pipeline, stage, settings.pipeline_engine,
                                       layout.expert_parallel)
-        terms = model_state_bytes(parameters, layout, settings, stage_expert_parameters(shape, layout.expert_parallel))
+        experts = stage_expert_parameters(shape, layout.expert_parallel, layout.tensor)
+        terms = model_state_bytes(parameters, layout, settings, experts)
         one = stage_activation_bytes(shape, layout, settings)
         terms["activations"] = one
         terms["pipeline_in_flight"] = (in_flight_micro_batches(layout, stage, micro_batches) - 1) * one

@@ -75,7 +75,7 @@ def estimate_step_time(shape: ModelShape, layout: Layout, settings: TrainingSett
     tensor = collectives * _all_reduce_bytes(activation, t) / _bandwidth(t, 1, hardware) if t > 1 else 0.0
     sent = activation / (t if layout.sequence_parallel else 1)
     pipeline = micro_batches * 2 * sent / _bandwidth(p, t * d, hardware) if p > 1 else 0.0
-    experts = stage_expert_parameters(shape, ep)
+    experts = stage_expert_parameters(shape, ep, t)
     gradients = max(stage_parameters(shape, t, p, stage, settings.pipeline_engine, ep) for stage in (0, p - 1))
     volume = _all_reduce_bytes((gradients - experts) * settings.dtype_bytes, d) * (
         1.5 if layout.zero_stage == 3 else 1)

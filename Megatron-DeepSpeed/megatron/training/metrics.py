@@ -40,14 +40,18 @@ def parameters_norm(model: torch.nn.Module, parallel) -> float:
 def expert_squares(model: torch.nn.Module, gradients: bool = False) -> torch.Tensor:
     """Sum of squares of the MoE experts' weights (or their gradients), each expert counted once (a collective
     over all ranks when the model has experts). Ranks of one expert-data-parallel group hold the same experts with
-    the same values (gradients once reduced); the others hold different experts. So the sum over every rank counts
-    each expert once per member of its group."""
+    the same values (gradients once reduced); the others hold different experts or, with experts split over the
+    tensor-parallel ranks, other shards of them, beside the pieces every tensor-parallel rank holds whole (the
+    second linear's bias). So the sum over every rank counts each value once per rank holding it."""
     total = torch.zeros((), dtype=torch.float32, device=device.current_device())
     experts = [p for p in model.parameters() if is_moe_param(p) and (p.grad is not None or not gradients)]
     if not experts:
         return total
+    expert_tensor_parallel = groups._get_expert_model_parallel_world_size()  # 1 unless experts are split
     for parameter in experts:
         copies = groups._get_expert_data_parallel_world_size(parameter.group_name)
+        if not getattr(parameter, "tensor_model_parallel", False):
+            copies *= expert_tensor_parallel
         total += (parameter.grad if gradients else parameter).detach().float().pow(2).sum() / copies
     dist.all_reduce(total)
     return total

@@ -47,7 +47,9 @@ def add_flags(parser) -> None:
                        help="Ranks the experts of a layer are spread over (DeepSpeed's expert-parallel groups of "
                             "consecutive ranks); tokens travel by all-to-all. Default 1; --model-size may set it.")
     group.add_argument("--enable-expert-tensor-parallelism", action="store_true",
-                       help="Refused with experts: they stay whole on each tensor-parallel rank here.")
+                       help="Split each expert over the tensor-parallel ranks as the dense MLP is (first linear by "
+                            "output, second by input features; DeepSpeed's expert groups then run across "
+                            "tensor-parallel ranks). Without it every tensor-parallel rank holds whole experts.")
     group.add_argument("--use-tutel", action="store_true", help="Refused with experts: Tutel is not used here.")
 
 
@@ -84,8 +86,16 @@ def _check_parallel_layout(values: Mapping) -> None:
         raise InputError("--sequence-parallel with --num-experts above 1: DeepSpeed's MoE layer expects the same "
                          "tokens on every tensor-parallel rank; drop --sequence-parallel")
     if values["enable_expert_tensor_parallelism"]:
-        raise InputError("--enable-expert-tensor-parallelism is not supported by this trainer: experts stay whole "
-                         "on each tensor-parallel rank; drop the flag")
+        require_divisible("the data-parallel size", values["data_parallel_size"], "--moe-expert-parallel-size", ep,
+                          "with --enable-expert-tensor-parallelism DeepSpeed forms the expert-parallel groups "
+                          "inside each data-parallel group")
+        if values["tensor_model_parallel_size"] > 1 and not values["moe_token_dropping"]:
+            raise InputError("--disable-moe-token-dropping with --enable-expert-tensor-parallelism at "
+                             f"--tensor-model-parallel-size {values['tensor_model_parallel_size']}: DeepSpeed's "
+                             "gate (0.19.8, deepspeed/moe/sharded_moe.py:253) then leaves the capacity unpadded, and "
+                             "its split of the tokens over the tensor-parallel ranks fails unless every step's "
+                             "largest expert load divides by that size; keep token dropping (a capacity factor of "
+                             "experts / topk drops none)")
     if values["use_tutel"]:
         raise InputError("--use-tutel: Tutel's kernels are not supported by this trainer; drop the flag")
     if values["zero_stage"] == 3:
@@ -116,7 +126,8 @@ def section(values: Mapping) -> MoEConfig:
                      eval_capacity_factor=values["moe_eval_capacity_factor"], min_capacity=values["moe_min_capacity"],
                      token_dropping=values["moe_token_dropping"], loss_coeff=values["moe_loss_coeff"],
                      create_param_group=values["create_moe_param_group"],
-                     expert_parallel_size=values["moe_expert_parallel_size"])
+                     expert_parallel_size=values["moe_expert_parallel_size"],
+                     expert_tensor_parallel=values["enable_expert_tensor_parallelism"])
 
 
 def recorded_moe_config(flags: Optional[Mapping[str, Any]]) -> MoEConfig:
