@@ -12,16 +12,15 @@ older commit), the two alternating. Each run is its own process.
       [--layers 12 --hidden 768] [--repeats 3] [--compare-root /path/to/old/Megatron-DeepSpeed]
 """
 import argparse
-import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
-from megatron.errors import RunError, run_cli
+from megatron.errors import run_cli
+from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "checkpoint-save: "
@@ -70,16 +69,10 @@ def run(root: str, layers: int, hidden: int, heads: int) -> dict:
     save_dir = tempfile.mkdtemp(prefix="checkpoint-save-")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--save", save_dir, "--layers", str(layers),
                "--hidden", str(hidden), "--heads", str(heads)]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
-        result = subprocess.run(command, capture_output=True, text=True, env=environment)
+        return run_with_root(command, root, RESULT_PREFIX)[0]
     finally:
         shutil.rmtree(save_dir, ignore_errors=True)
-    if result.returncode:
-        raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
-                       f"\n{result.stderr[-2000:]}")
-    line = next(line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX))
-    return json.loads(line[len(RESULT_PREFIX):])
 
 
 def main(argv=None):
@@ -94,7 +87,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         measured = save_in_this_process(args.layers, args.hidden, args.heads, args.save)
-        print(RESULT_PREFIX + json.dumps(measured), flush=True)
+        report(RESULT_PREFIX, measured)
         return 0
     roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
     seconds = {label: [] for label, _ in roots}

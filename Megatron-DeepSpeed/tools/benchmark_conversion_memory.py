@@ -14,15 +14,14 @@ an older commit) as well.
       [--compare-root /path/to/old/Megatron-DeepSpeed] [--keep-outputs DIR (to compare them with diff -r)]
 """
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from typing import Optional
 
 from megatron.errors import RunError, run_cli
+from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
@@ -99,18 +98,11 @@ def run(root: str, source: str, tensor: int, pipeline: int, keep: Optional[str] 
     target = keep or tempfile.mkdtemp(prefix="conversion-target-")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--source", source, "--target", target,
                "--tensor", str(tensor), "--pipeline", str(pipeline)]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1",
-                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
-        result = subprocess.run(command, capture_output=True, text=True, env=environment)
+        return run_with_root(command, root, RESULT_PREFIX, {"OMP_NUM_THREADS": "1"})[0]
     finally:
         if keep is None:
             shutil.rmtree(target, ignore_errors=True)
-    if result.returncode:
-        raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
-                       f"\n{result.stderr[-2000:]}")
-    line = next(line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX))
-    return json.loads(line[len(RESULT_PREFIX):])
 
 
 def main(argv=None):
@@ -133,7 +125,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         measured = convert_in_this_process(args.source, args.target, args.tensor, args.pipeline)
-        print(RESULT_PREFIX + json.dumps(measured), flush=True)
+        report(RESULT_PREFIX, measured)
         return 0
     if not os.path.exists(args.source):
         count = write_random_source(args.source, args.layers, args.hidden, args.heads, args.source_tensor,

@@ -12,13 +12,12 @@ the same runs use another checkout's `megatron` (e.g. a `git worktree` of an old
       [--model-size 1.3B | --load CKPT] [--tensor 1 2] [--compare-root /path/to/old/Megatron-DeepSpeed]
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 from megatron.config.presets import preset_names
-from megatron.errors import RunError, run_cli
+from megatron.errors import run_cli
+from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1 << 30
@@ -93,14 +92,8 @@ def run(root: str, what: list, tensor: int) -> list:
     """One torchrun job of `tensor` ranks with `root`'s megatron; the ranks' measurements."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tensor}",
                os.path.abspath(__file__), "--worker", *what, "--tensor", str(tensor)]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-                   "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if result.returncode:
-        raise RunError(f"{' '.join(command)} failed (PYTHONPATH {root}):\n{result.stdout[-2000:]}"
-                       f"\n{result.stderr[-2000:]}")
-    return sorted((json.loads(line[len(RESULT_PREFIX):]) for line in result.stdout.splitlines()
-                   if line.startswith(RESULT_PREFIX)), key=lambda rank: rank["rank"])
+    ranks = run_with_root(command, root, RESULT_PREFIX, {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    return sorted(ranks, key=lambda rank: rank["rank"])
 
 
 def main(argv=None):
@@ -114,7 +107,7 @@ def main(argv=None):
     if args.worker:
         measured = (load_on_this_rank(args.load, args.tensor[0]) if args.load else
                     build_on_this_rank(args.model_size, args.tensor[0]))
-        print(RESULT_PREFIX + json.dumps(measured), flush=True)
+        report(RESULT_PREFIX, measured)
         return 0
     roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
     what = ["--load", os.path.abspath(args.load)] if args.load else ["--model-size", args.model_size]
