@@ -62,3 +62,31 @@ def test_keeps_no_fp32_copy_of_half_precision_logits_for_backward():
     assert sum(tensor.numel() for tensor in saved if tensor.shape[-1] != VOCAB) <= 3 * labels.numel()
     (losses * upstream).sum().backward()  # the saved tensors suffice
     assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_overwriting_the_logits_gives_the_same_gradient_in_their_own_memory(dtype):
+    generator = torch.Generator().manual_seed(1)
+    hidden, weight = (torch.randn(111, 16, generator=generator).to(dtype).requires_grad_(True),
+                      torch.randn(VOCAB, 16, generator=generator).to(dtype).requires_grad_(True))
+    labels, upstream = torch.randint(0, VOCAB, (111,), generator=generator), torch.randn(111, generator=generator)
+    results = []
+    for overwrite in (False, True):
+        seen = []
+        logits = hidden @ weight.t()  # not a leaf: the LM head's output
+        logits.register_hook(lambda grad: seen.append(grad.data_ptr() == logits.data_ptr()))
+        losses = cross_entropy(logits, labels, chunk_bytes=4 * VOCAB * 7, overwrite_logits=overwrite)
+        (losses * upstream).sum().backward()
+        results.append((losses.detach(), hidden.grad.clone(), weight.grad.clone(), seen))
+        hidden.grad = weight.grad = None
+    (losses, hidden_grad, weight_grad, seen), overwritten = results
+    assert seen == [False] and overwritten[3] == [True]  # the gradient took the logits' place
+    for expected, got in zip((losses, hidden_grad, weight_grad), overwritten[:3]):
+        assert torch.equal(expected, got)
+
+
+def test_a_leaf_is_never_overwritten():
+    logits, labels, upstream = inputs(torch.float32)
+    before = logits.detach().clone()
+    (cross_entropy(logits, labels, overwrite_logits=True) * upstream).sum().backward()
+    assert torch.equal(logits.detach(), before) and logits.grad.data_ptr() != logits.data_ptr()

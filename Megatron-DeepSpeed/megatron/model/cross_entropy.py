@@ -9,6 +9,12 @@ themselves (which exist anyway), the labels and one fp32 value per token are kep
 is about that of the textbook way; under --torch-compile the per-chunk math is fused (ChunkKernels), down to
 about 12 bytes per logit (two reading passes forward, three backward).
 
+The model's own loss (model/gpt.py's LanguageModelLoss) lets backward write the gradient over the logits, chunk by
+chunk once each chunk's softmax is taken (as Megatron's loss does): the logits are made for the loss alone, so no
+second logits-sized buffer is needed. On a CPU that buffer, freshly allocated each step, also cost its first touch
+of every page (about 7 ms for 16 MB), as did chunks larger than the cache: there chunks are a few MiB
+(model/kernels.py's loss_chunk_bytes).
+
 Vocabulary split across the ranks of `group` (tensor parallelism): each rank holds its slice of the PADDED
 vocabulary. Each combines its slice's log-sum-exp with the others' through two all-reduces of [tokens]
 vectors, so every rank gets the exact per-token loss without gathering logits; the gradient (softmax minus
@@ -29,16 +35,16 @@ def chunk_statistics(chunk, local_labels, elsewhere):
     and log vocabulary; kept apart so that large logits lose no precision), and the label's logit (0 where
     another rank holds it)."""
     probabilities = F.softmax(chunk, dim=-1, dtype=torch.float32)
-    row_max, argmax = chunk.max(dim=-1)
-    shifted_lse = -probabilities.gather(-1, argmax.unsqueeze(-1)).squeeze(-1).log()
+    row_max = chunk.amax(dim=-1)  # without the argmax, which costs the CPU ten times as much
+    shifted_lse = -probabilities.amax(dim=-1).log()  # the largest logit's probability
     target_logit = chunk.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1).float().masked_fill(elsewhere, 0.0)
     return row_max.float(), shifted_lse, target_logit
 
 
 def chunk_gradient(chunk, local_labels, elsewhere, row_scale, grad_loss, out):
-    """Writes d loss / d logits of a chunk into `out` (the logits' dtype): softmax times row_scale (this rank's
-    share of the probability mass times the upstream gradient), minus the upstream gradient at the label. The
-    label's entry is computed in fp32 before rounding: p is near 1 on a confident prediction."""
+    """Writes d loss / d logits of a chunk into `out` (the logits' dtype; may be the chunk itself): softmax times
+    row_scale (this rank's share of the probability mass times the upstream gradient), minus the upstream gradient
+    at the label. The label's entry is computed in fp32 before rounding: p is near 1 on a confident prediction."""
     probabilities = F.softmax(chunk, dim=-1, dtype=torch.float32)
     torch.mul(probabilities, row_scale.unsqueeze(-1), out=out)
     labels = local_labels.unsqueeze(-1)
@@ -63,7 +69,7 @@ def compiled_chunk_kernels() -> ChunkKernels:
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, labels, group, rows_per_chunk, kernels):
+    def forward(ctx, logits, labels, group, rows_per_chunk, kernels, overwrite_logits):
         rows, local_vocab = logits.shape
         first_id = dist.get_rank(group) * local_vocab if group is not None else 0
         local_labels = labels - first_id
@@ -83,7 +89,7 @@ class _CrossEntropy(torch.autograd.Function):
             sums = torch.stack([(row_max - max_logit + shifted_lse).exp(), target_logit])
             dist.all_reduce(sums, group=group)  # exactly one rank holds each label's logit
             log_sum, target_logit = sums[0].log(), sums[1]
-        ctx.rows_per_chunk, ctx.kernels = rows_per_chunk, kernels
+        ctx.rows_per_chunk, ctx.kernels, ctx.overwrite_logits = rows_per_chunk, kernels, overwrite_logits
         # log of this rank's share of the probability mass (0 with the whole vocabulary here)
         ctx.save_for_backward(logits, local_labels, elsewhere, row_max - max_logit + shifted_lse - log_sum)
         return (max_logit - target_logit) + log_sum
@@ -92,21 +98,26 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         logits, local_labels, elsewhere, log_share = ctx.saved_tensors
         row_scale = log_share.exp() * grad_loss  # the local softmax times the share is the whole vocabulary's
-        grad_logits = torch.empty_like(logits)
+        grad_logits = logits if ctx.overwrite_logits else torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.rows_per_chunk):
             chunk = slice(start, start + ctx.rows_per_chunk)
             ctx.kernels.gradient(logits[chunk], local_labels[chunk], elsewhere[chunk], row_scale[chunk],
                                  grad_loss[chunk], grad_logits[chunk])
-        return grad_logits, None, None, None, None
+        return grad_logits, None, None, None, None, None
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, group: Optional[dist.ProcessGroup] = None,
-                  chunk_bytes: int = CHUNK_BYTES, kernels: ChunkKernels = EAGER_CHUNK_KERNELS) -> torch.Tensor:
+                  chunk_bytes: int = CHUNK_BYTES, kernels: ChunkKernels = EAGER_CHUNK_KERNELS,
+                  overwrite_logits: bool = False) -> torch.Tensor:
     """Per-token loss [..] in fp32 for logits [.., vocab] in any float dtype and labels [..] in [0, vocab).
     With `group`, the logits are this rank's slice of the vocabulary ([.., vocab / group size]), the labels
     index the whole padded vocabulary, and the loss is identical on every rank of the group. chunk_bytes
-    bounds the fp32 temporaries (rows per chunk = chunk_bytes / (4 x local vocabulary))."""
+    bounds the fp32 temporaries (rows per chunk = chunk_bytes / (4 x local vocabulary)). With
+    overwrite_logits, backward leaves the logits' gradient in the logits tensor itself: for logits that nothing
+    else reads after backward (ignored for a leaf tensor, whose .grad the gradient would become)."""
     vocab = logits.shape[-1]
+    overwrite_logits = overwrite_logits and not logits.is_leaf
     rows_per_chunk = max(1, chunk_bytes // (4 * vocab))
-    losses = _CrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), group, rows_per_chunk, kernels)
+    losses = _CrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), group, rows_per_chunk, kernels,
+                                 overwrite_logits)
     return losses.view(labels.shape)

@@ -226,18 +226,21 @@ def masked_mean(token_losses: torch.Tensor, loss_mask: Optional[torch.Tensor] = 
 
 class LanguageModelLoss(nn.Module):
     """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16 logits do
-    not lose precision in the softmax (megatron/model/cross_entropy.py: without an fp32 copy of them). Set from
-    outside: vocab_group, the ranks the vocabulary is split across (tensor parallelism), and chunk_kernels,
-    the compiled per-chunk math under --torch-compile."""
+    not lose precision in the softmax (megatron/model/cross_entropy.py: without an fp32 copy of them). The logits
+    are the LM head's, made for this loss alone: backward writes their gradient over them. Set from outside:
+    vocab_group, the ranks the vocabulary is split across (tensor parallelism), and chunk_kernels, the compiled
+    per-chunk math under --torch-compile."""
 
-    def __init__(self):
+    def __init__(self, chunk_bytes: int = PORTABLE_KERNELS.loss_chunk_bytes):
         super().__init__()
+        self.chunk_bytes = chunk_bytes  # the device's (kernels.loss_chunk_bytes)
         self.vocab_group = None
         self.chunk_kernels = EAGER_CHUNK_KERNELS
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return masked_mean(cross_entropy(logits, labels, self.vocab_group, kernels=self.chunk_kernels), loss_mask)
+        return masked_mean(cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes, self.chunk_kernels,
+                                         overwrite_logits=True), loss_mask)
 
 
 def checkpoint_layer(layer: nn.Module, *args) -> torch.Tensor:
@@ -271,7 +274,7 @@ class GPTModel(nn.Module):
                 self.layers.append(prepare(TransformerLayer(config, layer_number + 1), f"layers.{layer_number}"))
         self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
         self.lm_head = prepare(LMHead(), "lm_head")
-        self.loss = prepare(LanguageModelLoss(), "loss")
+        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes), "loss")
         # How --checkpoint-activations recomputes a layer; tensor parallelism swaps in one that also rewinds
         # its own random streams.
         self.checkpoint_layer = checkpoint_layer

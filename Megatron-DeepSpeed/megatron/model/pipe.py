@@ -126,9 +126,9 @@ class FinalLayerNormPipe(nn.Module):
 class LanguageModelLossPipe(nn.Module):
     """DeepSpeed calls loss_fn(outputs, labels) with the second item of the micro-batch as `labels`."""
 
-    def __init__(self, prepare):
+    def __init__(self, config: GPTConfig, prepare):
         super().__init__()
-        self.loss = prepare(LanguageModelLoss(), "loss")
+        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes), "loss")
 
     def forward(self, logits: torch.Tensor, labels_and_loss_mask: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         labels, loss_mask = labels_and_loss_mask
@@ -172,7 +172,8 @@ class GPTPipe(PipelineModule):
             super().__init__(
                 specs, topology=PipeModelDataParallelTopology(num_pp=layout.pipeline, num_mp=layout.tensor,
                                                               num_dp=layout.data),
-                loss_fn=LanguageModelLossPipe(prepare), partition_method=f"type:{TransformerLayerPipe.__name__}",
+                loss_fn=LanguageModelLossPipe(config, prepare),
+                partition_method=f"type:{TransformerLayerPipe.__name__}",
                 activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
                 activation_checkpoint_func=rng_tracker.checkpoint,
                 checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
