@@ -71,3 +71,17 @@ def test_the_garbage_collector_clock_counts_collections_while_started():
     measured = clock.seconds
     gc.collect()
     assert measured > 0 and clock.seconds == measured
+
+
+def test_functions_under_a_root_are_ranked_by_their_own_time_with_the_builtins_they_call():
+    bookkeeping = function_in("/site/deepspeed/runtime/zero/fake_stage.py", ZERO_CODE, "bookkeeping")
+    build = function_in("/site/megatron/data/fake_loader.py", DATA_CODE, "build")
+
+    def step():
+        bookkeeping(build(200))
+
+    stats, _ = step_overhead.profile_calls(step, 5)
+    ranked = step_overhead.functions_in(stats, "deepspeed/", top=5)
+    assert [where for where, _ in ranked] == ["deepspeed/runtime/zero/fake_stage.py:1 bookkeeping"]
+    own = next(counts[2] for key, counts in stats.stats.items() if key[2] == "bookkeeping")
+    assert ranked[0][1] > own  # the .sum() and .item() it calls are counted to it

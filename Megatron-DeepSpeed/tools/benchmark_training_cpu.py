@@ -8,7 +8,9 @@ into the kinds of work a step does (megatron/training/step_overhead.py). Printed
 the bare loop's, the difference, the ratio of tokens/s (bare time / ours), each as wall time and as the
 process's CPU time (the last rank's; steadier where other jobs share the cores), and where our extra time goes
 (profiled ms of ours minus the bare loop's, per category; cProfile inflates Python-heavy code, so these rank
-the causes rather than add up to the difference). Medians over --rounds alternating rounds.
+the causes rather than add up to the difference), and DeepSpeed's own time by function (file:line under the
+installed deepspeed package, profiled ms per iteration: the floor no flag of ours removes). Medians over
+--rounds alternating rounds.
 
   python tools/benchmark_training_cpu.py [--shapes tiny,default] [--layouts all] [--rounds 3] [--json OUT]
 """
@@ -71,7 +73,10 @@ def worker(options) -> None:
     iterations = interval * options.profiled
     categories = {name: seconds * 1000.0 / iterations for name, seconds in step_overhead.breakdown(stats).items()}
     categories[step_overhead.GARBAGE_COLLECTOR] = collecting * 1000.0 / iterations
-    figures = {"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu), "profiled_ms": categories}
+    functions = {where: seconds * 1000.0 / iterations
+                 for where, seconds in step_overhead.functions_in(stats, "deepspeed/", options.top)}
+    figures = {"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu), "profiled_ms": categories,
+               "deepspeed_functions_ms": functions}
     write_text_atomically(options.result, json.dumps(figures))
 
 
@@ -82,7 +87,7 @@ def measure(which: str, shape: str, layout: str, options) -> dict:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                    os.path.abspath(__file__), "--worker", which, "--shape", shape, "--layout", layout,
                    "--result", result, "--log-interval", str(options.log_interval), "--timed", str(options.timed),
-                   "--profiled", str(options.profiled)]
+                   "--profiled", str(options.profiled), "--top", str(options.top)]
         environment = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(options.threads)}
         done = subprocess.run(command, capture_output=True, text=True, env=environment)
         if done.returncode:
@@ -104,7 +109,10 @@ def summarize(rounds: list) -> dict:
             "ours_cpu_ms": ours_cpu, "bare_cpu_ms": bare_cpu, "cpu_ratio": bare_cpu / ours_cpu,
             "cpu_rounds": [(r["ours"]["cpu_ms"], r["bare"]["cpu_ms"]) for r in rounds],
             "profiled_ours_ms": {name: statistics.median(r["ours"]["profiled_ms"][name] for r in rounds)
-                                 for name in categories}}
+                                 for name in categories},
+            "deepspeed_functions_ms": {where: statistics.median(r["ours"]["deepspeed_functions_ms"].get(where, 0.0)
+                                                                for r in rounds)
+                                       for where in rounds[0]["ours"]["deepspeed_functions_ms"]}}
 
 
 def report(shape: str, layout: str, summary: dict, top: int) -> str:
@@ -116,7 +124,9 @@ def report(shape: str, layout: str, summary: dict, top: int) -> str:
             f"    CPU time: ours {summary['ours_cpu_ms']:8.1f} ms  bare {summary['bare_cpu_ms']:8.1f} ms  "
             f"difference {summary['ours_cpu_ms'] - summary['bare_cpu_ms']:+7.1f} ms  ratio {summary['cpu_ratio']:.2f}"
             "  rounds " + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["cpu_rounds"]) + "\n"
-            f"    profiled extra ms/iteration: {causes}")
+            f"    profiled extra ms/iteration: {causes}\n"
+            "    DeepSpeed's own profiled ms/iteration by function: "
+            + "; ".join(f"{where} {ms:.2f}" for where, ms in summary["deepspeed_functions_ms"].items()))
 
 
 def main(argv=None):
@@ -132,7 +142,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per process (default 1: on a machine shared with other jobs, a "
                              "multi-threaded step stalls whenever one of its threads is descheduled)")
-    parser.add_argument("--top", type=int, default=5, help="categories printed per layout (default 5)")
+    parser.add_argument("--top", type=int, default=5,
+                        help="categories and DeepSpeed functions printed per layout (default 5)")
     parser.add_argument("--json", help="also write every figure to this file")
     parser.add_argument("--worker", choices=("ours", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
