@@ -2,11 +2,12 @@
 iterations opened and closed by the trainer's own iteration lines."""
 import gc
 import logging
+import mmap
 
 import pytest
 import torch
 
-from megatron.training import step_overhead
+from megatron.training import bare_loop, step_overhead
 from megatron.training.log_lines import iteration_line
 
 # Functions whose code claims to live in the trainer's data package and in DeepSpeed's ZeRO, so that the
@@ -56,6 +57,7 @@ def test_the_window_holds_what_runs_between_its_iteration_lines():
     window = step_overhead.record_training(train, start=2, stop=3)
     assert window.elapsed_ms == [30.0, 20.0, 25.0, 24.0]
     assert len(window.cpu_ms) == 3 and min(window.cpu_ms) >= 0  # per iteration between consecutive lines
+    assert len(window.page_faults) == 3 and min(window.page_faults) >= 0
     calls = {key[2]: counts[1] for key, counts in window.stats().stats.items()}
     assert calls["marker"] == 3  # only those between the second and the third line
     assert step_overhead.IterationWindow(2, 5).stats() is None  # a run that logged too few lines
@@ -85,3 +87,15 @@ def test_functions_under_a_root_are_ranked_by_their_own_time_with_the_builtins_t
     assert [where for where, _ in ranked] == ["deepspeed/runtime/zero/fake_stage.py:1 bookkeeping"]
     own = next(counts[2] for key, counts in stats.stats.items() if key[2] == "bookkeeping")
     assert ranked[0][1] > own  # the .sum() and .item() it calls are counted to it
+
+
+def test_page_faults_count_the_first_touch_of_fresh_memory():
+    pages = 256
+
+    def touch_fresh_pages():  # an anonymous mapping, new each call: every page faults when first written
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as fresh:
+            for page in range(pages):
+                fresh[page * mmap.PAGESIZE] = 1
+
+    _, _, faults = bare_loop.interval_means_ms(touch_fresh_pages, intervals=2, interval=3)
+    assert len(faults) == 2 and min(faults) >= pages

@@ -6,7 +6,9 @@ fresh processes (torchrun --standalone) on the same batch shape, --log-interval 
 interval of warm-up, --timed intervals timed, then --profiled intervals under cProfile, whose time is sorted
 into the kinds of work a step does (megatron/training/step_overhead.py). Printed per iteration: our step time,
 the bare loop's, the difference, the ratio of tokens/s (bare time / ours), each as wall time and as the
-process's CPU time (the last rank's; steadier where other jobs share the cores), and where our extra time goes
+process's CPU time (the last rank's; steadier where other jobs share the cores), its minor page faults (a
+fresh page's first touch: what a buffer allocated anew each step costs a CPU, spread over the operators that
+write it; --keep-freed-memory runs both with glibc keeping freed memory mapped), and where our extra time goes
 (profiled ms of ours minus the bare loop's, per category; cProfile inflates Python-heavy code, so these rank
 the causes rather than add up to the difference), and DeepSpeed's own time by function (file:line under the
 installed deepspeed package, profiled ms per iteration: the floor no flag of ours removes). Medians over
@@ -61,12 +63,13 @@ def worker(options) -> None:
         window = step_overhead.record_training(lambda: pretrain(model_provider, argv), first_profiled,
                                                first_profiled + options.profiled)
         timed, stats, collecting = window.elapsed_ms[1:first_profiled], window.stats(), window.collector.seconds
-        timed_cpu = window.cpu_ms[:first_profiled - 1]
+        timed_cpu, timed_faults = window.cpu_ms[:first_profiled - 1], window.page_faults[:first_profiled - 1]
     else:
         if processes > 1:
             dist.init_process_group("gloo")
         step = bare_loop.BareLoop(bare_loop.Shape(**shape))
-        timed, timed_cpu = (means[1:] for means in bare_loop.interval_means_ms(step, 1 + options.timed, interval))
+        timed, timed_cpu, timed_faults = (means[1:] for means in
+                                          bare_loop.interval_means_ms(step, 1 + options.timed, interval))
         stats, collecting = step_overhead.profile_calls(step, interval * options.profiled)
     if dist.is_initialized() and dist.get_rank() != dist.get_world_size() - 1:
         return
@@ -76,7 +79,7 @@ def worker(options) -> None:
     functions = {where: seconds * 1000.0 / iterations
                  for where, seconds in step_overhead.functions_in(stats, "deepspeed/", options.top)}
     figures = {"ms": statistics.median(timed), "cpu_ms": statistics.median(timed_cpu), "profiled_ms": categories,
-               "deepspeed_functions_ms": functions}
+               "page_faults": statistics.median(timed_faults), "deepspeed_functions_ms": functions}
     write_text_atomically(options.result, json.dumps(figures))
 
 
@@ -89,6 +92,8 @@ def measure(which: str, shape: str, layout: str, options) -> dict:
                    "--result", result, "--log-interval", str(options.log_interval), "--timed", str(options.timed),
                    "--profiled", str(options.profiled), "--top", str(options.top)]
         environment = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": str(options.threads)}
+        if options.keep_freed_memory:  # glibc's tunables: every allocation from the heap, which is never trimmed
+            environment.update(MALLOC_MMAP_THRESHOLD_=str(1 << 32), MALLOC_TRIM_THRESHOLD_=str(1 << 32))
         done = subprocess.run(command, capture_output=True, text=True, env=environment)
         if done.returncode:
             raise RunError(f"{which} at {shape}/{layout} failed:\n{done.stderr[-3000:]}")
@@ -108,6 +113,8 @@ def summarize(rounds: list) -> dict:
             "rounds": [(r["ours"]["ms"], r["bare"]["ms"]) for r in rounds], "profiled_extra_ms": extra,
             "ours_cpu_ms": ours_cpu, "bare_cpu_ms": bare_cpu, "cpu_ratio": bare_cpu / ours_cpu,
             "cpu_rounds": [(r["ours"]["cpu_ms"], r["bare"]["cpu_ms"]) for r in rounds],
+            "page_faults": (statistics.median(r["ours"]["page_faults"] for r in rounds),
+                            statistics.median(r["bare"]["page_faults"] for r in rounds)),
             "profiled_ours_ms": {name: statistics.median(r["ours"]["profiled_ms"][name] for r in rounds)
                                  for name in categories},
             "deepspeed_functions_ms": {where: statistics.median(r["ours"]["deepspeed_functions_ms"].get(where, 0.0)
@@ -124,6 +131,8 @@ def report(shape: str, layout: str, summary: dict, top: int) -> str:
             f"    CPU time: ours {summary['ours_cpu_ms']:8.1f} ms  bare {summary['bare_cpu_ms']:8.1f} ms  "
             f"difference {summary['ours_cpu_ms'] - summary['bare_cpu_ms']:+7.1f} ms  ratio {summary['cpu_ratio']:.2f}"
             "  rounds " + ", ".join(f"{ours:.1f}/{bare:.1f}" for ours, bare in summary["cpu_rounds"]) + "\n"
+            f"    minor page faults per iteration: ours {summary['page_faults'][0]:.0f}  bare "
+            f"{summary['page_faults'][1]:.0f}\n"
             f"    profiled extra ms/iteration: {causes}\n"
             "    DeepSpeed's own profiled ms/iteration by function: "
             + "; ".join(f"{where} {ms:.2f}" for where, ms in summary["deepspeed_functions_ms"].items()))
@@ -142,6 +151,10 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per process (default 1: on a machine shared with other jobs, a "
                              "multi-threaded step stalls whenever one of its threads is descheduled)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="run both with glibc's allocator keeping freed memory mapped (MALLOC_MMAP_THRESHOLD_, "
+                             "MALLOC_TRIM_THRESHOLD_): no step pays first-touch page faults for buffers it "
+                             "allocates anew, so the two compare without the allocator's part")
     parser.add_argument("--top", type=int, default=5,
                         help="categories and DeepSpeed functions printed per layout (default 5)")
     parser.add_argument("--json", help="also write every figure to this file")

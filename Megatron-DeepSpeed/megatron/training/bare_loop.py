@@ -5,6 +5,7 @@ torch's fused AdamW (the trainer's optimizer on CPU and CUDA) and gradient clipp
 forward, backward, clip, step, nothing else.
 Under several processes it is wrapped in torch's DistributedDataParallel, the bare data-parallel loop.
 """
+import resource
 import time
 from dataclasses import dataclass
 
@@ -77,12 +78,14 @@ class BareLoop:
 
 def interval_means_ms(step, intervals: int, interval: int) -> tuple:
     """Mean milliseconds per iteration over each of `intervals` runs of `interval` iterations, as the trainer's
-    log lines report them: wall time, and this process's CPU time."""
-    wall, cpu = [], []
+    log lines report them: wall time, and this process's CPU time; and its minor page faults per iteration."""
+    wall, cpu, faults = [], [], []
     for _ in range(intervals):
         start, start_cpu = time.perf_counter(), time.process_time()
+        start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(interval):
             step()
         wall.append((time.perf_counter() - start) * 1000.0 / interval)
         cpu.append((time.process_time() - start_cpu) * 1000.0 / interval)
-    return wall, cpu
+        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults) / interval)
+    return wall, cpu, faults
