@@ -23,8 +23,9 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
                         rebuilt at a time in backward
     pipeline in flight  DeepSpeed's 1F1B schedule keeps min(PP - stage, micro-batches) micro-batches' activations
                         on a stage; the first stage holds the most
-    logits and loss     the last stage: b s V / t logits in the model dtype, their gradient, and the loss's
-                        fp32 row chunks (at most 256 MiB, model/cross_entropy.py)
+    logits and loss     the last stage: b s V / t logits in the model dtype (backward writes their gradient
+                        over them, model/gpt.py's loss) and the loss's fp32 row chunks (at most 256 MiB,
+                        model/cross_entropy.py)
     MoE layers          the attention half of a dense layer, then the gate, dispatch and combine tensors of
                         planning/moe.py in the MLP's place; plus, once, the largest MoE layer's transient
                         all-to-all buffers
@@ -128,7 +129,7 @@ def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
 
 def logits_and_loss_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
     logits = layout.micro_batch * shape.seq_length * shape.padded_vocab(layout.tensor) / layout.tensor
-    return 2 * logits * settings.dtype_bytes + min(LOSS_CHUNK_BYTES, 4 * logits)
+    return logits * settings.dtype_bytes + min(LOSS_CHUNK_BYTES, 4 * logits)
 
 
 def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int) -> int:
