@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron.checkpoint import trust
-from megatron.checkpoint.reader import load_file
+from megatron.checkpoint.directory import load_file
 from megatron.errors import InputError
 
 

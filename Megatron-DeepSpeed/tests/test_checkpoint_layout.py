@@ -12,12 +12,13 @@ from deepspeed.checkpoint import constants as ds
 
 from megatron.checkpoint import names
 from megatron.checkpoint.convert import reshape
+from megatron.checkpoint.directory import Layout, load_file
 from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
                                         NP_RNG_STATE, RANDOM_RNG_STATE, RNG_TRACKER_STATES, TORCH_RNG_STATE,
                                         UNIVERSAL_CHECKPOINT_INFO)
 from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.optimizer_state import read_optimizer_state
-from megatron.checkpoint.reader import Layout, load_file, read_checkpoint
+from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint

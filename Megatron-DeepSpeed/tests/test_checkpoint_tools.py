@@ -11,10 +11,12 @@ import torch
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
+from megatron.checkpoint.directory import Layout
 from megatron.checkpoint.examine import differences, examine
-from megatron.checkpoint.reader import Layout, TensorShard, read_checkpoint
+from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import LoadOptions, plan_resume, resolve_schedule
 from megatron.checkpoint.shards import shard_of
+from megatron.checkpoint.weight_units import TensorShard
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.model.gpt import GPTModel

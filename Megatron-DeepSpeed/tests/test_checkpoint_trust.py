@@ -12,8 +12,8 @@ from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, write_counting_dataset
 
 from megatron.checkpoint import trust
+from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.manifest import write_manifest
-from megatron.checkpoint.reader import load_file
 from megatron.errors import InputError, run_cli
 
 pytestmark = pytest.mark.full  # a training run makes the checkpoint

@@ -57,7 +57,7 @@ def test_plain_engine_ranks_write_their_module_nested_as_upstreams(data_prefix, 
     """TP2 on the plain engine: each rank's model-states file holds upstream's nesting as DeepSpeed wrote it
     (nothing rewrites it), with the weights the run ended with."""
     from megatron.checkpoint.names import flatten
-    from megatron.checkpoint.reader import load_file
+    from megatron.checkpoint.directory import load_file
     from megatron.checkpoint.shards import shard_of
 
     flags = [*COMMON, "--data-path", data_prefix, "--tensor-model-parallel-size", "2", "--no-pipeline-parallel",

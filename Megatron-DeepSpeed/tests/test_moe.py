@@ -98,7 +98,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     assert norm == pytest.approx(reference_norm, rel=1e-5)
     shard = "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.dense_h_to_4h.weight"
     tag_dir = tmp_path / "tp2" / "global_step2"
-    from megatron.checkpoint.reader import load_file
+    from megatron.checkpoint.directory import load_file
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
     assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
     torch.testing.assert_close(read_checkpoint(str(tmp_path / "tp2"), iteration=2).model[shard], torch.cat(halves))
@@ -319,7 +319,7 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
     for name, tensor in zero0.model.items():
         torch.testing.assert_close(split[name], tensor, rtol=0, atol=0, msg=name)
     from megatron.checkpoint.expert_optimizer_state import module_order, rank_names, state_order
-    from megatron.checkpoint.reader import load_file
+    from megatron.checkpoint.directory import load_file
     names = rank_names(module_order(list(zero0.model)), 1, 2)
     order = state_order(names, lambda name: zero0.model[name].dim() > 1, expert_groups=False)
     qkv = "layers.0.self_attention.query_key_value.weight"  # column-parallel: rows split
@@ -343,7 +343,8 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
 def test_the_adam_state_of_an_moe_checkpoint_trained_with_tensor_parallelism_is_refused_in_one_line():
     # DeepSpeed's consecutive expert-parallel groups then mix tensor-parallel ranks: a layout no run here wrote.
     from megatron.checkpoint.convert import check_expert_target
-    from megatron.checkpoint.reader import Checkpoint, Layout
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.reader import Checkpoint
     from megatron.checkpoint.writer import TargetLayout
     from megatron.errors import InputError
     args = {"num_layers": 2, "num_experts": [4], "moe_expert_parallel_size": 2}

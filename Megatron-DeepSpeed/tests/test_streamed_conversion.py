@@ -1,4 +1,4 @@
-"""Reshaping reads a source one model piece at a time (reader.StreamedWeights), whatever its layout (pipeline
+"""Reshaping reads a source one model piece at a time (weight_units.StreamedWeights), whatever its layout (pipeline
 engine, plain engine, ZeRO 3, Megatron; a legacy-format file whole), and a universal checkpoint's Adam state one
 file at a time, and still writes byte for byte the files the writer makes from the
 whole model and Adam state in memory (what reshape did before)."""

@@ -229,7 +229,7 @@ def test_log_fields_and_timers_of_the_logging_flags(single_process_runs):
 
 def test_no_save_rng_and_reset_iteration(single_process_runs):
     from megatron.checkpoint.client_state import has_rng, tracker_states
-    from megatron.checkpoint.reader import checkpoint_directory, read_client_state
+    from megatron.checkpoint.directory import checkpoint_directory, read_client_state
 
     out, _, _ = single_process_runs["save without rng"]
     state = read_client_state(checkpoint_directory(os.path.join(out, "..", "ckpt_contents")))

@@ -7,10 +7,12 @@ import shutil
 from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
+from megatron.checkpoint.directory import load_file, read_client_state
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.client_state import rng_states, tracker_states
 from megatron.checkpoint.layout import model_parallel_rank, model_states_file
-from megatron.checkpoint.reader import Checkpoint, Progress, _quiet, load_file, read_checkpoint, read_client_state
+from megatron.checkpoint.reader import Checkpoint, read_checkpoint
+from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.checkpoint.writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.files.atomic import write_directory_atomically
@@ -41,7 +43,7 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
 
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,
-            weights_only: bool = False, force: bool = False, progress: Progress = _quiet) -> Checkpoint:
+            weights_only: bool = False, force: bool = False, progress: Progress = quiet) -> Checkpoint:
     """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
     source has none, the Adam state). Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
@@ -92,7 +94,7 @@ def unpadded_vocab_size(args: Mapping[str, object]) -> int:
 
 
 def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force: bool = False,
-              progress: Progress = _quiet) -> Checkpoint:
+              progress: Progress = quiet) -> Checkpoint:
     """Write the checkpoint as a transformers GPT2LMHeadModel directory, padded vocabulary rows dropped; the
     GPT-2 tokenizer files go along when the checkpoint's --vocab-file / --merge-file still exist."""
     if os.path.exists(hf_dir) and not force:
@@ -137,7 +139,7 @@ def imported_args(hf_config: Mapping[str, object], model: ModelConfig, vocab_siz
 
 
 def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
-              force: bool = False, progress: Progress = _quiet) -> GPTConfig:
+              force: bool = False, progress: Progress = quiet) -> GPTConfig:
     """Write a local GPT2LMHeadModel directory as a checkpoint (iteration 0, weights only) at `target`, the
     vocabulary padded for it; resume it with `--load save_dir --finetune`."""
     if os.path.exists(save_dir) and not force:

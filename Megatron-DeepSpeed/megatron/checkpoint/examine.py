@@ -7,7 +7,8 @@ from typing import Dict, List, Mapping
 import torch
 
 from megatron.checkpoint import hf
-from megatron.checkpoint.reader import Progress, _quiet, read_checkpoint
+from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.model.gpt_config import gpt_config
 
@@ -23,7 +24,7 @@ class Examined:
     from_hf: bool
 
 
-def examine(path: str, progress: Progress = _quiet) -> Examined:
+def examine(path: str, progress: Progress = quiet) -> Examined:
     """Read `path`: a Hugging Face directory when it holds config.json, else one of our checkpoints."""
     if os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
         config_json = hf.read_hf_config(path)

@@ -16,8 +16,9 @@ from typing import Callable, Dict, Iterable, List, Mapping, Sequence
 
 import torch
 
+from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import EXPERT_KEY_PATTERN, MOMENTS, expert_optimizer_file
-from megatron.checkpoint.reader import Checkpoint, load_file
+from megatron.checkpoint.reader import Checkpoint
 from megatron.checkpoint.shards import shard_of
 from megatron.errors import InputError
 

@@ -16,8 +16,8 @@ import tempfile
 from typing import Optional, Sequence
 
 from megatron.checkpoint import trust
+from megatron.checkpoint.directory import read_client_state, read_latest_iteration, read_latest_tag
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
-from megatron.checkpoint.reader import read_client_state, read_latest_iteration, read_latest_tag
 from megatron.errors import InputError
 
 _log = logging.getLogger(__name__)

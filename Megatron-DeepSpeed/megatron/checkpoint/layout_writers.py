@@ -1,7 +1,7 @@
 """Checkpoints in the layouts other programs write, made from a full state dict (GPTModel's names): Megatron's
 (iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it) and DeepSpeed's
 ZeRO stage 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need such
-sources at any size without running those programs; the reader (checkpoint/reader.py) documents the formats.
+sources at any size without running those programs; checkpoint/directory.py documents the formats.
 Megatron's files hold weights only; ZeRO 3's optionally Adam's moments."""
 import argparse
 import os

@@ -4,7 +4,7 @@ instead of surfacing as DeepSpeed's assertion, a size mismatch or an UnpicklingE
 Each checkpoint gets `global_stepN/manifest.json`: every file under it with its size and a cheap checksum, the
 CRC-32 of its first and last MiB (the end of torch's zip format is its directory, which holds the CRC of every
 record, so the checksum covers the contents without reading them). Checkpoints without one (older ones,
-upstream's) are checked from their layout by reader.check_layout_files: each file the layout needs exists, is
+upstream's) are checked from their layout by directory.check_layout_files: each file the layout needs exists, is
 a whole torch file, and holds what its name says.
 """
 import json

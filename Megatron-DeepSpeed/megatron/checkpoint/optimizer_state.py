@@ -29,14 +29,16 @@ from typing import Dict, Hashable, Iterator, List, Mapping
 import torch
 
 from megatron.checkpoint import expert_optimizer_state as experts
+from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import (MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file,
                                         optimizer_states_file)
 from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
                                        positions_with_parameters, stage_name)
-from megatron.checkpoint.reader import (WHOLE, Checkpoint, Progress, StreamedWeights, Units, _module_names, _quiet,
-                                        all_mappable, flat_range, load_file, names_in, padded_rows, piece_unit,
-                                        zero3_units, zero_optimizer_state)
+from megatron.checkpoint.reader import (Checkpoint, flat_range, module_names, padded_rows, zero3_units,
+                                        zero_optimizer_state)
 from megatron.checkpoint.shards import join_shards
+from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, Units, all_mappable, names_in,
+                                              piece_unit, quiet)
 from megatron.errors import InputError
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
 
@@ -167,7 +169,7 @@ def _zero0_index(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str
     if checkpoint.layout.pipeline_engine:
         parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
     else:
-        parameters = [(name, tensor.shape) for name, tensor in _module_names(state["module"]).items()]
+        parameters = [(name, tensor.shape) for name, tensor in module_names(state["module"]).items()]
     adam = state["optimizer"]["state"]
     return {name: index for index, name in enumerate(decay_groups(parameters)) if index in adam}
 
@@ -292,9 +294,9 @@ def _deepspeed_units(checkpoint: Checkpoint, kind: str) -> Units:
     return Units(of, read)
 
 
-def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = _quiet) -> OptimizerState:
+def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = quiet) -> OptimizerState:
     """The checkpoint's Adam state per full parameter (GPTModel names), tensor-parallel shards joined; each
-    kind a mapping that reads one model piece at a time when asked for (reader.StreamedWeights)."""
+    kind a mapping that reads one model piece at a time when asked for (weight_units.StreamedWeights)."""
     layout, args = checkpoint.layout, checkpoint.args
     if not checkpoint.has_optimizer_state:
         raise InputError(f"{checkpoint.directory} holds no optimizer state (saved with --no-save-optim or converted "

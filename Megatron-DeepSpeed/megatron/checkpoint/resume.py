@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from megatron.checkpoint.client_state import has_rng, is_current
+from megatron.checkpoint.directory import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
+                                           read_client_state, whole_model_moe)
 from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, RELEASE,
                                         UNIVERSAL_DIR)
-from megatron.checkpoint.reader import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
-                                        read_client_state, whole_model_moe)
 from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError

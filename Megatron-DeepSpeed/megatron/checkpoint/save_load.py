@@ -33,6 +33,7 @@ from megatron import device
 from megatron.checkpoint import trust
 from megatron.checkpoint.client_state import (build_client_state, recorded_args, recorded_consumed_samples,
                                               rng_states, tracker_states, universal_info)
+from megatron.checkpoint.directory import Layout, load_file, pipeline_engine_of
 from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
                                         POINTER_LINK, ITERATION, LANGUAGE_MODEL, UNIVERSAL_CHECKPOINT_INFO,
@@ -40,7 +41,7 @@ from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, 
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
-from megatron.checkpoint.reader import Checkpoint, Layout, load_file, pipeline_engine_of, read_checkpoint
+from megatron.checkpoint.reader import Checkpoint, read_checkpoint
 from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig

@@ -38,8 +38,8 @@ from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
-from megatron.checkpoint.reader import Progress, _quiet
 from megatron.checkpoint.shards import shard_of, split_dim
+from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec
@@ -178,7 +178,7 @@ def _tensor_parallel_rng(state: TrainingState, tp_rank: int) -> Optional[dict]:
 
 def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GPTConfig, state: TrainingState,
                      target: TargetLayout, optimizer: Optional[OptimizerState] = None,
-                     progress: Progress = _quiet) -> str:
+                     progress: Progress = quiet) -> str:
     """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`.
     Returns the global_step directory."""
     check_target(config, target)

@@ -12,9 +12,10 @@ from typing import Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.reader import (WHOLE, Checkpoint, TensorShard, checkpoint_directory, read_checkpoint,
-                                        read_client_state, whole_model_moe)
+from megatron.checkpoint.directory import checkpoint_directory, read_client_state, whole_model_moe
+from megatron.checkpoint.reader import Checkpoint, read_checkpoint
 from megatron.checkpoint.shards import shard_state_dict
+from megatron.checkpoint.weight_units import WHOLE, TensorShard
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
 from megatron.model.gpt import GPTModel
