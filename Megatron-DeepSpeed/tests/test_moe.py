@@ -73,35 +73,47 @@ def test_tensor_and_expert_parallel_training_equals_single_process(data_prefix, 
 
 
 @pytest.mark.full
-def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_one_process(data_prefix, single_process,
-                                                                                           tmp_path):
-    # TP 2 x EP 2 with --enable-expert-tensor-parallelism: DeepSpeed's expert-parallel groups lie across the data-
-    # parallel ranks ([0, 2], [1, 3]), each expert is a column- then row-parallel MLP, and the MoE layer gathers the
-    # tokens over the tensor-parallel ranks before the experts and drops them after. Same losses and weight norm as
-    # one process; the iteration-2 checkpoint (each tensor-parallel rank's expert shards in its own mp_rank file)
-    # resumes exactly, and its weights converted to TP 1 x EP 1 give the next loss in one process.
+def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_one_process(data_prefix, tmp_path):
+    # PR-MoE, TP 2 x EP 2 with --enable-expert-tensor-parallelism: DeepSpeed's expert-parallel groups lie across the
+    # data-parallel ranks ([0, 2], [1, 3]), each expert and the dense MLP beside them is a column- then row-parallel
+    # MLP, and the MoE layer gathers the tokens over the tensor-parallel ranks before the experts and drops them
+    # after. Same losses and weight norm as one process; the iteration-2 checkpoint (each tensor-parallel rank's
+    # expert shards in its own mp_rank file, its dense MLP shards in its model-states file) reads as the one
+    # process's model, resumes exactly, and its weights converted to TP 1 x EP 1 give the next loss in one process.
     from flat_gather_backend import BACKEND
 
     from megatron.checkpoint.convert import reshape
-    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.reader import module_names, read_checkpoint
     from megatron.checkpoint.writer import TargetLayout
     # DeepSpeed splits the capacity over the tensor-parallel ranks, and without token dropping its gate leaves an
     # odd capacity then (refused in flags/moe.py); capacity factor 4 = experts gives each expert room for every
     # token, so none is dropped, as in the reference run.
-    flags = [*COMMON, "--data-path", data_prefix, "--tensor-model-parallel-size", "2", "--moe-expert-parallel-size",
-             "2", "--enable-expert-tensor-parallelism", "--moe-train-capacity-factor", "4"]
+    residual = [*COMMON, "--data-path", data_prefix, "--mlp-type", "residual"]
+    flags = [*residual, "--tensor-model-parallel-size", "2", "--moe-expert-parallel-size", "2",
+             "--enable-expert-tensor-parallelism", "--moe-train-capacity-factor", "4"]
     flags.remove("--disable-moe-token-dropping")
+    reference_losses, _, reference_norm = run_on_ranks(
+        train_moe, 1, [*residual, "--save", str(tmp_path / "one"), "--save-interval", "2"])[0]
     losses, _, norm = run_on_ranks(train_moe, 4, [*flags, "--save", str(tmp_path / "tp2"), "--save-interval", "2"],
                                    backend=BACKEND)[0]
-    reference_losses, _, reference_norm = single_process
     assert losses == pytest.approx(reference_losses, rel=1e-5)
     assert norm == pytest.approx(reference_norm, rel=1e-5)
+    one, read = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("one", "tp2"))
+    assert read.keys() == one.keys()
+    for name in one:  # the dense MLP beside the experts joined whole, as the one process holds it
+        torch.testing.assert_close(read[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+    residual_weight = "layers.1.mlp.mlp.dense_4h_to_h.weight"
+    residual_halves = [module_names(load_file(str(tmp_path / "tp2" / "global_step2" /
+                                                  f"mp_rank_{tp:02d}_model_states.pt"))["module"])[residual_weight]
+                       for tp in (0, 1)]
+    assert residual_halves[0].shape == (32, 64)  # ffn 128 split by columns (row-parallel), as upstream's
+    torch.testing.assert_close(read[residual_weight], torch.cat(residual_halves, dim=1))
     shard = "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.dense_h_to_4h.weight"
     tag_dir = tmp_path / "tp2" / "global_step2"
-    from megatron.checkpoint.directory import load_file
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
     assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
-    torch.testing.assert_close(read_checkpoint(str(tmp_path / "tp2"), iteration=2).model[shard], torch.cat(halves))
+    torch.testing.assert_close(read[shard], torch.cat(halves))
     from megatron.checkpoint.examine import examine  # what tools/inspect_checkpoint.py prints first
     header = examine(str(tmp_path / "tp2")).header[-1]
     assert header.endswith("--moe-expert-parallel-size 2 --enable-expert-tensor-parallelism")
@@ -110,14 +122,15 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     assert resumed[0] == losses[2:] and resumed[2] == norm
     reshape(str(tmp_path / "tp2"), str(tmp_path / "tp1"), TargetLayout(1, 1, pipeline_engine=False), iteration=2,
             weights_only=True)  # Adam state of MoE sources with TP > 1 is refused (convert.check_expert_target)
-    converted = run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "tp1"),
-                                            "--no-load-optim"])[0]
+    converted = run_on_ranks(train_moe, 1, [*residual, "--load", str(tmp_path / "tp1"), "--no-load-optim"])[0]
     assert converted[0][0] == pytest.approx(losses[2], rel=1e-5)
     # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model.
     reshape(str(tmp_path / "tp2"), str(tmp_path / "ep1"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
             weights_only=True)
     assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" /
                                      "layer_0_expert_3_mp_rank_01_model_states.pt"))[shard], halves[1])
+    assert torch.equal(module_names(load_file(str(tmp_path / "ep1" / "global_step2" / "mp_rank_01_model_states.pt"))
+                                    ["module"])[residual_weight], residual_halves[1])
     source, target = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("tp2", "ep1"))
     assert source.keys() == target.keys() and all(torch.equal(source[name], target[name]) for name in source)
 

@@ -87,17 +87,19 @@ def _pattern(name: str, engine_name: str, pipeline_engine: bool) -> str:
 
 
 def universal_info(names: List[str], num_layers: int, pipeline_engine: bool, tokenizer_vocab_size: int,
-                   padded_vocab_size: int) -> dict:
+                   padded_vocab_size: int, experts: bool = False) -> dict:
     """DeepSpeed's universal_checkpoint_info for GPTModel parameters `names` under the engine's names: how
     ds_to_universal joins each parameter's tensor-parallel slices (the plan's split dimension: 0, 1 = row
     parallel, none = replicated), the vocabulary padding it strips (as upstream: the tokenizer's size is kept),
-    and the tied embedding's second copy on the last pipeline stage."""
+    and the tied embedding's second copy on the last pipeline stage. `experts`: the experts, and PR-MoE's dense
+    MLP beside them, are split too (--enable-expert-tensor-parallelism)."""
     replicated, row_parallel, vocabulary = [], [], []
     for name in names:
         engine_name = stage_name(name, num_layers) if pipeline_engine else name
         pattern = _pattern(name, engine_name, pipeline_engine)
-        target = (vocabulary if name == WORD_EMBEDDINGS else row_parallel if split_dim(name) == 1
-                  else replicated if split_dim(name) is None else None)
+        dim = split_dim(name, experts)
+        target = (vocabulary if name == WORD_EMBEDDINGS else row_parallel if dim == 1
+                  else replicated if dim is None else None)
         if target is not None and pattern not in target:
             target.append(pattern)
     info = {ds.UNIVERSAL_CHECKPOINT_VERSION_KEY: ds.UNIVERSAL_CHECKPOINT_VERSION_VALUE,

@@ -19,7 +19,7 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, ME
                                         model_states_file, optimizer_states_file)
 from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name,
                                        name_at_position, nest, old_position_name, positions_with_parameters)
-from megatron.checkpoint.shards import join_shards
+from megatron.checkpoint.shards import join_shards, split_dim
 from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, TensorShard, Units, all_mappable,
                                               assembled, joined, names_in, piece_unit, quiet, read_whole)
 from megatron.config.job import MoEConfig
@@ -88,19 +88,28 @@ def module_names(module: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return flatten(module) if is_nested(module) else flatten(nest(module))
 
 
-def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard) -> Units:
-    paths = {tp: os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)) for tp in part.sources(layout.tensor)}
+def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorShard,
+                        split_experts: bool = False) -> Units:
+    """`split_experts` (--enable-expert-tensor-parallelism at TP > 1): PR-MoE's dense MLP, split like the experts
+    but kept in these files, is joined whole from every rank's file, since the model read holds it whole."""
+    sources = part.sources(layout.tensor)
+    ranks = range(layout.tensor) if split_experts else sources
+    paths = {tp: os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)) for tp in ranks}
     mappable = all_mappable(paths.values())
     module = module_names(load_file(paths[min(paths)])["module"])
     of = {name: piece_unit(mappable, 0, name, num_layers) for name in module}
+    with_experts = {name for name in module if split_experts and split_dim(name, True) != split_dim(name)}
 
     def read(unit: Hashable) -> dict:
         names = names_in(of, unit)
         shards = {}
         for tp, path in paths.items():
-            module = module_names(load_file(path)["module"])
-            shards[tp] = {name: module[name] for name in names}
-        return {name: assembled(part, shards, layout.tensor, name, name) for name in names}
+            if tp in sources or with_experts.intersection(names):
+                module = module_names(load_file(path)["module"])
+                shards[tp] = {name: module[name] for name in names}
+        return {name: join_shards(name, [shards[tp][name] for tp in ranks], experts=True) if name in with_experts
+                else assembled(part, {tp: shards[tp] for tp in sources}, layout.tensor, name, name)
+                for name in names}
     return Units(of, read)
 
 
@@ -291,7 +300,7 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
         units = zero3_units(tag_dir, layout, args, num_layers, part, dtype=training_dtype(args))
     else:
         split = bool(args.get("enable_expert_tensor_parallelism")) and layout.tensor > 1
-        units = joined(_plain_engine_units(tag_dir, layout, num_layers, part), _expert_units(tag_dir, split))
+        units = joined(_plain_engine_units(tag_dir, layout, num_layers, part, split), _expert_units(tag_dir, split))
     model = StreamedWeights(units) if streamed else read_whole(units, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),

@@ -197,7 +197,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                          state.consumed_train_samples, config.vocab_size,
                          flags.get("tokenizer_vocab_size"))
     info = universal_info(names, num_layers, target.pipeline_engine,
-                          int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size)
+                          int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size, split_experts)
 
     if target.pipeline_engine:
         positions = positions_with_parameters(num_layers)
@@ -217,8 +217,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
         for tp in range(tp_size):
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
-            module = None if target.pipeline_engine else nest({
-                name: shard_of(name, model[name], tp, tp_size).clone() for name in dense})
+            module = None if target.pipeline_engine else nest({  # PR-MoE's dense MLP split as its experts are
+                name: shard_of(name, model[name], tp, tp_size, split_experts).clone() for name in dense})
             zero0 = None if optimizer is None or experts else _zero0_optimizer(
                 stage_names, stage_shapes, optimizer, num_layers, tp, tp_size)
             client = build_client_state(args, state.iteration, state.rng_state,

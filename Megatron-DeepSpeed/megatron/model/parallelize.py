@@ -15,6 +15,8 @@ weights, so the result computes what the single-process model computes.
   ...deepspeed_experts.*.        with --enable-expert-tensor-parallelism only (GPT_EXPERT_TENSOR_PARALLEL_PLAN): each
     dense_h_to_4h / dense_4h_to_h  expert of an MoE layer split as the dense MLP is; they keep DeepSpeed's
                                  expert marks, so its expert-data-parallel gradient reduction still takes them
+  layers.*.mlp.mlp.*             PR-MoE's dense MLP beside the experts, split with them (as upstream) under the same
+                                 flag; without it every tensor-parallel rank holds it whole
 With sequence_parallel, activations between the tensor-parallel regions are split along the sequence: the
 embedding's dropout first scatters it, LayerNorms and dropout run on the local chunk (dropout in the
 model-parallel stream), the column-parallel linears and the LM head gather the sequence, the row-parallel ones
@@ -142,10 +144,13 @@ class ExpertRowParallel(KeepsExpertMarks, RowParallel):
 
 
 _EXPERTS = "layers.*.mlp.deepspeed_moe.experts.deepspeed_experts.*"  # model/moe.py: DeepSpeed's names, local index
+_RESIDUAL = "layers.*.mlp.mlp"  # PR-MoE's dense MLP beside the experts (DeepSpeed's MoE.mlp)
 GPT_EXPERT_TENSOR_PARALLEL_PLAN = MappingProxyType({
     **GPT_TENSOR_PARALLEL_PLAN,
     f"{_EXPERTS}.dense_h_to_4h": ExpertColumnParallel(*_FFN),
     f"{_EXPERTS}.dense_4h_to_h": ExpertRowParallel(*_FFN),
+    f"{_RESIDUAL}.dense_h_to_4h": ColumnParallel(*_FFN),  # split as upstream's ParallelMLP(moe=True) expert copy;
+    f"{_RESIDUAL}.dense_4h_to_h": RowParallel(*_FFN),  # dense: its gradient is reduced over data-parallel ranks
 })
 
 

@@ -4,7 +4,8 @@ and how many parameters each rank of a layout holds (the same pieces model/gpt.p
 Kept apart from the model code on purpose: the planner answers for a 175B model on a laptop, so it counts
 instead of building. A mixture-of-experts model (model/moe.py) counts as DeepSpeed's MoE layer builds it: in each
 MoE layer a gate (hidden x experts, no bias) and experts / EP MLPs per rank (whole, or with
---enable-expert-tensor-parallelism split as the dense MLP is), plus, for PR-MoE (--mlp-type residual), a whole dense MLP and its 2-way mixing coefficient.
+--enable-expert-tensor-parallelism split as the dense MLP is), plus, for PR-MoE (--mlp-type residual), a dense
+MLP (split with the experts, else whole) and its 2-way mixing coefficient.
 """
 import math
 from dataclasses import dataclass
@@ -103,13 +104,18 @@ def mlp_parameters(shape: ModelShape, tensor: int) -> int:
     return h + (f * h + f + f * h) // tensor
 
 
+def expert_split(shape: ModelShape, tensor: int) -> int:
+    """Over how many ranks the experts (and PR-MoE's dense MLP beside them) are split: the `tensor` ranks with
+    --enable-expert-tensor-parallelism, else none."""
+    return tensor if shape.moe is not None and shape.moe.expert_tensor_parallel else 1
+
+
 def expert_parameters(shape: ModelShape, expert_parallel: int, layer_number: int, tensor: int = 1) -> int:
     """The parameters of the experts one rank holds in 1-based layer `layer_number` (0 in a dense layer):
     experts / EP MLPs, whole unless the experts are split over the `tensor` ranks too. Only these are sharded by
     expert parallelism."""
     experts = shape.experts_of_layer(layer_number)
-    split = tensor if shape.moe is not None and shape.moe.expert_tensor_parallel else 1
-    return 0 if experts == 1 else experts // expert_parallel * mlp_parameters(shape, split)
+    return 0 if experts == 1 else experts // expert_parallel * mlp_parameters(shape, expert_split(shape, tensor))
 
 
 def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expert_parallel: int = 1) -> int:
@@ -121,7 +127,7 @@ def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expe
     experts = shape.experts_of_layer(layer_number)
     if experts == 1:
         return attention + mlp_parameters(shape, tensor)
-    residual = mlp_parameters(shape, 1) + 2 * h + 2 if shape.moe.mlp_type == "residual" else 0
+    residual = mlp_parameters(shape, expert_split(shape, tensor)) + 2 * h + 2 if shape.moe.mlp_type == "residual" else 0
     return attention + h * experts + expert_parameters(shape, expert_parallel, layer_number, tensor) + residual
 
 
