@@ -11,6 +11,7 @@ import torch
 from deepspeed.checkpoint import constants as ds
 
 from megatron.checkpoint import names
+from megatron.checkpoint.client_state import universal_info
 from megatron.checkpoint.convert import reshape
 from megatron.checkpoint.directory import Layout, load_file
 from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
@@ -88,6 +89,17 @@ def test_plain_engine_module_is_nested_as_upstreams_gpt_model(tmp_path):
     assert {"layers.2.self_attention.dense.weight", "final_layernorm.bias"} <= set(language_model["encoder"])
     full = model()
     assert all(torch.equal(names.flatten(names.nest(full))[name], tensor) for name, tensor in full.items())
+
+
+def test_universal_info_joins_pr_moes_dense_mlp_as_split_with_the_experts():
+    # ds_to_universal must not take tensor-parallel rank 0's half of the split dense MLP beside the experts
+    residual = ["layers.1.mlp.mlp.dense_h_to_4h.weight", "layers.1.mlp.mlp.dense_4h_to_h.weight",
+                "layers.1.mlp.mlp.dense_4h_to_h.bias"]
+    for experts, expected in ((True, [(False, False), (False, True), (True, False)]), (False, [(True, False)] * 3)):
+        info = universal_info(residual, 2, False, 50, 64, experts)
+        found = [tuple(any(re.match(pattern, name) for pattern in info[key]) for key in (
+            ds.TP_REPLICATED_PARAMETER_PATTERNS, ds.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS)) for name in residual]
+        assert found == expected, experts
 
 
 @pytest.mark.parametrize("pipeline_engine", [True, False])

@@ -19,6 +19,16 @@ def test_partition_dims_of_the_gpt_parameters():
     assert {name: tensor_parallel_partition_dim(name) for name in dims} == dims
 
 
+def test_pr_moes_dense_mlp_is_split_only_with_the_experts():
+    # as upstream's ParallelMLP(moe=True) copy beside the experts: tensor-parallel only with
+    # --enable-expert-tensor-parallelism; the mixing coefficient stays whole
+    dims = {"layers.1.mlp.mlp.dense_h_to_4h.weight": 0, "layers.1.mlp.mlp.dense_h_to_4h.bias": 0,
+            "layers.1.mlp.mlp.dense_4h_to_h.weight": 1, "layers.1.mlp.mlp.dense_4h_to_h.bias": None,
+            "layers.1.mlp.coefficient.weight": None}
+    assert {name: tensor_parallel_partition_dim(name, experts=True) for name in dims} == dims
+    assert all(tensor_parallel_partition_dim(name) is None for name in dims)
+
+
 def test_a_star_stands_for_exactly_one_path_component():
     assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.0.self_attention.query_key_value"), ColumnParallel)
     assert isinstance(style_for(GPT_TENSOR_PARALLEL_PLAN, "layers.7.mlp.dense_4h_to_h"), RowParallel)
