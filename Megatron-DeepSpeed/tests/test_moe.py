@@ -85,6 +85,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     from megatron.checkpoint.convert import reshape
     from megatron.checkpoint.directory import load_file
     from megatron.checkpoint.reader import module_names, read_checkpoint
+    from megatron.checkpoint.weight_units import TensorShard
     from megatron.checkpoint.writer import TargetLayout
     # DeepSpeed splits the capacity over the tensor-parallel ranks, and without token dropping its gate leaves an
     # odd capacity then (refused in flags/moe.py); capacity factor 4 = experts gives each expert room for every
@@ -109,6 +110,11 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
                        for tp in (0, 1)]
     assert residual_halves[0].shape == (32, 64)  # ffn 128 split by columns (row-parallel), as upstream's
     torch.testing.assert_close(read[residual_weight], torch.cat(residual_halves, dim=1))
+    # a TP 2 target's part (generation's) holds it whole, as its model does, beside its half of the dense MLPs
+    second = read_checkpoint(str(tmp_path / "tp2"), iteration=2, part=TensorShard(1, 2)).model
+    assert torch.equal(second[residual_weight], read[residual_weight])
+    attention = "layers.1.self_attention.dense.weight"
+    assert torch.equal(second[attention], read[attention][:, 16:])
     shard = "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.dense_h_to_4h.weight"
     tag_dir = tmp_path / "tp2" / "global_step2"
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
