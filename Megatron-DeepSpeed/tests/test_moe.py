@@ -413,7 +413,8 @@ def test_an_moe_ranks_adam_state_is_numbered_and_grouped_as_torch_and_deepspeed_
     moments = {kind: {name: saved["state"][index][kind] for index, name in enumerate(order)}
                for kind in ("exp_avg", "exp_avg_sq")}
     full = OptimizerState(step=1, fp32={}, param_groups=tuple(saved["param_groups"][:2]), **moments)
-    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, expert_groups, 0, 1, 0, 1)
+    weights = {name: p.detach() for name, p in parameters.items()}
+    written = rank_optimizer(weights, full, expert_groups, 0, 1, 0, 1)
     assert [len(g["params"]) for g in written["optimizer"]["param_groups"]] == \
         [len(g["params"]) for g in saved["param_groups"]]
     fresh = adam(model)
@@ -422,6 +423,12 @@ def test_an_moe_ranks_adam_state_is_numbered_and_grouped_as_torch_and_deepspeed_
         for kind in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(fresh.state[parameter][kind], optimizer.state[parameter][kind], rtol=0,
                                        atol=0, msg=name)
+    # At tensor-parallel size 2 an expert's moments are cut as its weights are: whole, or with
+    # --enable-expert-tensor-parallelism its rows split as the column-parallel first linear's.
+    expert = next(name for name in order if is_expert_parameter(name) and name.endswith("dense_h_to_4h.weight"))
+    for split, expected in ((False, moments["exp_avg"][expert]), (True, moments["exp_avg"][expert].chunk(2)[1])):
+        second = rank_optimizer(weights, full, expert_groups, 0, 1, 1, 2, split)["optimizer"]["state"]
+        torch.testing.assert_close(second[order.index(expert)]["exp_avg"], expected, rtol=0, atol=0)
 
 
 # --- upstream's MoE scripts (b4d4a0e examples/MoE/), flags exactly as their shell expands them ---------------

@@ -287,6 +287,12 @@ def training_dtype(args: Mapping[str, object]) -> torch.dtype:
     return torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
 
 
+def experts_split(args: Mapping[str, object]) -> bool:
+    """Whether a checkpoint's recorded flags split its experts, and PR-MoE's dense MLP beside them, over the
+    tensor-parallel ranks (--enable-expert-tensor-parallelism; at tensor-parallel size 1 nothing is split)."""
+    return recorded_moe_config(args).expert_tensor_parallel
+
+
 def whole_model_moe(args: Mapping[str, object]) -> Optional[MoEConfig]:
     """The MoE section of a checkpoint's recorded flags, for a model holding every expert whole (expert-parallel
     size 1, experts not split over tensor-parallel ranks); None for a dense model."""

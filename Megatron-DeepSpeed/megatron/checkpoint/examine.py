@@ -7,6 +7,7 @@ from typing import Dict, List, Mapping
 import torch
 
 from megatron.checkpoint import hf
+from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.config.model_config import ARCHITECTURE_FLAGS
@@ -43,7 +44,7 @@ def examine(path: str, progress: Progress = quiet) -> Examined:
     moe = checkpoint.moe
     if moe is not None:
         experts = " ".join(map(str, moe.num_experts))
-        split = " --enable-expert-tensor-parallelism" if checkpoint.args.get("enable_expert_tensor_parallelism") else ""
+        split = " --enable-expert-tensor-parallelism" if experts_split(checkpoint.args) else ""
         header.append(f"mixture of experts: --num-experts {experts} --expert-interval {moe.expert_interval} "
                       f"--mlp-type {moe.mlp_type} --topk {moe.topk} --moe-expert-parallel-size "
                       f"{checkpoint.args['moe_expert_parallel_size']}{split}")

@@ -132,10 +132,12 @@ def step_and_groups(checkpoint: Checkpoint) -> tuple:
 
 
 def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
-                   expert_parallel_size: int, tp_rank: int, tp_size: int) -> dict:
+                   expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False) -> dict:
     """{'optimizer': torch's AdamW state_dict} as DeepSpeed reads it from one target rank's expp_rank file, from
     `optimizer` (an optimizer_state.OptimizerState of the full model): the dense groups' hyperparameters are its
-    first two groups' and, with `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit)."""
+    first two groups' and, with `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit).
+    The moments are this tensor-parallel rank's shards, cut as its weights are (`split_experts`: the experts and
+    PR-MoE's dense MLP too)."""
     names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
 
     def is_matrix(name: str) -> bool:
@@ -143,7 +145,7 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
     order = state_order(names, is_matrix, expert_groups)
     step = torch.tensor(float(optimizer.step))
     state = {index: {"step": step.clone(),
-                     **{kind: shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size).clone()
+                     **{kind: shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
                         for kind in MOMENTS}}
              for index, name in enumerate(order)}
     groups, start = [], 0

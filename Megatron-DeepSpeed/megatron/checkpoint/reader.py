@@ -13,7 +13,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from megatron.checkpoint.client_state import is_current, recorded_consumed_samples
-from megatron.checkpoint.directory import (Layout, checkpoint_directory, holds_optimizer_state, layout_of, load_file,
+from megatron.checkpoint.directory import (Layout, checkpoint_directory, experts_split, holds_optimizer_state, layout_of, load_file,
                                            megatron_rank_file, read_client_state, training_dtype, whole_model_moe)
 from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, MEGATRON_MODEL, UNIVERSAL_DIR, layer_file,
                                         model_states_file, optimizer_states_file)
@@ -299,7 +299,7 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     elif layout.zero_stage == 3:
         units = zero3_units(tag_dir, layout, args, num_layers, part, dtype=training_dtype(args))
     else:
-        split = bool(args.get("enable_expert_tensor_parallelism")) and layout.tensor > 1
+        split = experts_split(args) and layout.tensor > 1
         units = joined(_plain_engine_units(tag_dir, layout, num_layers, part, split), _expert_units(tag_dir, split))
     model = StreamedWeights(units) if streamed else read_whole(units, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split

@@ -29,6 +29,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
+from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
                                         LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK,
@@ -192,7 +193,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     if experts and target.pipeline_engine:
         raise InputError("a mixture-of-experts checkpoint is written for the plain engine (--no-pipeline-parallel)")
     flags = target_args(state.args, target, config.vocab_size)
-    split_experts = bool(flags.get("enable_expert_tensor_parallelism"))  # each rank's file its shards of them
+    split_experts = experts_split(flags)  # each rank's files then hold its shards of the experts
     args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
                          state.consumed_train_samples, config.vocab_size,
                          flags.get("tokenizer_vocab_size"))
@@ -235,13 +236,13 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 for rank in range(target.expert) if optimizer is not None else ():
                     _save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
                         model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
-                        tp_size))
+                        tp_size, split_experts))
             _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 _save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
                                                                             "optimizer": None})
 
-    _write_universal(tag_dir, model, optimizer, state, num_layers, target, progress)
+    _write_universal(tag_dir, model, optimizer, state, num_layers, target, split_experts, progress)
     write_manifest(tag_dir)
     for name, text in ((LATEST_TAG_FILE, tag), (LATEST_UNIVERSAL_FILE, tag),
                        (LATEST_ITERATION_FILE, str(state.iteration))):
@@ -251,10 +252,10 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
 
 
 def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer: Optional[OptimizerState],
-                     state: TrainingState, num_layers: int, target: TargetLayout, progress: Progress) -> None:
+                     state: TrainingState, num_layers: int, target: TargetLayout, split_experts: bool,
+                     progress: Progress) -> None:
     universal = os.path.join(tag_dir, UNIVERSAL_DIR)
     names = list(model)
-    split_experts = bool(state.args.get("enable_expert_tensor_parallelism"))
     for index, name in enumerate(names):
         engine_name = stage_name(name, num_layers) if target.pipeline_engine else name
         progress(f"writing per-parameter state {index + 1}/{len(names)}: {name}")

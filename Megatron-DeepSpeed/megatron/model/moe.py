@@ -62,7 +62,7 @@ def seed_experts(layer: ExpertsMLP, config: GPTConfig, layer_number: int, expert
             init_linear(expert.dense_4h_to_h, config.output_layer_init_std, config)
 
 
-def expert_parallel_rank(moe, parallel_state=None) -> int:
+def expert_parallel_rank(moe, parallel_state) -> int:
     """This process's rank in its expert-parallel group (0 without process groups). Creates DeepSpeed's expert-
     parallel and expert-data-parallel groups as its MoE layer would, so that the experts can be seeded before the
     engine exists; the engine then finds the groups made. Whole experts: consecutive ranks share experts' tokens.
@@ -73,7 +73,7 @@ def expert_parallel_rank(moe, parallel_state=None) -> int:
         return 0
     name = f"ep_size_{moe.expert_parallel_size}"  # the MoE layer's group name
     if name not in groups._get_expert_parallel_group_dict():
-        if moe.expert_tensor_parallel and parallel_state is not None:
+        if moe.expert_tensor_parallel:
             groups._create_expert_data_and_model_parallel(moe.expert_parallel_size, mpu=parallel_state)
         else:
             groups._create_expert_and_data_parallel(moe.expert_parallel_size)
