@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Optional
 
-from megatron.errors import RunError, run_cli
+from megatron.errors import InputError, RunError, run_cli
 from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +127,9 @@ def main(argv=None):
         measured = convert_in_this_process(args.source, args.target, args.tensor, args.pipeline)
         report(RESULT_PREFIX, measured)
         return 0
+    if args.keep_outputs and os.path.exists(args.keep_outputs):
+        raise InputError(f"--keep-outputs {args.keep_outputs} exists; give a new directory (each conversion is "
+                         "written into a folder of it)")
     if not os.path.exists(args.source):
         count = write_random_source(args.source, args.layers, args.hidden, args.heads, args.source_tensor,
                                     args.source_pipeline, args.with_adam, args.source_layout, args.source_data)
