@@ -294,6 +294,32 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
 
 
 @pytest.mark.full
+def test_expert_files_named_by_upstreams_module_path_are_read_and_resumed_as_ours(data_prefix, tmp_path):
+    # DeepSpeed names each expert-file key by the MoE layer's module path (deepspeed/runtime/engine.py,
+    # _save_moe_checkpoint): `layers.N.mlp...` in our GPTModel, `language_model.encoder.layers.N.mlp...` in
+    # upstream's. The same checkpoint with upstream's names reads as the same model and resumes the same run.
+    import shutil
+
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.reader import read_checkpoint
+    flags = [*COMMON, "--data-path", data_prefix]
+    straight = run_on_ranks(train_moe, 1, [*flags, "--save", str(tmp_path / "ours"), "--save-interval", "2"])[0]
+    shutil.copytree(tmp_path / "ours", tmp_path / "upstream")
+    step = tmp_path / "upstream" / "global_step2"
+    (step / "manifest.json").unlink()  # its sizes and checksums are of our files
+    (tmp_path / "upstream" / "latest").write_text("global_step2")
+    for path in step.glob("layer_*_expert_*_model_states.pt"):
+        experts = load_file(str(path), mmap=False)  # not memory-mapped: the file is replaced below
+        torch.save({f"language_model.encoder.{key}": tensor for key, tensor in experts.items()}, path)
+    ours, upstream = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("ours", "upstream"))
+    assert upstream.keys() == ours.keys()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(upstream[name], tensor, rtol=0, atol=0, msg=name)
+    resumed = run_on_ranks(train_moe, 1, [*flags, "--load", str(tmp_path / "upstream")])[0]
+    assert resumed[0] == straight[0][2:]
+
+
+@pytest.mark.full
 def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_as_the_source_run(data_prefix, tmp_path):
     # EP 2 x DP 2 saves at iteration 2, once at ZeRO 0 (DeepSpeed's expp_rank files: each expert-parallel rank's
     # AdamW state_dict) and once at ZeRO 2 (flat partitions: the dense state over all four ranks, each

@@ -111,6 +111,12 @@ def flatten(nested: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return flat
 
 
+def expert_model_name(key: str) -> str:
+    """GPTModel's name of a key in an expert file. DeepSpeed prefixes each with the MoE layer's module path, which
+    is `layers.N.mlp` in our GPTModel and `language_model.encoder.layers.N.mlp` in upstream's."""
+    return key.removeprefix(f"{LANGUAGE_MODEL}.{ENCODER}.")
+
+
 def is_nested(module: Mapping[str, object]) -> bool:
     return LANGUAGE_MODEL in module
 

@@ -17,8 +17,9 @@ from megatron.checkpoint.directory import (Layout, checkpoint_directory, experts
                                            megatron_rank_file, read_client_state, training_dtype, whole_model_moe)
 from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, MEGATRON_MODEL, UNIVERSAL_DIR, layer_file,
                                         model_states_file, optimizer_states_file)
-from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, flatten, is_nested, model_name,
-                                       name_at_position, nest, old_position_name, positions_with_parameters)
+from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, expert_model_name, flatten,
+                                       is_nested, model_name, name_at_position, nest, old_position_name,
+                                       positions_with_parameters)
 from megatron.checkpoint.shards import join_shards, split_dim
 from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, TensorShard, Units, all_mappable,
                                               assembled, joined, names_in, piece_unit, quiet, read_whole)
@@ -120,20 +121,22 @@ def _expert_units(tag_dir: str, split: bool) -> Units:
     (--enable-expert-tensor-parallelism at TP > 1): each rank's file holds its shards of the expert, joined by the
     tensor-parallel plan's rule; the unit is then that expert's files of every rank."""
     files: Dict[str, Dict[int, str]] = {}  # name -> model-parallel rank -> its file
+    keys: Dict[str, str] = {}  # name -> its key in the files (upstream's longer module path, or ours)
     for file_name in sorted(os.listdir(tag_dir)):
         match = EXPERT_FILE_PATTERN.fullmatch(file_name)
         if match:
             path = os.path.join(tag_dir, file_name)
             for key in load_file(path):
-                files.setdefault(key, {})[int(match.group(3))] = path
-    of = {key: tuple(by_rank[rank] for rank in sorted(by_rank)) if split else by_rank[min(by_rank)]
-          for key, by_rank in files.items()}
+                keys[expert_model_name(key)] = key
+                files.setdefault(expert_model_name(key), {})[int(match.group(3))] = path
+    of = {name: tuple(by_rank[rank] for rank in sorted(by_rank)) if split else by_rank[min(by_rank)]
+          for name, by_rank in files.items()}
 
     def read(unit: Hashable) -> dict:
         paths = unit if split else (unit,)
         states = [load_file(path) for path in paths]
-        return {key: join_shards(key, [state[key] for state in states], experts=True) if split else states[0][key]
-                for key in names_in(of, unit)}
+        return {name: join_shards(name, [state[keys[name]] for state in states], experts=True) if split
+                else states[0][keys[name]] for name in names_in(of, unit)}
     return Units(of, read)
 
 

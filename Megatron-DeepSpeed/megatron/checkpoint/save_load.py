@@ -39,7 +39,7 @@ from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, 
                                         POINTER_LINK, ITERATION, LANGUAGE_MODEL, UNIVERSAL_CHECKPOINT_INFO,
                                         model_states_file)
 from megatron.checkpoint.manifest import write_manifest
-from megatron.checkpoint.names import flatten, is_nested, nest, parameter_names
+from megatron.checkpoint.names import expert_model_name, flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.reader import Checkpoint, read_checkpoint
 from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
@@ -195,11 +195,11 @@ def _drop_optimizer_state(tag_dir: str, flags: Mapping[str, Any]) -> None:
 def load_module(src: Mapping[str, Any], dst: torch.nn.Module) -> None:
     """DeepSpeed's custom_load_fn for the plain engine: a `module` nested as upstream's (or flat, as earlier
     versions of this project wrote it) into GPTModel. An MoE model's experts arrive flat beside the nested dict:
-    DeepSpeed merges them in from its expert files."""
+    DeepSpeed merges them in from its expert files, under our names or upstream's longer ones."""
     if not is_nested(src):
-        dst.load_state_dict(flatten(nest(src)))
+        dst.load_state_dict(flatten(nest({expert_model_name(name): tensor for name, tensor in src.items()})))
         return
-    experts = {name: tensor for name, tensor in src.items() if name != LANGUAGE_MODEL}
+    experts = {expert_model_name(name): tensor for name, tensor in src.items() if name != LANGUAGE_MODEL}
     dst.load_state_dict({**flatten(src), **experts})
 
 
