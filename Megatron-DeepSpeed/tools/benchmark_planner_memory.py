@@ -1,0 +1,140 @@
+"""The layout planner's memory estimate beside the real training step's peak, measured on this machine.
+
+Each layout runs pretrain_gpt.py's training (DeepSpeed engine, random tokens, no evaluation) as a torchrun job on
+the CPU over gloo, in bf16 unless --dtype says otherwise, counting the bytes of live tensors per rank
+(megatron/training/live_memory.py: what an accelerator's max_memory_allocated counts, less kernel workspaces and
+allocator rounding). Printed per layout: the heaviest rank's peak in the forward/backward phase and in the
+optimizer step, for the first iteration (before Adam's moments exist) and the last, and the planner's figures
+for the same flags (megatron/planning/memory.py, its fragmentation allowance left out, as allocated bytes have
+none), with the estimate's error against the measured peak of the last iteration.
+
+  PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_planner_memory.py \\
+      [--model-size 345M] [--micro-batch-size 2] [--num-layers 4] [--layouts zero1 recompute tp2 ...] [--json OUT]
+"""
+import argparse
+import json
+import os
+import sys
+
+from megatron.errors import InputError, run_cli
+from megatron.reports.worker_runs import report, run_with_root
+
+THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_PREFIX = "planner-memory: "
+GIB = 1 << 30
+# name: (processes, pretrain_gpt.py flags after the preset's and ONE_DEVICE)
+ONE_DEVICE = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
+LAYOUTS = {"zero1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
+           "zero0": (1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
+           "recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--checkpoint-activations"]),
+           "pipeline": (1, ["--zero-stage", "1"]),
+           "tp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2"]),
+           "tp2-sp": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2",
+                          "--sequence-parallel"]),
+           "pp2": (2, ["--zero-stage", "1", "--pipeline-model-parallel-size", "2"]),
+           "dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1"])}
+
+
+def training_flags(options, processes: int, layout: str) -> list:
+    """pretrain_gpt.py's flags for one layout: the preset's shape with the overrides, GPT-2's vocabulary size."""
+    shape = [] if options.num_layers is None else ["--num-layers", str(options.num_layers)]
+    return (["--model-size", options.model_size, *shape, "--mock-data", "--tokenizer-type", "NullTokenizer",
+             "--vocab-size", "50256", "--micro-batch-size", str(options.micro_batch_size),
+             "--global-batch-size", str(options.micro_batch_size * options.micro_batches * processes
+                                        // tensor_and_pipeline(layout)),
+             "--train-iters", str(options.iterations), "--log-interval", "1", "--eval-iters", "0",
+             "--num-workers", "0", *ONE_DEVICE] + ([] if options.dtype == "fp32" else [f"--{options.dtype}"]) + LAYOUTS[layout][1])
+
+
+def tensor_and_pipeline(layout: str) -> int:
+    flags = LAYOUTS[layout][1]
+    sizes = [int(flags[flags.index(flag) + 1]) for flag in ("--tensor-model-parallel-size",
+                                                           "--pipeline-model-parallel-size") if flag in flags]
+    return max([1, *sizes])
+
+
+def worker(options) -> None:
+    """One layout's training in this torchrun process; every rank reports its peaks."""
+    import torch.distributed as dist
+
+    from megatron.model.provider import model_provider
+    from megatron.training.live_memory import record_iteration_peaks
+    from megatron.training.loop import pretrain
+
+    processes = LAYOUTS[options.layout][0]
+    peaks = record_iteration_peaks(lambda: pretrain(model_provider,
+                                                    training_flags(options, processes, options.layout)))
+    report(RESULT_PREFIX, {"rank": dist.get_rank(), **vars(peaks)})
+
+
+def estimate(options, layout: str) -> dict:
+    """The planner's forward/backward and optimizer-step bytes for the layout's flags, without fragmentation."""
+    from megatron.config.arguments import parse_args, validate_args
+    from megatron.planning.memory import PHASES, estimate_memory
+    from megatron.planning.shape import from_flags
+    from megatron.tokenizer import build_tokenizer
+
+    processes = LAYOUTS[layout][0]
+    flags = validate_args(parse_args(training_flags(options, processes, layout)), processes, "cpu")
+    vocab = build_tokenizer(flags.tokenizer_type, vocab_size=flags.vocab_size).vocab_size
+    memory = estimate_memory(*from_flags(flags, vocab), fragmentation=0.0)
+    return {phase: sum(getattr(memory, term) for term in terms) for phase, terms in PHASES.items()}
+
+
+def measure(options, layout: str) -> dict:
+    processes = LAYOUTS[layout][0]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+               os.path.abspath(__file__), "--worker", "--layout", layout, "--model-size", options.model_size,
+               "--micro-batch-size", str(options.micro_batch_size), "--micro-batches", str(options.micro_batches),
+               "--iterations", str(options.iterations), "--dtype", options.dtype]
+    if options.num_layers is not None:
+        command += ["--num-layers", str(options.num_layers)]
+    ranks = run_with_root(command, THIS_ROOT, RESULT_PREFIX, {"DS_ACCELERATOR": "cpu"})
+    heaviest = {phase: [max(rank[phase][i] for rank in ranks) for i in range(options.iterations)]
+                for phase in ("forward_backward", "optimizer_step")}
+    return {"measured": heaviest, "estimate": estimate(options, layout)}
+
+
+def row(layout: str, figures: dict) -> str:
+    measured, planned = figures["measured"], figures["estimate"]
+    last = max(measured["forward_backward"][-1], measured["optimizer_step"][-1])
+    planned_peak = max(planned.values())
+    return (f"| {layout} | {measured['forward_backward'][0] / GIB:.2f} / {measured['optimizer_step'][0] / GIB:.2f} | "
+            f"{measured['forward_backward'][-1] / GIB:.2f} / {measured['optimizer_step'][-1] / GIB:.2f} | "
+            f"{planned['forward/backward'] / GIB:.2f} / {planned['optimizer step'] / GIB:.2f} | "
+            f"{(planned_peak - last) / last:+.1%} |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-size", default="345M", help="a preset of pretrain_gpt.py's --model-size")
+    parser.add_argument("--num-layers", type=int, help="override the preset's layer count (to fit this machine)")
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--micro-batches", type=int, default=1, help="micro-batches per iteration and DP rank")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=["zero1", "recompute", "tp2", "pp2"])
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--layout", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.worker:
+        return worker(options)
+    if options.iterations < 2:
+        raise InputError(f"--iterations {options.iterations}: give at least 2 (the first has no Adam moments)")
+    print(f"{options.model_size}" + ("" if options.num_layers is None else f" with {options.num_layers} layers")
+          + f", micro-batch {options.micro_batch_size}, {options.dtype}; GiB, forward-backward / optimizer step "
+          "(the heaviest rank)")
+    print("| layout | measured, first iteration | measured, last iteration | planner | planner vs last |")
+    print("|---|---|---|---|---|")
+    results = {}
+    for layout in options.layouts:
+        results[layout] = measure(options, layout)
+        print(row(layout, results[layout]), flush=True)
+    if options.json:
+        from megatron.files.atomic import write_text_atomically
+        write_text_atomically(options.json, json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    run_cli(main)
