@@ -81,7 +81,7 @@ def test_zero_stages_divide_what_they_shard():
 
 
 def test_recompute_and_sequence_parallelism_shrink_activations_and_the_first_stage_holds_the_most_in_flight():
-    bf16 = TrainingSettings(global_batch_size=16)
+    bf16 = TrainingSettings(global_batch_size=16, zero_reduce_bucket_size=1000)  # a bucket to scale
     def memory(**change):
         return estimate_memory(SHAPE, Layout(**{"tensor": 2, "pipeline": 1, "data": 1, "zero_stage": 1,
                                                 "micro_batch": 2, "recompute": False, "sequence_parallel": False,
@@ -122,7 +122,8 @@ def test_plan_layout_tool_table_and_json(capsys):
     assert "fit in 24 GiB" in table[0] and table[1].startswith("| TP | PP | DP | ZeRO | mbs |") and len(table) == 8
     assert all(row.split(" | ")[-3] == "yes" for row in table[3:])
     main(["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-          "--global-batch-size", "8", "--vocab-size", "200", "--devices", "2", "--device-memory", "1", "--json"])
+          "--global-batch-size", "8", "--vocab-size", "200", "--zero-reduce-bucket-size", "1000", "--devices", "2",
+          "--device-memory", "1", "--json"])
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans and all(plan["fits"] for plan in plans)
     assert {plan["layout"]["tensor"] for plan in plans} == {1, 2}

@@ -3,8 +3,8 @@
 Each layout runs pretrain_gpt.py's training (DeepSpeed engine, random tokens, no evaluation) as a torchrun job on
 the CPU over gloo, in bf16 unless --dtype says otherwise, counting the bytes of live tensors per rank
 (megatron/training/live_memory.py: what an accelerator's max_memory_allocated counts, less kernel workspaces and
-allocator rounding). Printed per layout: the heaviest rank's peak in the forward/backward phase and in the
-optimizer step, for the first iteration (before Adam's moments exist) and the last, and the planner's figures
+allocator rounding). Printed per layout: the heaviest rank's peak before the optimizer step (forward, backward,
+gradient reduction) and in it, for the first iteration (before Adam's moments exist) and the last, and the planner's figures
 for the same flags (megatron/planning/memory.py, its fragmentation allowance left out, as allocated bytes have
 none), with the estimate's error against the measured peak of the last iteration.
 
@@ -26,6 +26,8 @@ GIB = 1 << 30
 ONE_DEVICE = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
 LAYOUTS = {"zero1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
            "zero0": (1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
+           "zero2": (1, ["--no-pipeline-parallel", "--zero-stage", "2"]),
+           "zero3": (1, ["--no-pipeline-parallel", "--zero-stage", "3"]),
            "recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--checkpoint-activations"]),
            "pipeline": (1, ["--zero-stage", "1"]),
            "tp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2"]),
@@ -38,12 +40,14 @@ LAYOUTS = {"zero1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
 def training_flags(options, processes: int, layout: str) -> list:
     """pretrain_gpt.py's flags for one layout: the preset's shape with the overrides, GPT-2's vocabulary size."""
     shape = [] if options.num_layers is None else ["--num-layers", str(options.num_layers)]
+    bucket = [] if options.zero_reduce_bucket_size is None else ["--zero-reduce-bucket-size",
+                                                                  str(options.zero_reduce_bucket_size)]
     return (["--model-size", options.model_size, *shape, "--mock-data", "--tokenizer-type", "NullTokenizer",
              "--vocab-size", "50256", "--micro-batch-size", str(options.micro_batch_size),
              "--global-batch-size", str(options.micro_batch_size * options.micro_batches * processes
                                         // tensor_and_pipeline(layout)),
              "--train-iters", str(options.iterations), "--log-interval", "1", "--eval-iters", "0",
-             "--num-workers", "0", *ONE_DEVICE] + ([] if options.dtype == "fp32" else [f"--{options.dtype}"]) + LAYOUTS[layout][1])
+             "--num-workers", "0", *ONE_DEVICE, *bucket] + ([] if options.dtype == "fp32" else [f"--{options.dtype}"]) + LAYOUTS[layout][1])
 
 
 def tensor_and_pipeline(layout: str) -> int:
@@ -68,8 +72,12 @@ def worker(options) -> None:
 
 
 def estimate(options, layout: str) -> dict:
-    """The planner's forward/backward and optimizer-step bytes for the layout's flags, without fragmentation."""
+    """The planner's bytes per phase for the layout's flags on this machine's CPU (its loss chunk), without
+    fragmentation."""
+    from dataclasses import replace
+
     from megatron.config.arguments import parse_args, validate_args
+    from megatron.model.kernels import select_kernels
     from megatron.planning.memory import PHASES, estimate_memory
     from megatron.planning.shape import from_flags
     from megatron.tokenizer import build_tokenizer
@@ -77,8 +85,13 @@ def estimate(options, layout: str) -> dict:
     processes = LAYOUTS[layout][0]
     flags = validate_args(parse_args(training_flags(options, processes, layout)), processes, "cpu")
     vocab = build_tokenizer(flags.tokenizer_type, vocab_size=flags.vocab_size).vocab_size
-    memory = estimate_memory(*from_flags(flags, vocab), fragmentation=0.0)
-    return {phase: sum(getattr(memory, term) for term in terms) for phase, terms in PHASES.items()}
+    shape, layout_, settings = from_flags(flags, vocab)
+    settings = replace(settings, loss_chunk_bytes=select_kernels("cpu").loss_chunk_bytes)
+    memory = estimate_memory(shape, layout_, settings, fragmentation=0.0)
+    phases = {phase: sum(getattr(memory, term) for term in terms) for phase, terms in PHASES.items()}
+    # The measured phases split at the step: forward, backward and the gradient reduction come before it.
+    return {"forward_backward": max(phases["forward/backward"], phases["gradient reduction"]),
+            "optimizer_step": phases["optimizer step"]}
 
 
 def measure(options, layout: str) -> dict:
@@ -87,8 +100,9 @@ def measure(options, layout: str) -> dict:
                os.path.abspath(__file__), "--worker", "--layout", layout, "--model-size", options.model_size,
                "--micro-batch-size", str(options.micro_batch_size), "--micro-batches", str(options.micro_batches),
                "--iterations", str(options.iterations), "--dtype", options.dtype]
-    if options.num_layers is not None:
-        command += ["--num-layers", str(options.num_layers)]
+    for flag in ("num_layers", "zero_reduce_bucket_size"):
+        if getattr(options, flag) is not None:
+            command += ["--" + flag.replace("_", "-"), str(getattr(options, flag))]
     ranks = run_with_root(command, THIS_ROOT, RESULT_PREFIX, {"DS_ACCELERATOR": "cpu"})
     heaviest = {phase: [max(rank[phase][i] for rank in ranks) for i in range(options.iterations)]
                 for phase in ("forward_backward", "optimizer_step")}
@@ -101,7 +115,7 @@ def row(layout: str, figures: dict) -> str:
     planned_peak = max(planned.values())
     return (f"| {layout} | {measured['forward_backward'][0] / GIB:.2f} / {measured['optimizer_step'][0] / GIB:.2f} | "
             f"{measured['forward_backward'][-1] / GIB:.2f} / {measured['optimizer_step'][-1] / GIB:.2f} | "
-            f"{planned['forward/backward'] / GIB:.2f} / {planned['optimizer step'] / GIB:.2f} | "
+            f"{planned['forward_backward'] / GIB:.2f} / {planned['optimizer_step'] / GIB:.2f} | "
             f"{(planned_peak - last) / last:+.1%} |")
 
 
@@ -112,6 +126,7 @@ def main(argv=None) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=1, help="micro-batches per iteration and DP rank")
     parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--zero-reduce-bucket-size", type=int, help="elements (default: DeepSpeed's, 5e8)")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=["zero1", "recompute", "tp2", "pp2"])
     parser.add_argument("--json", help="also write the figures to this file")

@@ -1,7 +1,10 @@
 """Memory per device of one training layout, term by term. All figures are bytes for the heaviest pipeline stage.
 
-The peak is the larger of two phases: forward and backward (model states, activations, logits) and the
-optimizer step (model states plus the fp32 gradients the step reads, which exist only then).
+The peak is the largest of three phases, as DeepSpeed 0.19.8 allocates and frees (measured on the real training
+step by tools/benchmark_planner_memory.py): forward and backward (model states, activations, logits, the
+gradient bucket); gradient reduction, where the pipeline engine reduces after its schedule's backward passes
+(model states and two buckets); and the optimizer step (model states plus the fp32 gradients the step reads,
+which exist only then).
 
 Model states, per parameter Ψ of the rank (d = data-parallel size; ZeRO divides by d what its stage shards; an
 MoE model's experts, whose optimizer groups DeepSpeed partitions over their expert-data-parallel group, by d / EP):
@@ -11,7 +14,12 @@ MoE model's experts, whose optimizer groups DeepSpeed partitions over their expe
                      (DeepSpeed's partitioned optimizer keeps one); / d under ZeRO >= 1
     step_gradients   the fp32 gradients the step reads where they are a copy (half precision, or ZeRO >= 1):
                      DeepSpeed flattens its partition (/ d under ZeRO >= 1; whole under ZeRO 0)
-    buckets          ZeRO 1-3: DeepSpeed's gradient bucket, reduce_bucket_size elements of the model dtype
+DeepSpeed's buffers, reduce_bucket_size elements of the model dtype each, whatever the model's size:
+    buckets              ZeRO 1-2: the bucket each backward's first gradient allocates, freed before the step
+    reduction_buckets    the pipeline engine at ZeRO 1-2: one more, allocated when it reduces the gradients
+    kept_buffers         ZeRO-3: its bucket, kept in every phase
+    kept_logits          the pipeline engine's last stage keeps the logits (their gradient by then) in its
+                         output buffers through the reduction and the step
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"), per
 layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
     kept for backward   s b h (4 + 12 / t) values (4 / t + 12 / t with sequence parallelism): the two LayerNorm
@@ -24,8 +32,8 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
     pipeline in flight  DeepSpeed's 1F1B schedule keeps min(PP - stage, micro-batches) micro-batches' activations
                         on a stage; the first stage holds the most
     logits and loss     the last stage: b s V / t logits in the model dtype (backward writes their gradient
-                        over them, model/gpt.py's loss) and the loss's fp32 row chunks (at most 256 MiB,
-                        model/cross_entropy.py)
+                        over them, model/gpt.py's loss) and the loss's fp32 row chunks (at most the device's
+                        loss_chunk_bytes, model/kernels.py: 256 MiB on an accelerator)
     MoE layers          the attention half of a dense layer, then the gate, dispatch and combine tensors of
                         planning/moe.py in the MLP's place; plus, once, the largest MoE layer's transient
                         all-to-all buffers
@@ -39,12 +47,11 @@ from megatron.planning import moe
 from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, layers_per_stage, stage_expert_parameters,
                                      stage_parameters)
 
-LOSS_CHUNK_BYTES = 1 << 28  # model/cross_entropy.py's CHUNK_BYTES (the loss lives above the planner's layer)
 FRAGMENTATION = 0.05
-STATES = ("weights", "gradients", "optimizer", "buckets")
-TERMS = (*STATES, "step_gradients", "activations", "pipeline_in_flight", "logits_and_loss", "fragmentation")
-FORWARD_BACKWARD = (*STATES, "activations", "pipeline_in_flight", "logits_and_loss")
-OPTIMIZER_STEP = (*STATES, "step_gradients")
+STATES = ("weights", "gradients", "optimizer", "kept_buffers")
+FORWARD_BACKWARD = (*STATES, "buckets", "activations", "pipeline_in_flight", "logits_and_loss")
+GRADIENT_REDUCTION = (*STATES, "buckets", "reduction_buckets", "kept_logits")
+OPTIMIZER_STEP = (*STATES, "step_gradients", "kept_logits")
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,16 @@ class MemoryEstimate:
     weights: float
     gradients: float
     optimizer: float
+    kept_buffers: float
     buckets: float
+    reduction_buckets: float
     step_gradients: float
     activations: float
     pipeline_in_flight: float
     logits_and_loss: float
+    kept_logits: float
     fragmentation: float
-    peak_phase: str  # "forward/backward" or "optimizer step"
+    peak_phase: str  # a key of PHASES
     stage: int  # the pipeline stage these figures are for
 
     @property
@@ -74,12 +84,13 @@ class MemoryEstimate:
         return {**asdict(self), "total": self.total}
 
 
-PHASES = {"forward/backward": FORWARD_BACKWARD, "optimizer step": OPTIMIZER_STEP}
+PHASES = {"forward/backward": FORWARD_BACKWARD, "gradient reduction": GRADIENT_REDUCTION,
+          "optimizer step": OPTIMIZER_STEP}
 
 
 def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSettings, experts: int = 0) -> dict:
-    """weights, gradients, optimizer, step_gradients and buckets for `parameters` on one rank, `experts` of which
-    belong to its experts (ZeRO shards those over data / expert_parallel ranks)."""
+    """weights, gradients, optimizer and step_gradients for `parameters` on one rank, `experts` of which belong to
+    its experts (ZeRO shards those over data / expert_parallel ranks), and DeepSpeed's buckets."""
     size, half, zero = settings.dtype_bytes, settings.dtype != "fp32", layout.zero_stage
     groups = ((parameters - experts, layout.data), (experts, layout.data // layout.expert_parallel))
 
@@ -87,10 +98,13 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
         return sum(bytes_each * count / (d if zero >= from_stage else 1) for count, d in groups)
 
     copied = half or zero >= 1  # an fp32 master copy and fp32 step gradients beside the model's own tensors
+    bucket = float(size * settings.zero_reduce_bucket_size)
     return {"weights": per_rank(size, 3), "gradients": per_rank(size, 2),
             "optimizer": per_rank(8 + (4 if copied else 0), 1),
             "step_gradients": per_rank(4, 1) if copied else 0,
-            "buckets": float(size * min(settings.zero_reduce_bucket_size, parameters)) if zero >= 1 else 0.0}
+            "buckets": bucket if zero in (1, 2) else 0.0,
+            "reduction_buckets": bucket if zero in (1, 2) and settings.pipeline_engine else 0.0,
+            "kept_buffers": bucket if zero == 3 else 0.0}
 
 
 def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings,
@@ -127,9 +141,14 @@ def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
     return layers * layer_input / (layout.tensor if layout.sequence_parallel else 1) + max(full) + transient
 
 
+def logits_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
+    return layout.micro_batch * shape.seq_length * shape.padded_vocab(layout.tensor) / layout.tensor \
+        * settings.dtype_bytes
+
+
 def logits_and_loss_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
-    logits = layout.micro_batch * shape.seq_length * shape.padded_vocab(layout.tensor) / layout.tensor
-    return logits * settings.dtype_bytes + min(LOSS_CHUNK_BYTES, 4 * logits)
+    logits = logits_bytes(shape, layout, settings)
+    return logits + min(settings.loss_chunk_bytes, 4 * logits / settings.dtype_bytes)
 
 
 def in_flight_micro_batches(layout: Layout, stage: int, micro_batches: int) -> int:
@@ -150,8 +169,9 @@ def estimate_memory(shape: ModelShape, layout: Layout, settings: TrainingSetting
         one = stage_activation_bytes(shape, layout, settings)
         terms["activations"] = one
         terms["pipeline_in_flight"] = (in_flight_micro_batches(layout, stage, micro_batches) - 1) * one
-        terms["logits_and_loss"] = logits_and_loss_bytes(shape, layout, settings) if stage == layout.pipeline - 1 \
-            else 0
+        last = stage == layout.pipeline - 1
+        terms["logits_and_loss"] = logits_and_loss_bytes(shape, layout, settings) if last else 0
+        terms["kept_logits"] = logits_bytes(shape, layout, settings) if last and settings.pipeline_engine else 0
         phase = max(PHASES, key=lambda name: sum(terms[term] for term in PHASES[name]))
         terms["fragmentation"] = fragmentation * sum(terms[term] for term in PHASES[phase])
         estimates.append(MemoryEstimate(**terms, peak_phase=phase, stage=stage))

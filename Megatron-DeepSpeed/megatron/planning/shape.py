@@ -20,6 +20,9 @@ from megatron.tokenizer import vocab_size_with_padding
 GPT2_VOCAB_SIZE = 50257
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default, elements
+# model/cross_entropy.py's CHUNK_BYTES, an accelerator's loss chunk (a test holds them equal; the planner does not
+# import torch)
+ACCELERATOR_LOSS_CHUNK_BYTES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class TrainingSettings:
     fused_attention: bool = True  # scaled-dot-product attention (no score matrix kept), else Megatron's unfused
     pipeline_engine: bool = True  # DeepSpeed's pipeline engine even at PP 1 (the trainer's default)
     zero_reduce_bucket_size: int = DEEPSPEED_REDUCE_BUCKET
+    loss_chunk_bytes: int = ACCELERATOR_LOSS_CHUNK_BYTES  # the device's (model/kernels.py): a CPU's is smaller
 
     @property
     def dtype_bytes(self) -> int:

@@ -40,8 +40,8 @@ class LiveTensorBytes(TorchDispatchMode):
         return result
 
     def _count(self, storage: torch.UntypedStorage) -> None:
-        if storage in self._counted or storage.nbytes() == 0:
-            return
+        if storage in self._counted or storage.nbytes() == 0 or storage.device.type == "meta":
+            return  # meta tensors (shapes DeepSpeed keeps) hold no memory
         size = storage.nbytes()
         self._counted[storage] = size
         weakref.finalize(storage, self._freed, size)
