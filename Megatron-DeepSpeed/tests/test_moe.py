@@ -86,6 +86,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
 
     from megatron.checkpoint.convert import reshape
     from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.names import upstream_expert_key
     from megatron.checkpoint.reader import module_names, read_checkpoint
     from megatron.checkpoint.weight_units import TensorShard
     from megatron.checkpoint.writer import TargetLayout
@@ -132,11 +133,12 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
             weights_only=True)  # Adam state of MoE sources with TP > 1 is refused (convert.check_expert_target)
     converted = run_on_ranks(train_moe, 1, [*residual, "--load", str(tmp_path / "tp1"), "--no-load-optim"])[0]
     assert converted[0][0] == pytest.approx(losses[2], rel=1e-5)
-    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model.
+    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model,
+    # under upstream's module path.
     reshape(str(tmp_path / "tp2"), str(tmp_path / "ep1"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
             weights_only=True)
-    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" /
-                                     "layer_0_expert_3_mp_rank_01_model_states.pt"))[shard], halves[1])
+    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" / "layer_0_expert_3_mp_rank_01_model_states.pt"))
+                       [upstream_expert_key(shard)], halves[1])
     assert torch.equal(module_names(load_file(str(tmp_path / "ep1" / "global_step2" / "mp_rank_01_model_states.pt"))
                                     ["module"])[residual_weight], residual_halves[1])
     source, target = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("tp2", "ep1"))
