@@ -1,6 +1,8 @@
 """Mixture of experts on DeepSpeed's MoE layer (megatron/model/moe.py): expert parallelism reproduces the
 single-process run, capacity drops are counted, PR-MoE and top-2 resume exactly, and upstream's MoE flag sets
 pass. Real processes over gloo; parity with one process is the oracle."""
+import os
+
 import pytest
 import torch
 from tests.distributed_helpers import run_on_ranks
@@ -84,6 +86,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
 
     from megatron.checkpoint.convert import reshape
     from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.names import upstream_expert_key
     from megatron.checkpoint.reader import module_names, read_checkpoint
     from megatron.checkpoint.weight_units import TensorShard
     from megatron.checkpoint.writer import TargetLayout
@@ -130,11 +133,12 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
             weights_only=True)  # Adam state of MoE sources with TP > 1 is refused (convert.check_expert_target)
     converted = run_on_ranks(train_moe, 1, [*residual, "--load", str(tmp_path / "tp1"), "--no-load-optim"])[0]
     assert converted[0][0] == pytest.approx(losses[2], rel=1e-5)
-    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model.
+    # Converted to TP 2 x EP 1, each rank's expert files hold its halves again (the flag is recorded), same model,
+    # under upstream's module path.
     reshape(str(tmp_path / "tp2"), str(tmp_path / "ep1"), TargetLayout(2, 1, pipeline_engine=False), iteration=2,
             weights_only=True)
-    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" /
-                                     "layer_0_expert_3_mp_rank_01_model_states.pt"))[shard], halves[1])
+    assert torch.equal(load_file(str(tmp_path / "ep1" / "global_step2" / "layer_0_expert_3_mp_rank_01_model_states.pt"))
+                       [upstream_expert_key(shard)], halves[1])
     assert torch.equal(module_names(load_file(str(tmp_path / "ep1" / "global_step2" / "mp_rank_01_model_states.pt"))
                                     ["module"])[residual_weight], residual_halves[1])
     source, target = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("tp2", "ep1"))
@@ -293,28 +297,96 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
         torch.testing.assert_close(tensor, straight[1][name], rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.full
-def test_expert_files_named_by_upstreams_module_path_are_read_and_resumed_as_ours(data_prefix, tmp_path):
+def load_experts_as_upstream(directory, expert_parallel_size):
+    """Upstream's trainer loading a checkpoint's experts on this rank: DeepSpeed's own load_moe_state_dict (the
+    call its engine makes) into a module whose MoE layers sit where upstream's GPTModel holds them
+    (language_model.encoder.layers[N].mlp), our DeepSpeed MoE layers at the checkpoint's shape. Returns the state
+    dict DeepSpeed filled, the module's expert parameter names, and the module's experts after torch's
+    load_state_dict of that state (unexpected keys refused)."""
+    import dataclasses
+
+    import deepspeed
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.trust import deepspeed_loads
+    from megatron.model.gpt_config import gpt_config
+    from megatron.model.moe import MoEGPTModel, expert_parallel_rank
+
+    deepspeed.init_distributed("gloo", verbose=False)  # DeepSpeed's view of the joined group
+    checkpoint = read_checkpoint(directory)
+    moe = dataclasses.replace(checkpoint.moe, expert_parallel_size=expert_parallel_size)
+    model = MoEGPTModel(gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size, moe=moe),
+                        expert_parallel_rank(moe, None))
+    upstream = torch.nn.Module()
+    upstream.language_model = torch.nn.Module()
+    upstream.language_model.encoder = torch.nn.Module()
+    upstream.language_model.encoder.layers = model.layers
+    for parameter in upstream.parameters():  # nothing the loader leaves out can pass for a loaded weight
+        torch.nn.init.constant_(parameter, float("nan"))
+    state = {}
+    with deepspeed_loads():
+        DeepSpeedEngine.load_moe_state_dict(os.path.dirname(checkpoint.directory),
+                                            os.path.basename(checkpoint.directory), state, old_moe_load=False,
+                                            model=upstream, num_experts=list(checkpoint.moe.num_experts))
+    names = [name for name, _ in upstream.named_parameters() if is_expert_parameter(name)]
+    assert upstream.load_state_dict(state, strict=False).unexpected_keys == []
+    return state, names, {name: p.detach().clone() for name, p in upstream.named_parameters() if name in names}
+
+
+def assert_loaded_as_upstream(loaded, source, expert_parallel_size):
+    """Each rank of load_experts_as_upstream holds its consecutive share of the source's experts (global index)
+    under upstream's module path, with the local index DeepSpeed gives them."""
+    from megatron.checkpoint.expert_optimizer_state import expert_counts, global_name
+    from megatron.checkpoint.names import expert_model_name
+    counts = expert_counts(source)
+    for rank, (state, names, experts) in enumerate(loaded):
+        assert sorted(state) == sorted(names) and names
+        assert all(name.startswith("language_model.encoder.layers.") for name in names)
+        for name, tensor in experts.items():
+            whole = global_name(expert_model_name(name), rank, expert_parallel_size, counts)
+            torch.testing.assert_close(tensor, source[whole], rtol=0, atol=0, msg=name)
+
+
+def test_the_converters_expert_files_load_through_deepspeeds_loader_into_upstreams_module_tree(tmp_path):
     # DeepSpeed names each expert-file key by the MoE layer's module path (deepspeed/runtime/engine.py,
     # _save_moe_checkpoint): `layers.N.mlp...` in our GPTModel, `language_model.encoder.layers.N.mlp...` in
-    # upstream's. The same checkpoint with upstream's names reads as the same model and resumes the same run.
-    import shutil
+    # upstream's (megatron/model/transformer.py, language_model.py at b4d4a0e), whose trainer loads only its own.
+    # The converter's writer uses upstream's, which DeepSpeed's loader then hands to upstream's modules unchanged.
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.config.arguments import job_config
+    from megatron.model.gpt_config import gpt_config
+    from megatron.model.moe import MoEGPTModel
+    config = job_config(validated("--num-experts", "4", "--no-pipeline-parallel", "--num-layers", "2",
+                                  world_size=1))
+    gpt = gpt_config(config.model, 256, moe=config.moe)
+    source = MoEGPTModel(gpt).state_dict()
+    write_checkpoint(str(tmp_path), source, gpt, TrainingState(2, 8, config.flags),
+                     TargetLayout(1, 1, pipeline_engine=False))
+    assert_loaded_as_upstream(run_on_ranks(load_experts_as_upstream, 1, str(tmp_path), 1), source, 1)
 
+
+@pytest.mark.full
+def test_a_converted_checkpoint_loads_its_experts_as_upstreams_trainer_does_and_resumes_here(data_prefix, tmp_path):
+    # The trainer writes its own module path; converted, the same checkpoint carries upstream's: it reads as the
+    # same model, DeepSpeed's loader at EP 2 puts every expert where upstream's module tree holds it, and this
+    # trainer resumes from it exactly (DeepSpeed's loader, then our module's load, which maps upstream's names).
     from megatron.checkpoint.directory import load_file
     from megatron.checkpoint.reader import read_checkpoint
+    from tools.convert_checkpoint import main as convert_main
     flags = [*COMMON, "--data-path", data_prefix]
     straight = run_on_ranks(train_moe, 1, [*flags, "--save", str(tmp_path / "ours"), "--save-interval", "2"])[0]
-    shutil.copytree(tmp_path / "ours", tmp_path / "upstream")
-    step = tmp_path / "upstream" / "global_step2"
-    (step / "manifest.json").unlink()  # its sizes and checksums are of our files
-    (tmp_path / "upstream" / "latest").write_text("global_step2")
-    for path in step.glob("layer_*_expert_*_model_states.pt"):
-        experts = load_file(str(path), mmap=False)  # not memory-mapped: the file is replaced below
-        torch.save({f"language_model.encoder.{key}": tensor for key, tensor in experts.items()}, path)
+    convert_main(["--load", str(tmp_path / "ours"), "--iteration", "2", "--save", str(tmp_path / "upstream"),
+                  "--target-no-pipeline-parallel"])
+    for name in ("ours", "upstream"):
+        keys = {key for path in (tmp_path / name / "global_step2").glob("layer_*_expert_*_model_states.pt")
+                for key in load_file(str(path))}
+        assert keys and all(key.startswith("language_model.encoder.layers.") == (name == "upstream") for key in keys)
     ours, upstream = (read_checkpoint(str(tmp_path / name), iteration=2).model for name in ("ours", "upstream"))
     assert upstream.keys() == ours.keys()
     for name, tensor in ours.items():
         torch.testing.assert_close(upstream[name], tensor, rtol=0, atol=0, msg=name)
+    assert_loaded_as_upstream(run_on_ranks(load_experts_as_upstream, 2, str(tmp_path / "upstream"), 2), ours, 2)
     resumed = run_on_ranks(train_moe, 1, [*flags, "--load", str(tmp_path / "upstream")])[0]
     assert resumed[0] == straight[0][2:]
 

@@ -12,8 +12,8 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
 
 A reshaped checkpoint resumes with `pretrain_gpt.py --load OUT` at the target layout and any data-parallel size
 and ZeRO stage, with its optimizer state (unless --weights-only); a mixture-of-experts one with its optimizer
-state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank); an imported one with
-`--load OUT --finetune`.
+state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank), its expert files keyed by
+upstream's module path so that upstream's trainer loads them too; an imported one with `--load OUT --finetune`.
 The output directory appears complete or not at all; an existing one is replaced only with --force.
 """
 import argparse

@@ -12,7 +12,8 @@ needs (checkpoint/layout.py spells every name). The layouts a user may bring:
       plain engine:     mp_rank_{mp:02d}_model_states.pt            client state + module (nested as upstream's
                         GPTModel nests it; flat GPTModel names in earlier versions)
       MoE (plain):      layer_{i}_expert_{e}_mp_rank_{mp:02d}_model_states.pt   one expert's weights under
-                        MoEGPTModel's names with the global expert index (the module holds the rest)
+                        MoEGPTModel's names (the trainer's) or upstream's GPTModel's (the converter's), with the
+                        global expert index (the module holds the rest)
       ZeRO 1/2:         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 and Adam partitions
       ZeRO 3:           zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt  client state, empty module
                         zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt  flat fp32 partitions: the weights

@@ -84,7 +84,8 @@ def megatron_rank_dir(tp_rank: int, pp_rank: int, pp_size: int) -> str:
     return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
 
 # DeepSpeed's MoE layout: each expert of each MoE layer (numbered from 0 in model order) in a file of its own, per
-# model-parallel rank; its keys are the model's parameter names with the expert's global index.
+# model-parallel rank; its keys are the parameter names under the engine module's MoE layer path (ours, or
+# upstream's longer one: checkpoint/names.upstream_expert_key) with the expert's global index.
 EXPERT_FILE_PATTERN = re.compile(r"layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt")
 # An expert's parameter name: its transformer layer and its global expert index.
 EXPERT_KEY_PATTERN = re.compile(r"layers\.(\d+)\..*\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.")

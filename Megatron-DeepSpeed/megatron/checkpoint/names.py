@@ -111,10 +111,20 @@ def flatten(nested: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return flat
 
 
+# DeepSpeed names an expert file's keys by the MoE layer's module path in the engine's module: `layers.N.mlp` in
+# our GPTModel, `language_model.encoder.layers.N.mlp` in upstream's, whose trainer loads only its own.
+UPSTREAM_LAYERS_PATH = f"{LANGUAGE_MODEL}.{ENCODER}."
+
+
+def upstream_expert_key(name: str) -> str:
+    """The key of GPTModel parameter `name` in an expert file as upstream's trainer loads it (the converter writes
+    these; every reader here takes both)."""
+    return UPSTREAM_LAYERS_PATH + name
+
+
 def expert_model_name(key: str) -> str:
-    """GPTModel's name of a key in an expert file. DeepSpeed prefixes each with the MoE layer's module path, which
-    is `layers.N.mlp` in our GPTModel and `language_model.encoder.layers.N.mlp` in upstream's."""
-    return key.removeprefix(f"{LANGUAGE_MODEL}.{ENCODER}.")
+    """GPTModel's name of a key in an expert file, ours or upstream's (the inverse of upstream_expert_key)."""
+    return key.removeprefix(UPSTREAM_LAYERS_PATH)
 
 
 def is_nested(module: Mapping[str, object]) -> bool:

@@ -14,7 +14,9 @@ them:
         parameter, with the dimension its tensor-parallel shards are cut along. ZeRO 1, 2 and 3 load it at any
         data-parallel size (checkpoint.load_universal), cutting the rank's partition themselves.
   global_step{N}/layer_{i}_expert_{e}_mp_rank_{mp:02d}_model_states.pt   a mixture-of-experts model's experts
-        (plain engine), one file per expert by global index: any expert-parallel size reads them.
+        (plain engine), one file per expert by global index: any expert-parallel size reads them. Their keys
+        carry upstream's module path (language_model.encoder.layers.N.mlp...), the only one upstream's trainer
+        loads; this trainer loads both.
   global_step{N}/expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt   its Adam state per expert-parallel rank of the
         target, which DeepSpeed reads at ZeRO stage 0 (checkpoint/expert_optimizer_state.py).
   latest, latest_universal, latest_checkpointed_iteration.txt
@@ -37,7 +39,7 @@ from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTE
                                         model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
-                                       spec_position, stage_name)
+                                       spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
 from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.checkpoint.weight_units import Progress, quiet
@@ -231,7 +233,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                                            for moe_layer in sorted({layer for layer, _ in experts})]
                 for (moe_layer, expert), expert_names in experts.items():
                     _save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
-                          {name: shard_of(name, model[name], tp, tp_size, split_experts).clone()
+                          {upstream_expert_key(name): shard_of(name, model[name], tp, tp_size, split_experts).clone()
                            for name in expert_names})
                 for rank in range(target.expert) if optimizer is not None else ():
                     _save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
