@@ -1,0 +1,60 @@
+"""The layout planner against the real training step: live-tensor bytes counted on the CPU
+(megatron/training/live_memory.py) while pretrain_gpt.py trains, per layout, beside the planner's estimate for the
+same flags (tools/benchmark_planner_memory.py)."""
+import argparse
+
+import pytest
+import torch
+
+from megatron.model.cross_entropy import CHUNK_BYTES
+from megatron.planning.shape import ACCELERATOR_LOSS_CHUNK_BYTES
+from megatron.training.live_memory import LiveTensorBytes, record_iteration_peaks
+
+
+def test_live_bytes_count_each_storage_once_until_it_is_freed():
+    with LiveTensorBytes() as live:
+        kept = torch.empty(1000, dtype=torch.float32)
+        view = kept[10:20].view(2, 5)  # same storage: no more bytes
+        temporary = torch.ones(500, dtype=torch.bfloat16)
+        assert live.now == 4000 + 1000 and view.numel() == 10
+        del temporary
+        torch.empty(10, device="meta")  # holds no memory
+        assert live.now == 4000 and live.take_peak() == 5000 and live.peak == 4000
+
+
+def test_iteration_peaks_split_at_the_first_forward_and_the_optimizer_step():
+    model = torch.nn.Linear(256, 256)  # built before the count: not counted
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def train():
+        for _ in range(2):
+            model(torch.randn(64, 256)).square().sum().backward()  # input 64 KiB, gradients 257 KiB
+            optimizer.step()
+            optimizer.zero_grad()
+
+    peaks = record_iteration_peaks(train)
+    weights = 256 * 257 * 4
+    assert len(peaks.forward_backward) == len(peaks.optimizer_step) == 2
+    assert peaks.start_up == 64 * 256 * 4  # the first input, made before the first forward
+    assert peaks.forward_backward[0] >= weights  # the gradients
+    assert peaks.optimizer_step[1] >= 2 * weights  # the momentum buffers, and the gradients still held
+
+
+def test_the_planners_loss_chunk_is_the_models():
+    assert ACCELERATOR_LOSS_CHUNK_BYTES == CHUNK_BYTES
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("layout, bucket", [("zero1", None), ("pipeline", None), ("zero3", 100_000),
+                                            ("tp2", 100_000), ("pp2", 100_000)])
+def test_the_planner_is_within_15_percent_of_the_real_steps_peak(layout, bucket):
+    """bf16, the tiny preset with one device's layout changed: with DeepSpeed's default reduce bucket (1 GB, more than
+    the model) the buckets dominate, with a small one the activations and logits do."""
+    from tools.benchmark_planner_memory import measure
+
+    options = argparse.Namespace(model_size="tiny", num_layers=None, micro_batch_size=2, micro_batches=1,
+                                 iterations=2, dtype="bf16", zero_reduce_bucket_size=bucket)
+    figures = measure(options, layout)
+    measured = max(figures["measured"]["forward_backward"][-1], figures["measured"]["optimizer_step"][-1])
+    assert max(figures["estimate"].values()) == pytest.approx(measured, rel=0.15)
+    assert figures["estimate"]["optimizer_step"] == pytest.approx(figures["measured"]["optimizer_step"][-1], rel=0.15)
