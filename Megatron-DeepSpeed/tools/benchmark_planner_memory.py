@@ -3,10 +3,11 @@
 Each layout runs pretrain_gpt.py's training (DeepSpeed engine, random tokens, no evaluation) as a torchrun job on
 the CPU over gloo, in bf16 unless --dtype says otherwise, counting the bytes of live tensors per rank
 (megatron/training/live_memory.py: what an accelerator's max_memory_allocated counts, less kernel workspaces and
-allocator rounding). Printed per layout: the heaviest rank's peak before the optimizer step (forward, backward,
-gradient reduction) and in it, for the first iteration (before Adam's moments exist) and the last, and the planner's figures
-for the same flags (megatron/planning/memory.py, its fragmentation allowance left out, as allocated bytes have
-none), with the estimate's error against the measured peak of the last iteration.
+allocator rounding). Printed per layout: the heaviest rank's peak in the first iteration (before Adam's moments
+exist) and in the last (and whether before the optimizer's step, i.e. in forward, backward, gradient reduction and
+DeepSpeed's preparation of the step, or in it), the planner's peak for the same flags (megatron/planning/memory.py,
+its fragmentation allowance left out, as allocated bytes have none) with its phase, and the estimate's error
+against the last iteration's peak.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_planner_memory.py \\
       [--model-size 345M] [--micro-batch-size 2] [--num-layers 4] [--layouts zero1 recompute tp2 ...] [--json OUT]
@@ -29,7 +30,9 @@ LAYOUTS = {"zero1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
            "zero2": (1, ["--no-pipeline-parallel", "--zero-stage", "2"]),
            "zero3": (1, ["--no-pipeline-parallel", "--zero-stage", "3"]),
            "recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--checkpoint-activations"]),
+           "no-recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--no-checkpoint-activations"]),
            "pipeline": (1, ["--zero-stage", "1"]),
+           "pipeline-no-recompute": (1, ["--zero-stage", "1", "--no-checkpoint-activations"]),
            "tp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2"]),
            "tp2-sp": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2",
                           "--sequence-parallel"]),
@@ -58,7 +61,8 @@ def tensor_and_pipeline(layout: str) -> int:
 
 
 def worker(options) -> None:
-    """One layout's training in this torchrun process; every rank reports its peaks."""
+    """One layout's training in this torchrun process; rank 0 reports the heaviest rank's peaks."""
+    import torch
     import torch.distributed as dist
 
     from megatron.model.provider import model_provider
@@ -68,12 +72,17 @@ def worker(options) -> None:
     processes = LAYOUTS[options.layout][0]
     peaks = record_iteration_peaks(lambda: pretrain(model_provider,
                                                     training_flags(options, processes, options.layout)))
-    report(RESULT_PREFIX, {"rank": dist.get_rank(), **vars(peaks)})
+    heaviest = torch.tensor([*peaks.forward_backward, *peaks.optimizer_step], dtype=torch.float64)
+    dist.all_reduce(heaviest, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        before, during = heaviest.tolist()[:options.iterations], heaviest.tolist()[options.iterations:]
+        report(RESULT_PREFIX, {"forward_backward": before, "optimizer_step": during})
+    dist.destroy_process_group()  # before the interpreter's exit, whose teardown of a live gloo group can abort
 
 
 def estimate(options, layout: str) -> dict:
-    """The planner's bytes per phase for the layout's flags on this machine's CPU (its loss chunk), without
-    fragmentation."""
+    """The planner's peak for the layout's flags on this machine's CPU (its loss chunk), without fragmentation,
+    and the phase it is in."""
     from dataclasses import replace
 
     from megatron.config.arguments import parse_args, validate_args
@@ -85,16 +94,15 @@ def estimate(options, layout: str) -> dict:
     processes = LAYOUTS[layout][0]
     flags = validate_args(parse_args(training_flags(options, processes, layout)), processes, "cpu")
     vocab = build_tokenizer(flags.tokenizer_type, vocab_size=flags.vocab_size).vocab_size
-    shape, layout_, settings = from_flags(flags, vocab)
+    shape, planned_layout, settings = from_flags(flags, vocab)
     settings = replace(settings, loss_chunk_bytes=select_kernels("cpu").loss_chunk_bytes)
-    memory = estimate_memory(shape, layout_, settings, fragmentation=0.0)
-    phases = {phase: sum(getattr(memory, term) for term in terms) for phase, terms in PHASES.items()}
-    # The measured phases split at the step: forward, backward and the gradient reduction come before it.
-    return {"forward_backward": max(phases["forward/backward"], phases["gradient reduction"]),
-            "optimizer_step": phases["optimizer step"]}
+    memory = estimate_memory(shape, planned_layout, settings, fragmentation=0.0)
+    return {"bytes": memory.total, "phase": memory.peak_phase,
+            "terms": {term: getattr(memory, term) for terms in PHASES.values() for term in terms}}
 
 
 def measure(options, layout: str) -> dict:
+    """The heaviest rank's peak per iteration (before the optimizer's step, and in it) and the planner's."""
     processes = LAYOUTS[layout][0]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                os.path.abspath(__file__), "--worker", "--layout", layout, "--model-size", options.model_size,
@@ -103,20 +111,18 @@ def measure(options, layout: str) -> dict:
     for flag in ("num_layers", "zero_reduce_bucket_size"):
         if getattr(options, flag) is not None:
             command += ["--" + flag.replace("_", "-"), str(getattr(options, flag))]
-    ranks = run_with_root(command, THIS_ROOT, RESULT_PREFIX, {"DS_ACCELERATOR": "cpu"})
-    heaviest = {phase: [max(rank[phase][i] for rank in ranks) for i in range(options.iterations)]
-                for phase in ("forward_backward", "optimizer_step")}
-    return {"measured": heaviest, "estimate": estimate(options, layout)}
+    measured, = run_with_root(command, THIS_ROOT, RESULT_PREFIX, {"DS_ACCELERATOR": "cpu"})
+    measured["peak"] = [max(before, during) for before, during in
+                        zip(measured["forward_backward"], measured["optimizer_step"])]
+    return {"measured": measured, "estimate": estimate(options, layout)}
 
 
 def row(layout: str, figures: dict) -> str:
     measured, planned = figures["measured"], figures["estimate"]
-    last = max(measured["forward_backward"][-1], measured["optimizer_step"][-1])
-    planned_peak = max(planned.values())
-    return (f"| {layout} | {measured['forward_backward'][0] / GIB:.2f} / {measured['optimizer_step'][0] / GIB:.2f} | "
-            f"{measured['forward_backward'][-1] / GIB:.2f} / {measured['optimizer_step'][-1] / GIB:.2f} | "
-            f"{planned['forward_backward'] / GIB:.2f} / {planned['optimizer_step'] / GIB:.2f} | "
-            f"{(planned_peak - last) / last:+.1%} |")
+    last = measured["peak"][-1]
+    where = "before" if measured["forward_backward"][-1] >= measured["optimizer_step"][-1] else "in"
+    return (f"| {layout} | {measured['peak'][0] / GIB:.2f} | {last / GIB:.2f} ({where} the step) | "
+            f"{planned['bytes'] / GIB:.2f} ({planned['phase']}) | {(planned['bytes'] - last) / last:+.1%} |")
 
 
 def main(argv=None) -> None:
@@ -138,8 +144,7 @@ def main(argv=None) -> None:
     if options.iterations < 2:
         raise InputError(f"--iterations {options.iterations}: give at least 2 (the first has no Adam moments)")
     print(f"{options.model_size}" + ("" if options.num_layers is None else f" with {options.num_layers} layers")
-          + f", micro-batch {options.micro_batch_size}, {options.dtype}; GiB, forward-backward / optimizer step "
-          "(the heaviest rank)")
+          + f", micro-batch {options.micro_batch_size}, {options.dtype}; peak GiB of the heaviest rank")
     print("| layout | measured, first iteration | measured, last iteration | planner | planner vs last |")
     print("|---|---|---|---|---|")
     results = {}

@@ -13,7 +13,8 @@ MoE model's experts, whose optimizer groups DeepSpeed partitions over their expe
     optimizer        Adam's two fp32 moments, plus an fp32 master copy in half precision or under ZeRO >= 1
                      (DeepSpeed's partitioned optimizer keeps one); / d under ZeRO >= 1
     step_gradients   the fp32 gradients the step reads where they are a copy (half precision, or ZeRO >= 1):
-                     DeepSpeed flattens its partition (/ d under ZeRO >= 1; whole under ZeRO 0)
+                     DeepSpeed flattens its partition (/ d under ZeRO >= 1; whole under ZeRO 0); ZeRO 1 in
+                     half precision first flattens it in the model dtype too, a copy alive while it converts
 DeepSpeed's buffers, reduce_bucket_size elements of the model dtype each, whatever the model's size:
     buckets              ZeRO 1-2: the bucket each backward's first gradient allocates, freed before the step
     reduction_buckets    the pipeline engine at ZeRO 1-2: one more, allocated when it reduces the gradients
@@ -101,7 +102,7 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
     bucket = float(size * settings.zero_reduce_bucket_size)
     return {"weights": per_rank(size, 3), "gradients": per_rank(size, 2),
             "optimizer": per_rank(8 + (4 if copied else 0), 1),
-            "step_gradients": per_rank(4, 1) if copied else 0,
+            "step_gradients": (per_rank(4, 1) if copied else 0) + (per_rank(size, 1) if half and zero == 1 else 0),
             "buckets": bucket if zero in (1, 2) else 0.0,
             "reduction_buckets": bucket if zero in (1, 2) and settings.pipeline_engine else 0.0,
             "kept_buffers": bucket if zero == 3 else 0.0}
