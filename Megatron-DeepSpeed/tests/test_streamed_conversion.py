@@ -10,8 +10,10 @@ import torch
 
 from megatron.checkpoint.convert import reshape, training_state
 from megatron.checkpoint.layout_writers import write_megatron, write_zero3
+from megatron.checkpoint.names import spec_position
 from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups, read_optimizer_state
 from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.weight_units import StreamedWeights, Units, names_in
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.gpt_config import gpt_config
@@ -157,6 +159,28 @@ def test_zero3_adam_state_streams_and_reshapes_byte_for_byte(tmp_path):
     kinds = {kind: in_order(adam.tensors(kind)) for kind in ("fp32", "exp_avg", "exp_avg_sq")}
     write_checkpoint(str(tmp_path / "whole"), in_order(weights), CONFIG, training_state(source), target,
                      OptimizerState(step=5, param_groups=read.param_groups, **kinds))
+    streamed, expected = files(str(tmp_path / "streamed")), files(str(tmp_path / "whole"))
+    assert sorted(streamed) == sorted(expected)
+    assert [name for name in expected if streamed[name] != expected[name]] == []
+
+
+# ----------------------------------------------------------------------------- one read of each piece
+
+@pytest.mark.parametrize("target", [TargetLayout(1, 1), TargetLayout(2, 2), TargetLayout(1, 1, pipeline_engine=False)])
+def test_the_writer_reads_each_source_piece_once(tmp_path, target):
+    """The model files and the universal files of a piece are written while it is held (universal_files), so a
+    streamed source is read once, and the files are those the whole model in memory makes."""
+    weights = GPTModel(CONFIG).state_dict()
+    of = {name: spec_position(name, CONFIG.num_layers)[0] for name in weights}
+    reads = []
+
+    def read(unit):
+        reads.append(unit)
+        return {name: weights[name].clone() for name in names_in(of, unit)}
+    state = TrainingState(7, 56, FLAGS)
+    write_checkpoint(str(tmp_path / "streamed"), StreamedWeights(Units(of, read)), CONFIG, state, target)
+    write_checkpoint(str(tmp_path / "whole"), weights, CONFIG, state, target)
+    assert sorted(reads) == sorted(set(of.values()))
     streamed, expected = files(str(tmp_path / "streamed")), files(str(tmp_path / "whole"))
     assert sorted(streamed) == sorted(expected)
     assert [name for name in expected if streamed[name] != expected[name]] == []

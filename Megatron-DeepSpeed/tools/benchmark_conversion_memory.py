@@ -7,11 +7,13 @@ once into --source, reused when it exists) in --source-layout: the pipeline engi
 (the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py).
 Each conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) is its
 own; with --compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of
-an older commit) as well.
+an older commit) as well, the two taking turns --repeat times. Each conversion starts alike: the writes of the one
+before flushed to disk and its source read once into the page cache, so neither pays for the other's writes or
+for the first read of the source from disk.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
       --source /tmp/src [--layers 20 --hidden 1536] [--source-layout megatron] \\
-      [--compare-root /path/to/old/Megatron-DeepSpeed] [--keep-outputs DIR (to compare them with diff -r)]
+      [--compare-root /path/to/old/Megatron-DeepSpeed [--repeat 2]] [--keep-outputs DIR (to compare them with diff -r)]
 """
 import argparse
 import os
@@ -92,10 +94,22 @@ def convert_in_this_process(source: str, target: str, tensor: int, pipeline: int
             "seconds": time.perf_counter() - start}
 
 
+def settle(source: str) -> None:
+    """Flush the writes still pending and read `source` once, so that a conversion starts with its source in the
+    page cache and no earlier conversion's writes to wait for."""
+    os.sync()
+    for parent, _, names in os.walk(source):
+        for name in names:
+            with open(os.path.join(parent, name), "rb") as handle:
+                while handle.read(1 << 24):
+                    pass
+
+
 def run(root: str, source: str, tensor: int, pipeline: int, keep: Optional[str] = None) -> dict:
     """One conversion in a fresh process with `root`'s megatron; its measurement (the output removed unless
     it is to be kept in `keep`)."""
     target = keep or tempfile.mkdtemp(prefix="conversion-target-")
+    settle(source)
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--source", source, "--target", target,
                "--tensor", str(tensor), "--pipeline", str(pipeline)]
     try:
@@ -120,6 +134,7 @@ def main(argv=None):
     parser.add_argument("--tensor", type=int, default=1, help="the target's tensor-parallel size")
     parser.add_argument("--pipeline", type=int, default=1, help="the target's pipeline-parallel size")
     parser.add_argument("--compare-root", help="another checkout's Megatron-DeepSpeed directory")
+    parser.add_argument("--repeat", type=int, default=1, help="run each checkout's conversion this many times")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -127,6 +142,8 @@ def main(argv=None):
         measured = convert_in_this_process(args.source, args.target, args.tensor, args.pipeline)
         report(RESULT_PREFIX, measured)
         return 0
+    if args.repeat < 1:
+        raise InputError(f"--repeat {args.repeat}: give 1 or more conversions per checkout")
     if args.keep_outputs and os.path.exists(args.keep_outputs):
         raise InputError(f"--keep-outputs {args.keep_outputs} exists; give a new directory (each conversion is "
                          "written into a folder of it)")
@@ -140,11 +157,13 @@ def main(argv=None):
     print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
     print("| code | peak RSS | RSS before | seconds |")
     print("|---|---|---|---|")
-    for index, (label, root) in enumerate(roots):
-        keep = args.keep_outputs and os.path.join(os.path.abspath(args.keep_outputs), f"output{index}")
-        measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline, keep)
-        print(f"| {label} | {measured['peak_rss'] / GIB:.2f} | {measured['rss_before'] / GIB:.2f} | "
-              f"{measured['seconds']:.1f} |", flush=True)
+    for turn in range(args.repeat):
+        for index, (label, root) in enumerate(roots):
+            keep = args.keep_outputs and turn == 0 and os.path.join(os.path.abspath(args.keep_outputs),
+                                                                     f"output{index}")
+            measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline, keep or None)
+            print(f"| {label} | {measured['peak_rss'] / GIB:.2f} | {measured['rss_before'] / GIB:.2f} | "
+                  f"{measured['seconds']:.1f} |", flush=True)
     return 0
 
 

@@ -72,16 +72,18 @@ class Layout:
 
 # ----------------------------------------------------------------------------- files
 
-def load_file(path: str, mmap: bool = True) -> dict:
+def load_file(path: str, mmap: bool = True, meta: bool = False) -> dict:
     """The one torch.load of a checkpoint file: on the CPU, as data only (checkpoint/trust.py), memory-mapped
     unless `mmap` is False (tensors are read when used, so assembling a model holds about one copy of it), with
     an InputError naming the file when it is missing, truncated, not a torch file, or holds a type a checkpoint
-    may not hold. A file in torch's legacy (non-zip) format cannot be memory-mapped: it is read whole."""
+    may not hold. A file in torch's legacy (non-zip) format cannot be memory-mapped: it is read whole. With
+    `meta` (zip format only) its tensors are on the meta device, each storage marked with its offset in the file
+    (tensor_records.py reads them from there)."""
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
     try:
-        return trust.torch_load(path, mmap=mmap and manifest.is_zip_archive(path))
+        return trust.torch_load(path, mmap=mmap and manifest.is_zip_archive(path), meta=meta)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file
         if trust.is_refusal(err):
             raise trust.refusal(path, trust.refused_type(err)) from None

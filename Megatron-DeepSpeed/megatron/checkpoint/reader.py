@@ -21,6 +21,7 @@ from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_n
                                        is_nested, model_name, name_at_position, nest, old_position_name,
                                        positions_with_parameters)
 from megatron.checkpoint.shards import join_shards, split_dim
+from megatron.checkpoint.tensor_records import FileSections
 from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, TensorShard, Units, all_mappable,
                                               assembled, joined, names_in, piece_unit, quiet, read_whole)
 from megatron.config.job import MoEConfig
@@ -97,17 +98,14 @@ def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: Ten
     ranks = range(layout.tensor) if split_experts else sources
     paths = {tp: os.path.join(tag_dir, model_states_file(tp, layout.zero_stage)) for tp in ranks}
     mappable = all_mappable(paths.values())
-    module = module_names(load_file(paths[min(paths)])["module"])
+    modules = FileSections(paths, lambda contents: module_names(contents["module"]))
+    module = modules.names(min(paths))
     of = {name: piece_unit(mappable, 0, name, num_layers) for name in module}
     with_experts = {name for name in module if split_experts and split_dim(name, True) != split_dim(name)}
 
     def read(unit: Hashable) -> dict:
         names = names_in(of, unit)
-        shards = {}
-        for tp, path in paths.items():
-            if tp in sources or with_experts.intersection(names):
-                module = module_names(load_file(path)["module"])
-                shards[tp] = {name: module[name] for name in names}
+        shards = {tp: modules.take(tp, names) for tp in paths if tp in sources or with_experts.intersection(names)}
         return {name: join_shards(name, [shards[tp][name] for tp in ranks], experts=True) if name in with_experts
                 else assembled(part, {tp: shards[tp] for tp in sources}, layout.tensor, name, name)
                 for name in names}
@@ -148,10 +146,11 @@ def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorS
     paths = {(tp, pp): megatron_rank_file(tag_dir, tp, pp, layout.pipeline)
              for pp in range(layout.pipeline) for tp in sources}
     mappable = all_mappable(paths.values())
+    stages = FileSections(paths, lambda contents: flatten(contents[MEGATRON_MODEL]))
     keys, of, first_layer = {}, {}, 0  # GPTModel name -> its key in its stage's files, its unit
     for pp in range(layout.pipeline):
         stage_layers = set()
-        for key in flatten(load_file(paths[sources[0], pp])[MEGATRON_MODEL]):
+        for key in stages.names((sources[0], pp)):
             name = key
             if key.startswith(LAYERS_PREFIX):
                 _, number, rest = key.split(".", 2)
@@ -162,10 +161,7 @@ def _megatron_units(tag_dir: str, layout: Layout, num_layers: int, part: TensorS
 
     def read(unit: Hashable) -> dict:
         names, pp = names_in(of, unit), unit[0]
-        shards = {}
-        for tp in sources:
-            stage = flatten(load_file(paths[tp, pp])[MEGATRON_MODEL])
-            shards[tp] = {keys[name]: stage[keys[name]] for name in names}
+        shards = {tp: stages.take((tp, pp), [keys[name] for name in names]) for tp in sources}
         return {name: assembled(part, shards, layout.tensor, keys[name], name) for name in names}
     return Units(of, read)
 
@@ -229,10 +225,15 @@ def flat_range(groups: Sequence[torch.Tensor], offset: int, length: int) -> torc
 
 
 def zero3_parameter(place: Zero3Place, groups_per_rank: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
-    """One full parameter from every data-parallel rank's flat groups."""
+    """One full parameter from every data-parallel rank's flat groups, copied once into a tensor of its own (the
+    last ranks' padding left out)."""
     offset, per_rank, shape = place
-    pieces = [flat_range(groups, offset, per_rank) for groups in groups_per_rank]
-    return torch.cat(pieces)[:shape.numel()].view(shape).clone()
+    whole = torch.empty(shape.numel(), dtype=groups_per_rank[0][0].dtype)
+    for rank, groups in enumerate(groups_per_rank):
+        length = min(per_rank, shape.numel() - rank * per_rank)
+        if length > 0:
+            whole.narrow(0, rank * per_rank, length).copy_(flat_range(groups, offset, length))
+    return whole.view(shape)
 
 
 def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int, part: TensorShard,

@@ -87,10 +87,11 @@ def is_refusal(error: BaseException) -> bool:
     return isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error)
 
 
-def torch_load(path: str, mmap: bool = True) -> object:
-    """torch.load of one file on the CPU under the rule (module docstring)."""
+def torch_load(path: str, mmap: bool = True, meta: bool = False) -> object:
+    """torch.load of one file on the CPU (with `meta`, its tensors on the meta device: no data read) under the
+    rule (module docstring)."""
     with torch.serialization.safe_globals(allowed_globals()):
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True, mmap=mmap and not meta)
 
 
 def unsafe_type(path: str) -> Optional[str]:

@@ -34,14 +34,16 @@ from megatron.checkpoint.client_state import build_client_state, recorded_args, 
 from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_DIR, UNIVERSAL_MARK,
+                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_MARK,
                                         expert_file, expert_optimizer_file, layer_file, model_parallel_rank,
                                         model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
-from megatron.checkpoint.shards import shard_of, split_dim
+from megatron.checkpoint.saving import own_storages, save
+from megatron.checkpoint.shards import shard_of
+from megatron.checkpoint.universal_files import UniversalFiles
 from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
@@ -112,14 +114,11 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
 
 # ----------------------------------------------------------------------------- files
 
-def _save(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(obj, path)
-
-
-def _zero0_optimizer(stage_names: List[str], shapes: Mapping[str, torch.Size], optimizer: OptimizerState,
+def _zero0_optimizer(stage_names: List[str], universal: UniversalFiles, optimizer: OptimizerState,
                      num_layers: int, tp_rank: int, tp_size: int) -> dict:
-    """torch's AdamW state_dict for a rank whose parameters are `stage_names` (module order)."""
+    """torch's AdamW state_dict for a rank whose parameters are `stage_names` (module order); their shapes are
+    the universal files' (written by now), so no piece is read for its shape."""
+    shapes = {name: _shard_shape(model_name(name, num_layers), universal, tp_size) for name in stage_names}
     ordered = decay_groups([(name, shapes[name]) for name in stage_names])
     step = torch.tensor(float(optimizer.step))
     state = {}
@@ -133,6 +132,11 @@ def _zero0_optimizer(stage_names: List[str], shapes: Mapping[str, torch.Size], o
     for group, indices in zip(optimizer.param_groups, (range(decayed), range(decayed, len(ordered)))):
         groups.append({**group, "params": list(indices)})
     return {"state": state, "param_groups": groups}
+
+
+def _shard_shape(name: str, universal: UniversalFiles, tp_size: int) -> torch.Size:
+    """The shape of a tensor-parallel shard of parameter `name`, from its full shape."""
+    return shard_of(name, torch.empty(universal.shape(name), device="meta"), 0, tp_size).shape
 
 
 def _deepspeed_bookkeeping(state: TrainingState, target: TargetLayout) -> dict:
@@ -202,28 +206,35 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
     info = universal_info(names, num_layers, target.pipeline_engine,
                           int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size, split_experts)
 
+    universal = UniversalFiles(tag_dir, model, optimizer, num_layers, target.pipeline_engine, split_experts, progress)
+
+    def rank_tensors(keys: Mapping[str, str], tp: int, experts_too: bool) -> Dict[str, torch.Tensor]:
+        """Tensor-parallel rank `tp`'s shard of each parameter (file key -> GPTModel name) for one file; each
+        parameter's universal files are written as its full tensor is read, while its source piece is held."""
+        tensors = {}
+        for key, name in keys.items():
+            tensors[key] = shard_of(name, model[name], tp, tp_size, experts_too)
+            universal.write([name])
+        return own_storages(tensors)
+
     if target.pipeline_engine:
         positions = positions_with_parameters(num_layers)
         for index, position in enumerate(positions):
-            piece_names = [name for name in names if spec_position(name, num_layers)[0] == position]
+            piece = {spec_position(name, num_layers)[1]: name for name in names
+                     if spec_position(name, num_layers)[0] == position}
             for tp in range(tp_size):
                 progress(f"writing piece {index + 1}/{len(positions)}, tensor-parallel shard {tp + 1}/{tp_size}")
-                _save(os.path.join(tag_dir, layer_file(position, tp)),
-                      {spec_position(name, num_layers)[1]: shard_of(name, model[name], tp, tp_size).clone()
-                       for name in piece_names})
+                save(os.path.join(tag_dir, layer_file(position, tp)), rank_tensors(piece, tp, False))
 
     for pp in range(target.pipeline):
         stage_names = engine_parameter_names(names, num_layers, target, pp)
-        stage_shapes = None if optimizer is None else {  # without Adam state, no tensor is read for its shape
-            name: shard_of(model_name(name, num_layers), model[model_name(name, num_layers)], 0, tp_size).shape
-            for name in stage_names}
         for tp in range(tp_size):
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
-            module = None if target.pipeline_engine else nest({  # PR-MoE's dense MLP split as its experts are
-                name: shard_of(name, model[name], tp, tp_size, split_experts).clone() for name in dense})
+            module = None if target.pipeline_engine else nest(  # PR-MoE's dense MLP split as its experts are
+                rank_tensors({name: name for name in dense}, tp, split_experts))
             zero0 = None if optimizer is None or experts else _zero0_optimizer(
-                stage_names, stage_shapes, optimizer, num_layers, tp, tp_size)
+                stage_names, universal, optimizer, num_layers, tp, tp_size)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
@@ -232,19 +243,18 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 contents["num_experts"] = [sum(1 for layer, _ in experts if layer == moe_layer)
                                            for moe_layer in sorted({layer for layer, _ in experts})]
                 for (moe_layer, expert), expert_names in experts.items():
-                    _save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
-                          {upstream_expert_key(name): shard_of(name, model[name], tp, tp_size, split_experts).clone()
-                           for name in expert_names})
+                    save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
+                         rank_tensors({upstream_expert_key(name): name for name in expert_names}, tp, split_experts))
                 for rank in range(target.expert) if optimizer is not None else ():
-                    _save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
+                    save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
                         model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
                         tp_size, split_experts))
-            _save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
+            save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
-                _save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
+                save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
                                                                             "optimizer": None})
 
-    _write_universal(tag_dir, model, optimizer, state, num_layers, target, split_experts, progress)
+    universal.finish(float(state.args.get("clip_grad", 0.0)))
     write_manifest(tag_dir)
     for name, text in ((LATEST_TAG_FILE, tag), (LATEST_UNIVERSAL_FILE, tag),
                        (LATEST_ITERATION_FILE, str(state.iteration))):
@@ -252,27 +262,3 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             handle.write(text)
     return tag_dir
 
-
-def _write_universal(tag_dir: str, model: Mapping[str, torch.Tensor], optimizer: Optional[OptimizerState],
-                     state: TrainingState, num_layers: int, target: TargetLayout, split_experts: bool,
-                     progress: Progress) -> None:
-    universal = os.path.join(tag_dir, UNIVERSAL_DIR)
-    names = list(model)
-    for index, name in enumerate(names):
-        engine_name = stage_name(name, num_layers) if target.pipeline_engine else name
-        progress(f"writing per-parameter state {index + 1}/{len(names)}: {name}")
-        folder = os.path.join(universal, engine_name)
-        cat_dim = split_dim(name, split_experts) or 0
-        kinds: Dict[str, torch.Tensor] = {"fp32": model[name].float() if optimizer is None else optimizer.fp32[name]}
-        if optimizer is not None:
-            kinds.update(exp_avg=optimizer.exp_avg[name], exp_avg_sq=optimizer.exp_avg_sq[name])
-            _save(os.path.join(folder, "step.pt"), torch.tensor(float(optimizer.step)))
-        for kind, tensor in kinds.items():
-            _save(os.path.join(folder, f"{kind}.pt"), {"param": tensor.contiguous(), "cat_dim": cat_dim})
-    # No hyperparameters: DeepSpeed's ZeRO-3 loader would give every group the first group's (weight decay on
-    # biases and LayerNorms); without them each group keeps the resumed run's own (its flags).
-    groups = [{}, {}]  # decayed, not decayed (megatron/optimizer.parameter_groups)
-    step = torch.tensor(float(optimizer.step if optimizer is not None else 0))
-    _save(os.path.join(universal, "optimizer_state.pt"),
-          {"ds_version": importlib.metadata.version("deepspeed"), "clip_grad": float(state.args.get("clip_grad", 0.0)),
-           "param_groups": groups, "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": groups}})
