@@ -16,11 +16,16 @@ def test_each_tensor_reads_as_torch_load_reads_it(tmp_path):
     path = str(tmp_path / "file.pt")
     torch.save(contents, path)
     records, loaded = TensorRecords(path), torch.load(path)
-    for key in ("whole", "rows", "columns", "bf16", "scalar", "empty", "flags"):
-        read = records.read(records.contents[key])
-        assert read.device.type == "cpu" and read.dtype == loaded[key].dtype and torch.equal(read, loaded[key]), key
-    assert torch.equal(records.read(records.contents["nested"]["inner"]), loaded["nested"]["inner"])
-    assert records.read(records.contents["rows"]).untyped_storage().nbytes() == 2 * 6 * 4  # its own bytes only
+    keys = ("whole", "rows", "columns", "bf16", "scalar", "empty", "flags")
+    read = records.read({key: records.contents[key] for key in keys})
+    assert list(read) == list(keys)
+    for key in keys:
+        assert read[key].device.type == "cpu" and read[key].dtype == loaded[key].dtype, key
+        assert read[key].stride() == loaded[key].stride() and torch.equal(read[key], loaded[key]), key
+    # views of one storage share it, as torch.load's
+    assert read["rows"].untyped_storage().data_ptr() == read["whole"].untyped_storage().data_ptr()
+    inner = records.read({"inner": records.contents["nested"]["inner"]})["inner"]
+    assert torch.equal(inner, loaded["nested"]["inner"])
 
 
 def test_sections_take_tensors_by_name_from_zip_and_legacy_files(tmp_path):
@@ -44,4 +49,4 @@ def test_a_file_cut_inside_a_tensor_is_named(tmp_path):
     with open(path, "r+b") as handle:  # keep the archive's directory readable: cut the data only
         handle.truncate(meta.untyped_storage()._checkpoint_offset + 100)
     with pytest.raises(InputError, match="file.pt ends inside a tensor's data"):
-        records.read(meta)
+        records.read({"w": meta})

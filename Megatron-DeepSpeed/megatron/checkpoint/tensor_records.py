@@ -2,8 +2,10 @@
 rank files hold every model piece, and a converter takes one piece at a time. Loading such a file again for each
 piece unpickled all of it each time (most of a conversion's time), and a memory map kept open across pieces would
 leave every page read counted in the process's memory. So a zip-format file's pickle is read once, its tensors on
-the meta device, where torch notes each storage's offset in the file, and a tensor taken is read from there
-into memory of its own. A file in torch's legacy format cannot be read in parts; it is loaded whole at each take."""
+the meta device, where torch notes each storage's offset in the file, and each take maps the file anew and views
+the tensors taken there (as torch.load's memory map would), the map closing when they are dropped. A file in
+torch's legacy format cannot be read in parts; it is loaded whole at each take."""
+import os
 import sys
 import zipfile
 from typing import Callable, Dict, Hashable, Iterable, List, Mapping
@@ -19,7 +21,7 @@ Section = Callable[[object], Mapping[str, torch.Tensor]]  # a file's contents ->
 
 class TensorRecords:
     """The zip-format torch file `path`: its contents, tensors on the meta device (`contents`), and read(), which
-    gives one tensor's values from the file."""
+    gives some of those tensors' values from the file."""
 
     def __init__(self, path: str):
         self.path = path
@@ -28,32 +30,26 @@ class TensorRecords:
             order = [name for name in archive.namelist() if name.endswith("/byteorder")]
             self._swap = bool(order) and archive.read(order[0]).decode() != sys.byteorder
 
-    def read(self, meta: torch.Tensor) -> torch.Tensor:
-        """The values of `meta` (a tensor of `contents`): its own bytes only, into a tensor of its own when it is
-        contiguous; else its whole storage, viewed as it was saved."""
-        storage = meta.untyped_storage()
-        if meta.is_contiguous():
-            tensor = torch.empty(meta.shape, dtype=meta.dtype)
-            self._read_into(tensor, storage._checkpoint_offset + meta.storage_offset() * meta.element_size())
-            return tensor
-        whole = torch.empty(storage.nbytes(), dtype=torch.uint8)
-        self._read_into(whole, storage._checkpoint_offset)
-        return torch.empty(0, dtype=meta.dtype).set_(whole.untyped_storage(), meta.storage_offset(), meta.shape,
-                                                     meta.stride())
-
-    def _read_into(self, tensor: torch.Tensor, offset: int) -> None:
-        buffer = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-        with open(self.path, "rb", buffering=0) as handle:
-            handle.seek(offset)
-            done = 0
-            while done < len(buffer):
-                count = handle.readinto(buffer[done:])
-                if not count:
+    def read(self, metas: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The values of `metas` (tensors of `contents`, by name), as torch.load's memory map gives them: views of
+        one map of the file made for this call, which closes when they are dropped."""
+        size = os.path.getsize(self.path)
+        mapped = torch.UntypedStorage.from_file(self.path, False, size)
+        storages: Dict[int, torch.UntypedStorage] = {}  # by offset in the file: one storage for tensors sharing it
+        result = {}
+        for name, meta in metas.items():
+            storage = meta.untyped_storage()
+            start, end = storage._checkpoint_offset, storage._checkpoint_offset + storage.nbytes()
+            if start not in storages:
+                if end > size:
                     raise InputError(f"{self.path} ends inside a tensor's data: the file is truncated; copy it again "
                                      "or use another checkpoint")
-                done += count
-        if self._swap and tensor.element_size() > 1:
-            tensor.untyped_storage().byteswap(tensor.dtype)
+                storages[start] = mapped[start:end]
+                if self._swap:
+                    storages[start].byteswap(meta.dtype)
+            result[name] = torch.empty(0, dtype=meta.dtype).set_(storages[start], meta.storage_offset(), meta.shape,
+                                                                 meta.stride())
+        return result
 
 
 class FileSections:
@@ -74,4 +70,4 @@ class FileSections:
         if not self._records:
             section = self._section(load_file(self._paths[key]))
             return {name: section[name] for name in names}
-        return {name: self._records[key].read(self._sections[key][name]) for name in names}
+        return self._records[key].read({name: self._sections[key][name] for name in names})

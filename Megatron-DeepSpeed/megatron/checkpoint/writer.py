@@ -208,14 +208,17 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
 
     universal = UniversalFiles(tag_dir, model, optimizer, num_layers, target.pipeline_engine, split_experts, progress)
 
-    def rank_tensors(keys: Mapping[str, str], tp: int, experts_too: bool) -> Dict[str, torch.Tensor]:
+    def rank_tensors(keys: Mapping[str, str], tp: int, experts_too: bool, held: bool) -> Dict[str, torch.Tensor]:
         """Tensor-parallel rank `tp`'s shard of each parameter (file key -> GPTModel name) for one file; each
-        parameter's universal files are written as its full tensor is read, while its source piece is held."""
+        parameter's universal files are written as its full tensor is read, while its source piece is held. A
+        file `held` while later pieces are read (the plain engine's module) takes copies: a tensor read as it
+        lies in its source file is a view of that file's memory map, which it would keep open."""
         tensors = {}
         for key, name in keys.items():
-            tensors[key] = shard_of(name, model[name], tp, tp_size, experts_too)
+            shard = shard_of(name, model[name], tp, tp_size, experts_too)
+            tensors[key] = shard.clone() if held else shard
             universal.write([name])
-        return own_storages(tensors)
+        return tensors if held else own_storages(tensors)
 
     if target.pipeline_engine:
         positions = positions_with_parameters(num_layers)
@@ -224,7 +227,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                      if spec_position(name, num_layers)[0] == position}
             for tp in range(tp_size):
                 progress(f"writing piece {index + 1}/{len(positions)}, tensor-parallel shard {tp + 1}/{tp_size}")
-                save(os.path.join(tag_dir, layer_file(position, tp)), rank_tensors(piece, tp, False))
+                save(os.path.join(tag_dir, layer_file(position, tp)), rank_tensors(piece, tp, False, held=False))
 
     for pp in range(target.pipeline):
         stage_names = engine_parameter_names(names, num_layers, target, pp)
@@ -232,7 +235,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             mp_rank = model_parallel_rank(pp, tp, tp_size)
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
             module = None if target.pipeline_engine else nest(  # PR-MoE's dense MLP split as its experts are
-                rank_tensors({name: name for name in dense}, tp, split_experts))
+                rank_tensors({name: name for name in dense}, tp, split_experts, held=True))
             zero0 = None if optimizer is None or experts else _zero0_optimizer(
                 stage_names, universal, optimizer, num_layers, tp, tp_size)
             client = build_client_state(args, state.iteration, state.rng_state,
@@ -244,7 +247,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                                            for moe_layer in sorted({layer for layer, _ in experts})]
                 for (moe_layer, expert), expert_names in experts.items():
                     save(os.path.join(tag_dir, expert_file(moe_layer, expert, mp_rank)),
-                         rank_tensors({upstream_expert_key(name): name for name in expert_names}, tp, split_experts))
+                         rank_tensors({upstream_expert_key(name): name for name in expert_names}, tp, split_experts,
+                                      held=False))
                 for rank in range(target.expert) if optimizer is not None else ():
                     save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
                         model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
