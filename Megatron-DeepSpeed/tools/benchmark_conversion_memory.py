@@ -6,8 +6,8 @@ The source is a GPT of random fp32 weights (no training) at TP x PP (--source-te
 once into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's
 (the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py).
 Each conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) and its
-CPU seconds (user + system: the work done, which a loaded machine or a slow disk stretches less than the wall
-clock) are its own; with --compare-root the same conversion runs with another checkout's `megatron` (e.g. a
+CPU seconds are its own: user (the work done in Python and torch) and system (the kernel's: page faults, copies
+into the page cache, reclaiming memory for it, which varies with what else the machine caches and writes); with --compare-root the same conversion runs with another checkout's `megatron` (e.g. a
 `git worktree` of an older commit) as well, the two taking turns --repeat times. Each conversion starts alike: the writes of the one
 before flushed to disk and its source read once into the page cache, so neither pays for the other's writes or
 for the first read of the source from disk.
@@ -89,10 +89,11 @@ def convert_in_this_process(source: str, target: str, tensor: int, pipeline: int
     from megatron.checkpoint.writer import TargetLayout
 
     before = psutil.Process().memory_info().rss
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start = time.perf_counter(), os.times()
     reshape(source, target, TargetLayout(tensor, pipeline), force=True)
-    return {"peak_rss": peak_rss(), "rss_before": before,
-            "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start}
+    cpu = os.times()
+    return {"peak_rss": peak_rss(), "rss_before": before, "seconds": time.perf_counter() - start,
+            "user_seconds": cpu.user - cpu_start.user, "system_seconds": cpu.system - cpu_start.system}
 
 
 def settle(source: str) -> None:
@@ -156,15 +157,16 @@ def main(argv=None):
               f"{', Adam state' if args.with_adam else ''}")
     roots = [("this checkout", THIS_ROOT)] + ([("compare root", args.compare_root)] if args.compare_root else [])
     print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
-    print("| code | peak RSS | RSS before | seconds | CPU seconds |")
-    print("|---|---|---|---|---|")
+    print("| code | peak RSS | RSS before | seconds | user seconds | system seconds |")
+    print("|---|---|---|---|---|---|")
     for turn in range(args.repeat):
         for index, (label, root) in enumerate(roots):
             keep = args.keep_outputs and turn == 0 and os.path.join(os.path.abspath(args.keep_outputs),
                                                                      f"output{index}")
             measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline, keep or None)
             print(f"| {label} | {measured['peak_rss'] / GIB:.2f} | {measured['rss_before'] / GIB:.2f} | "
-                  f"{measured['seconds']:.1f} | {measured['cpu_seconds']:.1f} |", flush=True)
+                  f"{measured['seconds']:.1f} | {measured['user_seconds']:.1f} | {measured['system_seconds']:.1f} |",
+                  flush=True)
     return 0
 
 
