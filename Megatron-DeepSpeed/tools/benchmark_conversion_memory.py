@@ -2,15 +2,16 @@
 (megatron/checkpoint/convert.reshape), which once assembled the whole model before writing and now reads each
 target file's tensors when it writes it.
 
-The source is a GPT of random fp32 weights (no training) at TP x PP (--source-tensor/--source-pipeline; made
-once into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's
-(the project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py).
-Each conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) and its
-CPU seconds are its own: user (the work done in Python and torch) and system (the kernel's: page faults, copies
-into the page cache, reclaiming memory for it, which varies with what else the machine caches and writes); with --compare-root the same conversion runs with another checkout's `megatron` (e.g. a
-`git worktree` of an older commit) as well, the two taking turns --repeat times. Each conversion starts alike: the writes of the one
-before flushed to disk and its source read once into the page cache, so neither pays for the other's writes or
-for the first read of the source from disk.
+The source is a GPT of random fp32 weights (no training) at TP x PP (--source-tensor/--source-pipeline; made once
+into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's (the
+project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/layout_writers.py). Each
+conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) and its CPU
+seconds are its own: user (the work done in Python and torch) and system (the kernel's: page faults, copies into
+the page cache, reclaiming memory for it, which varies with what else the machine caches and writes); with
+--compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of an older
+commit) as well, the two taking turns --repeat times. Each conversion starts alike: the writes of the one before
+flushed to disk and its source read once into the page cache, so neither pays for the other's writes or for the
+first read of the source from disk.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
       --source /tmp/src [--layers 20 --hidden 1536] [--source-layout megatron] \\
