@@ -9,9 +9,9 @@ conversion runs in its own process, so its peak RSS (the whole process: Python a
 seconds are its own: user (the work done in Python and torch) and system (the kernel's: page faults, copies into
 the page cache, reclaiming memory for it, which varies with what else the machine caches and writes); with
 --compare-root the same conversion runs with another checkout's `megatron` (e.g. a `git worktree` of an older
-commit) as well, the two taking turns --repeat times. Each conversion starts alike: the writes of the one before
-flushed to disk and its source read once into the page cache, so neither pays for the other's writes or for the
-first read of the source from disk.
+commit) as well, the two taking turns --repeat times, each first in every other turn. Each conversion starts alike:
+the writes of the one before flushed to disk and its source read once into the page cache, so neither pays for the
+other's writes or for the first read of the source from disk.
 
   PYTHONPATH=Megatron-DeepSpeed python Megatron-DeepSpeed/tools/benchmark_conversion_memory.py \\
       --source /tmp/src [--layers 20 --hidden 1536] [--source-layout megatron] \\
@@ -160,8 +160,9 @@ def main(argv=None):
     print(f"reshaping {args.source} to TP {args.tensor} x PP {args.pipeline}; GiB")
     print("| code | peak RSS | RSS before | seconds | user seconds | system seconds |")
     print("|---|---|---|---|---|---|")
-    for turn in range(args.repeat):
-        for index, (label, root) in enumerate(roots):
+    numbered = list(enumerate(roots))
+    for turn in range(args.repeat):  # each checkout goes first in every other turn (the first run after a pause differs)
+        for index, (label, root) in numbered[::-1] if turn % 2 else numbered:
             keep = args.keep_outputs and turn == 0 and os.path.join(os.path.abspath(args.keep_outputs),
                                                                      f"output{index}")
             measured = run(root, os.path.abspath(args.source), args.tensor, args.pipeline, keep or None)
