@@ -161,7 +161,7 @@ def main(argv=None):
     print("| code | peak RSS | RSS before | seconds | user seconds | system seconds |")
     print("|---|---|---|---|---|---|")
     numbered = list(enumerate(roots))
-    for turn in range(args.repeat):  # each checkout goes first in every other turn (the first run after a pause differs)
+    for turn in range(args.repeat):  # each checkout first in every other turn: a first run after a pause differs
         for index, (label, root) in numbered[::-1] if turn % 2 else numbered:
             keep = args.keep_outputs and turn == 0 and os.path.join(os.path.abspath(args.keep_outputs),
                                                                      f"output{index}")
