@@ -9,7 +9,8 @@ which exist only then).
 Model states, per parameter Ψ of the rank (d = data-parallel size; ZeRO divides by d what its stage shards; an
 MoE model's experts, whose optimizer groups DeepSpeed partitions over their expert-data-parallel group, by d / EP):
     weights          model dtype (2 bytes in bf16/fp16, 4 in fp32); ZeRO-3: / d
-    gradients        model dtype; ZeRO-2/3: / d
+    gradients        model dtype; ZeRO-2/3: / d. In forward and backward only with gradient accumulation
+                     (accumulated_gradients): a step of one micro-batch starts backward, its peak, with none
     optimizer        Adam's two fp32 moments, plus an fp32 master copy in half precision or under ZeRO >= 1
                      (DeepSpeed's partitioned optimizer keeps one); / d under ZeRO >= 1
     step_gradients   the fp32 gradients the step reads where they are a copy (half precision, or ZeRO >= 1):
@@ -49,10 +50,11 @@ from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, layer
                                      stage_parameters)
 
 FRAGMENTATION = 0.05
-STATES = ("weights", "gradients", "optimizer", "kept_buffers")
-FORWARD_BACKWARD = (*STATES, "buckets", "activations", "pipeline_in_flight", "logits_and_loss")
-GRADIENT_REDUCTION = (*STATES, "buckets", "reduction_buckets", "kept_logits")
-OPTIMIZER_STEP = (*STATES, "step_gradients", "kept_logits")
+STATES = ("weights", "optimizer", "kept_buffers")
+FORWARD_BACKWARD = (*STATES, "accumulated_gradients", "buckets", "activations", "pipeline_in_flight",
+                    "logits_and_loss")
+GRADIENT_REDUCTION = (*STATES, "gradients", "buckets", "reduction_buckets", "kept_logits")
+OPTIMIZER_STEP = (*STATES, "gradients", "step_gradients", "kept_logits")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class MemoryEstimate:
     fragmentation, make the total."""
     weights: float
     gradients: float
+    accumulated_gradients: float
     optimizer: float
     kept_buffers: float
     buckets: float
@@ -167,6 +170,7 @@ def estimate_memory(shape: ModelShape, layout: Layout, settings: TrainingSetting
                                       layout.expert_parallel)
         experts = stage_expert_parameters(shape, layout.expert_parallel, layout.tensor)
         terms = model_state_bytes(parameters, layout, settings, experts)
+        terms["accumulated_gradients"] = terms["gradients"] if micro_batches > 1 else 0.0
         one = stage_activation_bytes(shape, layout, settings)
         terms["activations"] = one
         terms["pipeline_in_flight"] = (in_flight_micro_batches(layout, stage, micro_batches) - 1) * one
