@@ -4,7 +4,8 @@ piece unpickled all of it each time (most of a conversion's time), and a memory 
 leave every page read counted in the process's memory. So a zip-format file's pickle is read once, its tensors on
 the meta device, where torch notes each storage's offset in the file, and each take maps the file anew and views
 the tensors taken there (as torch.load's memory map would), the map closing when they are dropped. A file in
-torch's legacy format cannot be read in parts; it is loaded whole at each take."""
+torch's legacy format cannot be read in parts; it is loaded whole at each take, and so is every file where the
+torch in use does not mark the offsets (`_checkpoint_offset`, set by torch.load for the meta device since 2.x)."""
 import os
 import sys
 import zipfile
@@ -60,6 +61,9 @@ class FileSections:
         in_parts = all(manifest.is_zip_archive(path) for path in self._paths.values())
         self._records = {key: TensorRecords(path) for key, path in self._paths.items()} if in_parts else {}
         self._sections = {key: section(records.contents) for key, records in self._records.items()}
+        if not all(hasattr(tensor.untyped_storage(), "_checkpoint_offset")
+                   for tensors in self._sections.values() for tensor in tensors.values()):
+            self._records, self._sections = {}, {}  # a torch that does not mark offsets: whole files, as legacy ones
 
     def names(self, key: Hashable) -> List[str]:
         """The names in file `key`'s section (a legacy-format file is loaded for them)."""
