@@ -237,3 +237,20 @@ def test_engine_config_for_the_pipeline(tmp_path):
     args = job_config(validated("--deepspeed_config", str(user_json), world_size=1))
     with pytest.raises(InputError, match=f"--deepspeed_config {user_json} sets pipeline.pipe_partitioned=true"):
         engine_config(args, pipelined=True, clipping_ourselves=False)
+
+
+def test_zeros_reduce_bucket_holds_at_most_the_ranks_parameters_unless_the_user_sizes_it():
+    """DeepSpeed allocates the whole bucket every backward (tests/test_planner_against_measured.py measures it)."""
+    from megatron.config.arguments import job_config
+    from megatron.training.loop import engine_config
+
+    def bucket(*flags, parameters=1000):
+        args = job_config(validated("--zero-stage", "1", *flags, world_size=1))
+        return engine_config(args, pipelined=True, clipping_ourselves=False,
+                             rank_parameters=parameters)["zero_optimization"].get("reduce_bucket_size")
+
+    assert bucket() == 1000 and bucket(parameters=10 ** 10) == 500_000_000  # DeepSpeed's default above it
+    assert bucket("--zero-reduce-bucket-size", "4096") == 4096
+    args = job_config(validated("--zero-stage", "0", world_size=1))
+    assert "reduce_bucket_size" not in engine_config(args, pipelined=False, clipping_ourselves=False,
+                                                     rank_parameters=1000)["zero_optimization"]

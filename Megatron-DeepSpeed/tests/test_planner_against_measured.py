@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron.model.cross_entropy import CHUNK_BYTES
-from megatron.planning.shape import ACCELERATOR_LOSS_CHUNK_BYTES
+from megatron.planning.shape import ACCELERATOR_LOSS_CHUNK_BYTES, DEEPSPEED_REDUCE_BUCKET
 from megatron.training.live_memory import LiveTensorBytes, record_iteration_peaks
 
 
@@ -40,8 +40,10 @@ def test_iteration_peaks_split_at_the_first_forward_and_the_optimizer_step():
     assert peaks.optimizer_step[1] >= 2 * weights  # the momentum buffers, and the gradients still held
 
 
-def test_the_planners_loss_chunk_is_the_models():
+def test_the_planners_constants_are_the_model_and_deepspeeds():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     assert ACCELERATOR_LOSS_CHUNK_BYTES == CHUNK_BYTES
+    assert DEEPSPEED_REDUCE_BUCKET == DeepSpeedZeroConfig().reduce_bucket_size
 
 
 @pytest.mark.full
@@ -49,9 +51,9 @@ def test_the_planners_loss_chunk_is_the_models():
     ("zero1", None, 1), ("pipeline", None, 1), ("zero3", 100_000, 1), ("tp2", 100_000, 1), ("pp2", 100_000, 1),
     ("no-recompute", 100_000, 2)])
 def test_the_planner_is_within_15_percent_of_the_real_steps_peak(layout, bucket, micro_batches):
-    """bf16, the tiny preset with one device's layout changed: with DeepSpeed's default reduce bucket (1 GB, more than
-    the model) the buckets dominate, with a small one the activations and logits do (and with two micro-batches
-    the first one's gradients)."""
+    """bf16, the tiny preset with one device's layout changed: with the trainer's reduce bucket (the rank's parameter
+    count: DeepSpeed's default of 5e8 elements would dominate) and a smaller one, where the activations and logits
+    do (and with two micro-batches the first one's gradients)."""
     from tools.benchmark_planner_memory import measure
 
     options = argparse.Namespace(model_size="tiny", num_layers=None, micro_batch_size=2, micro_batches=micro_batches,

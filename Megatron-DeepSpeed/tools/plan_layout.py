@@ -20,7 +20,7 @@ from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError, run_cli
 from megatron.planning.memory import FRAGMENTATION
 from megatron.planning.search import GIB, MOE_NO_PIPELINE, ranked_plans
-from megatron.planning.shape import DEEPSPEED_REDUCE_BUCKET, GPT2_VOCAB_SIZE, ModelShape, TrainingSettings, shape_from_preset
+from megatron.planning.shape import GPT2_VOCAB_SIZE, ModelShape, TrainingSettings, shape_from_preset
 from megatron.planning.step_time import Hardware
 
 SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
@@ -50,9 +50,10 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--hidden-dropout", type=float, default=0.0)
     parser.add_argument("--no-pipeline-parallel", action="store_true", help="the plain engine (PP 1 only)")
-    parser.add_argument("--zero-reduce-bucket-size", type=positive(int), default=DEEPSPEED_REDUCE_BUCKET,
+    parser.add_argument("--zero-reduce-bucket-size", type=positive(int),
                         help="zero_optimization.reduce_bucket_size in elements, as pretrain_gpt.py's flag (DeepSpeed "
-                             "allocates this much for ZeRO 1-3 whatever the model's size)")
+                             "allocates this much for ZeRO 1-3 whatever the model's size; default: the trainer's, "
+                             "a rank's parameter count up to DeepSpeed's 5e8)")
     moe_flags.add_flags(parser)  # pretrain_gpt.py's; --moe-expert-parallel-size fixes EP, else every EP is tried
     parser.add_argument("--devices", type=positive(int), required=True, help="devices in the whole job")
     parser.add_argument("--nodes", type=positive(int), default=1)

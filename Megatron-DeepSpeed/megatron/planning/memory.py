@@ -16,7 +16,8 @@ MoE model's experts, whose optimizer groups DeepSpeed partitions over their expe
     step_gradients   the fp32 gradients the step reads where they are a copy (half precision, or ZeRO >= 1):
                      DeepSpeed flattens its partition (/ d under ZeRO >= 1; whole under ZeRO 0); ZeRO 1 in
                      half precision first flattens it in the model dtype too, a copy alive while it converts
-DeepSpeed's buffers, reduce_bucket_size elements of the model dtype each, whatever the model's size:
+DeepSpeed's buffers, reduce_bucket_size elements of the model dtype each, whatever the model's size (unless the
+flags size it, the trainer caps it at the rank's parameter count, training/loop.py's capped_reduce_bucket):
     buckets              ZeRO 1-2: the bucket each backward's first gradient allocates, freed before the step
     reduction_buckets    the pipeline engine at ZeRO 1-2: one more, allocated when it reduces the gradients
     kept_buffers         ZeRO-3: its bucket, kept in every phase
@@ -46,8 +47,8 @@ elements per group), which is left out.
 from dataclasses import asdict, dataclass
 
 from megatron.planning import moe
-from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, layers_per_stage, stage_expert_parameters,
-                                     stage_parameters)
+from megatron.planning.shape import (DEEPSPEED_REDUCE_BUCKET, Layout, ModelShape, TrainingSettings, layers_per_stage,
+                                     stage_expert_parameters, stage_parameters)
 
 FRAGMENTATION = 0.05
 STATES = ("weights", "optimizer", "kept_buffers")
@@ -102,7 +103,7 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
         return sum(bytes_each * count / (d if zero >= from_stage else 1) for count, d in groups)
 
     copied = half or zero >= 1  # an fp32 master copy and fp32 step gradients beside the model's own tensors
-    bucket = float(size * settings.zero_reduce_bucket_size)
+    bucket = float(size * (settings.zero_reduce_bucket_size or min(DEEPSPEED_REDUCE_BUCKET, parameters)))
     return {"weights": per_rank(size, 3), "gradients": per_rank(size, 2),
             "optimizer": per_rank(8 + (4 if copied else 0), 1),
             "step_gradients": (per_rank(4, 1) if copied else 0) + (per_rank(size, 1) if half and zero == 1 else 0),

@@ -19,7 +19,7 @@ from megatron.tokenizer import vocab_size_with_padding
 
 GPT2_VOCAB_SIZE = 50257
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-DEEPSPEED_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default, elements
+DEEPSPEED_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's default, elements (a test holds it)
 # model/cross_entropy.py's CHUNK_BYTES, an accelerator's loss chunk (a test holds them equal; the planner does not
 # import torch)
 ACCELERATOR_LOSS_CHUNK_BYTES = 1 << 28
@@ -82,7 +82,7 @@ class TrainingSettings:
     hidden_dropout: float = 0.0
     fused_attention: bool = True  # scaled-dot-product attention (no score matrix kept), else Megatron's unfused
     pipeline_engine: bool = True  # DeepSpeed's pipeline engine even at PP 1 (the trainer's default)
-    zero_reduce_bucket_size: int = DEEPSPEED_REDUCE_BUCKET
+    zero_reduce_bucket_size: Optional[int] = None  # elements; None: the trainer's, the rank's parameters up to 5e8
     loss_chunk_bytes: int = ACCELERATOR_LOSS_CHUNK_BYTES  # the device's (model/kernels.py): a CPU's is smaller
 
     @property
@@ -187,7 +187,7 @@ def from_flags(flags, vocab_size: int):
     settings = TrainingSettings(global_batch_size=flags.global_batch_size, dtype=dtype,
                                 hidden_dropout=flags.hidden_dropout, fused_attention=flags.masked_softmax_fusion,
                                 pipeline_engine=not flags.no_pipeline_parallel,
-                                zero_reduce_bucket_size=flags.zero_reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET)
+                                zero_reduce_bucket_size=flags.zero_reduce_bucket_size or None)
     layout = Layout(flags.tensor_model_parallel_size, flags.pipeline_model_parallel_size, flags.data_parallel_size,
                     flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations, flags.sequence_parallel,
                     flags.moe_expert_parallel_size if shape.has_experts else 1)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.pipe import PipelineModule
 from deepspeed.runtime.pipe.engine import PipelineEngine
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from megatron import device
 from megatron.checkpoint import save_lock
@@ -200,15 +201,19 @@ class TrainingResult:
 
 
 def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False,
-                  guarding_steps_ourselves: bool = False) -> dict:
+                  guarding_steps_ourselves: bool = False, rank_parameters: Optional[int] = None) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
     Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the
     pipeline engine, DeepSpeed's samples/sec line every --log-interval (unless the user's JSON says otherwise)
     and stage outputs sent whole (see model/pipe.py's GPTPipe); the universal-checkpoint loader where --load
     holds a reshaped checkpoint (checkpoint/resume.py). DeepSpeed's throughput timer is off unless the user's
     JSON configures it: it waits for the device at the start and end of every step, and its samples/sec
-    figures, printed every steps_per_print, duplicate the iteration line."""
+    figures, printed every steps_per_print, duplicate the iteration line. ZeRO's reduce bucket, unless the flags
+    or JSON size it, holds at most the rank's `rank_parameters` (see capped_reduce_bucket)."""
     engine = resolve_deepspeed_config(config)
+    zero = engine.setdefault("zero_optimization", {})
+    if rank_parameters is not None and zero.get("stage", 0) >= 1:
+        zero.setdefault("reduce_bucket_size", capped_reduce_bucket(rank_parameters))
     engine.setdefault("timers", {"throughput": {"enabled": False}})
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0
@@ -228,6 +233,13 @@ def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, 
         if engine["steps_per_print"] == STEPS_PER_PRINT_NEVER:
             engine["steps_per_print"] = config.logging.log_interval
     return engine
+
+
+def capped_reduce_bucket(rank_parameters: int) -> int:
+    """DeepSpeed allocates its whole reduce bucket (5e8 elements by default: 0.93 GiB in bf16, twice on the pipeline
+    engine) in every backward, whatever the model's size. A bucket of the rank's parameter count still reduces
+    every gradient at once, as the default does for any smaller rank, without the rest."""
+    return min(DeepSpeedZeroConfig().reduce_bucket_size, rank_parameters)
 
 
 def evaluation_engine_config(config: JobConfig, pipelined: bool, universal_load: bool) -> dict:
@@ -347,7 +359,9 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
         optimizer.register_step_pre_hook(step_guard)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(config, pipelined, clipping is not None,
-                                                                universal_load, step_guard is not None),
+                                                                universal_load, step_guard is not None,
+                                                                rank_parameters=sum(p.numel() for p in model.parameters()
+                                                                                    if p.requires_grad)),
                                            dist_init_required=False)
     return engine, clipping, step_guard
 
