@@ -23,41 +23,35 @@ from megatron.reports.worker_runs import report, run_with_root
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "planner-memory: "
 GIB = 1 << 30
-# name: (processes, pretrain_gpt.py flags after the preset's and ONE_DEVICE)
+# name: (processes, data-parallel size, pretrain_gpt.py flags after the preset's and ONE_DEVICE)
 ONE_DEVICE = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
-LAYOUTS = {"zero1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
-           "zero0": (1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
-           "zero2": (1, ["--no-pipeline-parallel", "--zero-stage", "2"]),
-           "zero3": (1, ["--no-pipeline-parallel", "--zero-stage", "3"]),
-           "recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--checkpoint-activations"]),
-           "no-recompute": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--no-checkpoint-activations"]),
-           "pipeline": (1, ["--zero-stage", "1"]),
-           "pipeline-no-recompute": (1, ["--zero-stage", "1", "--no-checkpoint-activations"]),
-           "tp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2"]),
-           "tp2-sp": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2",
-                          "--sequence-parallel"]),
-           "pp2": (2, ["--zero-stage", "1", "--pipeline-model-parallel-size", "2"]),
-           "dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1"])}
+LAYOUTS = {"zero1": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
+           "zero0": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
+           "zero2": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "2"]),
+           "zero3": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "3"]),
+           "recompute": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "1", "--checkpoint-activations"]),
+           "no-recompute": (1, 1, ["--no-pipeline-parallel", "--zero-stage", "1", "--no-checkpoint-activations"]),
+           "pipeline": (1, 1, ["--zero-stage", "1"]),
+           "pipeline-no-recompute": (1, 1, ["--zero-stage", "1", "--no-checkpoint-activations"]),
+           "tp2": (2, 1, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2"]),
+           "tp2-sp": (2, 1, ["--no-pipeline-parallel", "--zero-stage", "1", "--tensor-model-parallel-size", "2",
+                             "--sequence-parallel"]),
+           "pp2": (2, 1, ["--zero-stage", "1", "--pipeline-model-parallel-size", "2"]),
+           "dp2": (2, 2, ["--no-pipeline-parallel", "--zero-stage", "1"])}
 
 
-def training_flags(options, processes: int, layout: str) -> list:
+def training_flags(options, layout: str) -> list:
     """pretrain_gpt.py's flags for one layout: the preset's shape with the overrides, GPT-2's vocabulary size."""
+    _, data_parallel, layout_flags = LAYOUTS[layout]
     shape = [] if options.num_layers is None else ["--num-layers", str(options.num_layers)]
     bucket = [] if options.zero_reduce_bucket_size is None else ["--zero-reduce-bucket-size",
                                                                   str(options.zero_reduce_bucket_size)]
-    return (["--model-size", options.model_size, *shape, "--mock-data", "--tokenizer-type", "NullTokenizer",
-             "--vocab-size", "50256", "--micro-batch-size", str(options.micro_batch_size),
-             "--global-batch-size", str(options.micro_batch_size * options.micro_batches * processes
-                                        // tensor_and_pipeline(layout)),
-             "--train-iters", str(options.iterations), "--log-interval", "1", "--eval-iters", "0",
-             "--num-workers", "0", *ONE_DEVICE, *bucket] + ([] if options.dtype == "fp32" else [f"--{options.dtype}"]) + LAYOUTS[layout][1])
-
-
-def tensor_and_pipeline(layout: str) -> int:
-    flags = LAYOUTS[layout][1]
-    sizes = [int(flags[flags.index(flag) + 1]) for flag in ("--tensor-model-parallel-size",
-                                                           "--pipeline-model-parallel-size") if flag in flags]
-    return max([1, *sizes])
+    precision = [] if options.dtype == "fp32" else [f"--{options.dtype}"]
+    global_batch = options.micro_batch_size * options.micro_batches * data_parallel
+    return ["--model-size", options.model_size, *shape, "--mock-data", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", "50256", "--micro-batch-size", str(options.micro_batch_size),
+            "--global-batch-size", str(global_batch), "--train-iters", str(options.iterations), "--log-interval", "1",
+            "--eval-iters", "0", "--num-workers", "0", *ONE_DEVICE, *bucket, *precision, *layout_flags]
 
 
 def worker(options) -> None:
@@ -69,9 +63,7 @@ def worker(options) -> None:
     from megatron.training.live_memory import record_iteration_peaks
     from megatron.training.loop import pretrain
 
-    processes = LAYOUTS[options.layout][0]
-    peaks = record_iteration_peaks(lambda: pretrain(model_provider,
-                                                    training_flags(options, processes, options.layout)))
+    peaks = record_iteration_peaks(lambda: pretrain(model_provider, training_flags(options, options.layout)))
     heaviest = torch.tensor([*peaks.forward_backward, *peaks.optimizer_step], dtype=torch.float64)
     dist.all_reduce(heaviest, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
@@ -92,7 +84,7 @@ def estimate(options, layout: str) -> dict:
     from megatron.tokenizer import build_tokenizer
 
     processes = LAYOUTS[layout][0]
-    flags = validate_args(parse_args(training_flags(options, processes, layout)), processes, "cpu")
+    flags = validate_args(parse_args(training_flags(options, layout)), processes, "cpu")
     vocab = build_tokenizer(flags.tokenizer_type, vocab_size=flags.vocab_size).vocab_size
     shape, planned_layout, settings = from_flags(flags, vocab)
     settings = replace(settings, loss_chunk_bytes=select_kernels("cpu").loss_chunk_bytes)

@@ -1,7 +1,7 @@
 """The bytes of live tensors during training, counted the same way on every device, the CPU included.
 
-A device's allocator statistics (torch.cuda.max_memory_allocated) exist only on an accelerator. This counts
-what they count, the storages tensors hold, from torch's dispatcher: every operator's output storage is
+An allocator's statistics (device.memory_stats' peak) exist only on an accelerator. This counts what they
+count, the storages tensors hold, from torch's dispatcher: every operator's output storage is
 added when first seen and taken off when Python frees it, so the peak of a real training step can be read on a
 CPU and set beside the layout planner's estimate (tools/benchmark_planner_memory.py). It sees what torch
 allocates through operators (parameters, gradients, optimizer state, activations, communication buffers that

@@ -357,11 +357,11 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
     if config.precision.bf16 and config.parallel.zero_stage in (1, 2) and not config.optimizer.cpu_optimizer:
         step_guard = NonFiniteStepGuard()
         optimizer.register_step_pre_hook(step_guard)
+    rank_parameters = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(config, pipelined, clipping is not None,
                                                                 universal_load, step_guard is not None,
-                                                                rank_parameters=sum(p.numel() for p in model.parameters()
-                                                                                    if p.requires_grad)),
+                                                                rank_parameters),
                                            dist_init_required=False)
     return engine, clipping, step_guard
 
