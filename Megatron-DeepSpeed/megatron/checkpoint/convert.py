@@ -8,6 +8,7 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.directory import load_file, read_client_state
+from megatron.checkpoint.expert_optimizer_state import precision_of
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.client_state import rng_states, tracker_states
 from megatron.checkpoint.layout import model_parallel_rank, model_states_file
@@ -43,20 +44,27 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
 
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,
-            weights_only: bool = False, force: bool = False, progress: Progress = quiet) -> Checkpoint:
+            weights_only: bool = False, force: bool = False, progress: Progress = quiet,
+            precision: Optional[str] = None) -> Checkpoint:
     """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
-    source has none, the Adam state). Returns the source checkpoint."""
+    source has none, the Adam state). A mixture-of-experts model's Adam state is written for a run in
+    `precision` (fp32, fp16, bf16; None: the source's) at ZeRO 0. Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)
+    elif precision is not None:
+        raise InputError(f"--target-{precision} sets the form of a mixture-of-experts checkpoint's Adam state, and "
+                         f"{load_dir} holds a dense model, whose converted state resumes in any precision at ZeRO "
+                         "1-3 (in fp32 at ZeRO 0); drop the flag")
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
-        directory, source.model, config, state, target, optimizer, progress), force=force)
+        directory, source.model, config, state, target, optimizer, progress,
+        precision or precision_of(source.args)), force=force)
     return source
 
 
