@@ -457,6 +457,90 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
         run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1_zero0"), "--zero-stage", "1"])
 
 
+@pytest.mark.full
+def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_ep2_and_ep1(data_prefix, tmp_path):
+    # bf16 at ZeRO 0: DeepSpeed wraps our AdamW in its FP16_UnfusedOptimizer (fp32 master weights, loss scale),
+    # the form fp16 at ZeRO 0 (upstream's MoE scripts) saves too. EP 2 x DP 2 saves at iteration 2; converted
+    # with its Adam state at the same layout and to EP 1, the resumed runs take the source run's iterations 3
+    # and 4 (at EP 2 bit for bit). Resumed without the moments (--no-load-optim), iteration 4 is another.
+    from megatron.checkpoint.directory import load_file
+    from tools.convert_checkpoint import main as convert_main
+    flags = [*COMMON, "--data-path", data_prefix, "--bf16", "--moe-expert-parallel-size"]
+    straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
+    for expert_parallel in (1, 2):
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save", str(tmp_path / f"ep{expert_parallel}"),
+                      "--target-no-pipeline-parallel", "--target-expert-parallel-size", str(expert_parallel)])
+    written = load_file(str(tmp_path / "ep1" / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"))["optimizer"]
+    assert (written["dynamic_loss_scale"], written["cur_scale"], written["cur_iter"]) == (False, 1.0, 2)
+    same_layout = run_on_ranks(train_moe, 4, [*flags, "2", "--load", str(tmp_path / "ep2")])[0]
+    assert same_layout[0] == straight[0][2:] and same_layout[2] == straight[2]
+    one_process = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1")])[0][0]
+    fresh_moments = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1"), "--no-load-optim"])[0][0]
+    assert one_process == pytest.approx(straight[0][2:], rel=1e-4)  # bf16 sums in another order at EP 1
+    assert abs(fresh_moments[1] - straight[0][3]) > 100 * abs(one_process[1] - straight[0][3])
+    # The state is in bf16's form: an fp32 run is refused, and named the way out.
+    with pytest.raises(AssertionError, match="converted for bf16 training and this run trains in fp32; resume it "
+                                             "with --bf16, convert it again with tools/convert_checkpoint.py "
+                                             "--target-fp32, or pass --no-load-optim"):
+        run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "ep1")])
+
+
+def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
+    """DeepSpeed's FP16_UnfusedOptimizer (what the engine wraps torch's AdamW in at ZeRO 0 with --fp16) over a
+    half-precision PR-MoE model, loading `state` with its own load_state_dict; returns its master weights, the
+    inner AdamW's moments (both in group order) and its loss scale."""
+    import deepspeed
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig, LossScaleProfile
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    from megatron.training.optimizer import parameter_groups
+    deepspeed.init_distributed("gloo", verbose=False)
+    model = skewed_model("--mlp-type", "residual").half()
+    config = LossScaleConfig(torch.float16, True, 1.0, {"init_scale": 2.0 ** 8, "scale_window": 10,
+                                                        "min_scale": 1, "delayed_shift": 2, "consecutive_hysteresis": False},
+                             profile=LossScaleProfile.UNFUSED)
+    optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-2),
+                                      loss_scale_config=config, low_precision_dtype=torch.float16)
+    optimizer.load_state_dict(state)
+    masters = [p.detach().clone() for group in optimizer.fp32_groups for p in group]
+    moments = [{kind: optimizer.optimizer.state[p][kind] for kind in ("exp_avg", "exp_avg_sq")}
+               for group in optimizer.fp32_groups for p in group]
+    scale = {key: getattr(optimizer.loss_scale_config, key) for key in loss_scale}
+    return masters, moments, scale
+
+
+def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():
+    # The converter's fp16 target (--target-fp16) against DeepSpeed's own loader: the master weights, moments and
+    # an fp16 source's dynamic loss scale come back as written, in torch's numbering of our groups.
+    from megatron.checkpoint.expert_optimizer_state import rank_optimizer, state_order, target_loss_scale
+    from megatron.checkpoint.optimizer_state import OptimizerState
+    model = skewed_model("--mlp-type", "residual")
+    parameters = dict(model.named_parameters())
+    order = state_order(list(parameters), lambda name: parameters[name].dim() > 1, expert_groups=False)
+    generator = torch.Generator().manual_seed(0)
+    kinds = {kind: {name: torch.rand(p.shape, generator=generator) for name, p in parameters.items()}
+             for kind in ("fp32", "exp_avg", "exp_avg_sq")}
+    hyper = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False, "foreach": None,
+             "capturable": False, "differentiable": False, "fused": None}
+    full = OptimizerState(step=7, param_groups=({**hyper, "weight_decay": 0.01}, {**hyper, "weight_decay": 0.0}),
+                          **kinds)
+    source_scale = {"dynamic_loss_scale": True, "cur_scale": 512.0, "cur_iter": 7, "last_overflow_iter": 3,
+                    "scale_factor": 2.0, "scale_window": 10}
+    loss_scale = target_loss_scale("fp16", {}, 7, source_scale, "fp16")
+    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, False, 0, 1, 0, 1,
+                             loss_scale=loss_scale)["optimizer"]
+    masters, moments, scale = run_on_ranks(load_into_deepspeeds_fp16_optimizer, 1, written, loss_scale)[0]
+    assert scale == source_scale
+    for index, name in enumerate(order):
+        torch.testing.assert_close(masters[index], kinds["fp32"][name], rtol=0, atol=0, msg=name)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(moments[index][kind], kinds[kind][name], rtol=0, atol=0, msg=name)
+    # From an fp32 or bf16 source, the scale an fp16 engine of the recorded flags starts with, steps kept.
+    assert target_loss_scale("fp16", {"initial_loss_scale": 4096.0, "loss_scale_window": 100}, 7, None, "bf16") == {
+        "dynamic_loss_scale": True, "cur_scale": 4096.0, "cur_iter": 7, "last_overflow_iter": -1, "scale_factor": 2.0,
+        "scale_window": 100}
+
+
 def test_the_adam_state_of_an_moe_checkpoint_trained_with_tensor_parallelism_is_refused_in_one_line():
     # DeepSpeed's consecutive expert-parallel groups then mix tensor-parallel ranks: a layout no run here wrote.
     from megatron.checkpoint.convert import check_expert_target

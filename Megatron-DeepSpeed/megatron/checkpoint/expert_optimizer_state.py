@@ -184,20 +184,23 @@ def precision_of(args: Mapping[str, object]) -> str:
     return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
 
 
-def target_loss_scale(precision: str, args: Mapping[str, object], step: int,
+def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int,
                       source: Optional[Mapping] = None, source_precision: str = "fp32") -> Optional[dict]:
     """The loss-scale keys of the target's FP16_UnfusedOptimizer state (None for fp32: no wrapper). An fp16
     source's scale continues; otherwise the scale an engine of the recorded flags starts with (LossScaleConfig,
-    the unfused profile DeepSpeed gives torch's AdamW), with the steps already taken. bf16 scales nothing."""
+    the unfused profile DeepSpeed gives torch's AdamW; bf16 scales nothing). 'cur_iter' counts the steps taken:
+    the source's count, or its iteration. (It is not AdamW's step: the wrapper's constructor steps AdamW once
+    with zero gradients, so an fp16/bf16 run's AdamW counts one step more than its iterations.)"""
     if precision == "fp32":
         return None
-    if precision == "fp16" and source is not None and source_precision == "fp16":
-        return dict(source)
+    steps = int(source["cur_iter"]) if source is not None else iteration
     if precision == "bf16":
-        return {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": step}
+        return {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": steps}
+    if source is not None and source_precision == "fp16":
+        return dict(source)
     if args.get("loss_scale"):
-        return {"dynamic_loss_scale": False, "cur_scale": float(args["loss_scale"]), "cur_iter": step}
-    return {"dynamic_loss_scale": True, "cur_scale": float(args.get("initial_loss_scale", 2 ** 32)), "cur_iter": step,
+        return {"dynamic_loss_scale": False, "cur_scale": float(args["loss_scale"]), "cur_iter": steps}
+    return {"dynamic_loss_scale": True, "cur_scale": float(args.get("initial_loss_scale", 2 ** 32)), "cur_iter": steps,
             "last_overflow_iter": -1, "scale_factor": SCALE_FACTOR,
             "scale_window": int(args.get("loss_scale_window", 1000))}
 

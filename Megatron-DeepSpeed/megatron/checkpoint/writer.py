@@ -210,7 +210,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                           int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size, split_experts)
 
     universal = UniversalFiles(tag_dir, model, optimizer, num_layers, target.pipeline_engine, split_experts, progress)
-    loss_scale = None if optimizer is None else target_loss_scale(precision, state.args, optimizer.step,
+    loss_scale = None if optimizer is None else target_loss_scale(precision, state.args, state.iteration,
                                                                   optimizer.loss_scale, precision_of(state.args))
 
     def rank_tensors(keys: Mapping[str, str], tp: int, experts_too: bool, held: bool) -> Dict[str, torch.Tensor]:
