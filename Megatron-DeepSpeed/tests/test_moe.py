@@ -485,6 +485,48 @@ def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_
         run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "ep1")])
 
 
+@pytest.mark.full
+def test_a_bf16_zero1_checkpoint_converted_for_a_data_parallel_size_resumes_at_zero1_as_the_source_run(data_prefix,
+                                                                                                     tmp_path):
+    # This project's default, bf16 at ZeRO 1, PR-MoE at EP 2 x DP 4: DeepSpeed's ZeRO partitions, its dense
+    # vectors' group padded (898 elements over 8). Converted with --target-data-parallel-size at the same layout,
+    # the files are DeepSpeed's own, bit for bit, and the run resumes exactly; converted to EP 1 x DP 1, one
+    # process takes the source run's iterations 3 and 4, which without the moments it does not. Another
+    # data-parallel size is refused in one line.
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.layout import optimizer_states_file
+    from tools.convert_checkpoint import main as convert_main
+    flags = [*COMMON, "--data-path", data_prefix, "--bf16", "--zero-stage", "1", "--mlp-type", "residual",
+             "--moe-expert-parallel-size"]
+    straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
+    for expert_parallel, data_parallel in ((2, 4), (1, 1)):
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save", str(tmp_path / f"ep{expert_parallel}"),
+                      "--target-no-pipeline-parallel", "--target-expert-parallel-size", str(expert_parallel),
+                      "--target-data-parallel-size", str(data_parallel)])
+    for rank in range(4):
+        saved, written = (load_file(str(tmp_path / name / "global_step2" / optimizer_states_file(0, rank, bf16=True)))
+                          ["optimizer_state_dict"] for name in ("source", "ep2"))
+        assert saved["group_paddings"][1] == (6 if rank == 3 else 0)
+        for key, value in written.items():
+            if key == "base_optimizer_state":
+                assert value["param_groups"] == saved[key]["param_groups"]
+                for group, state in saved[key]["state"].items():
+                    assert all(torch.equal(value["state"][group][kind], state[kind]) for kind in state), (rank, group)
+            elif key == "single_partition_of_fp32_groups":
+                assert all(torch.equal(mine, theirs) for mine, theirs in zip(value, saved[key], strict=True))
+            else:
+                assert value == saved[key], key
+    same_layout = run_on_ranks(train_moe, 4, [*flags, "2", "--load", str(tmp_path / "ep2")])[0]
+    assert same_layout[0] == straight[0][2:] and same_layout[2] == straight[2]
+    one_process = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1")])[0][0]
+    fresh_moments = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1"), "--no-load-optim"])[0][0]
+    assert one_process == pytest.approx(straight[0][2:], rel=1e-4)
+    assert abs(fresh_moments[1] - straight[0][3]) > 100 * abs(one_process[1] - straight[0][3])
+    with pytest.raises(AssertionError, match="cut into ZeRO partitions for data-parallel size 1, and this run's is 2 "
+                                             r"\(DeepSpeed re-partitions none\); resume it at data-parallel size 1"):
+        run_on_ranks(train_moe, 2, [*flags, "1", "--load", str(tmp_path / "ep1")])
+
+
 def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
     """DeepSpeed's FP16_UnfusedOptimizer (what the engine wraps torch's AdamW in at ZeRO 0 with --fp16) over a
     half-precision PR-MoE model, loading `state` with its own load_state_dict; returns its master weights, the

@@ -48,16 +48,18 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
             precision: Optional[str] = None) -> Checkpoint:
     """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
     source has none, the Adam state). A mixture-of-experts model's Adam state is written for a run in
-    `precision` (fp32, fp16, bf16; None: the source's) at ZeRO 0. Returns the source checkpoint."""
+    `precision` (fp32, fp16, bf16; None: the source's) at ZeRO 0 and, with target.data, for ZeRO 1-2 at that
+    data-parallel size. Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)
-    elif precision is not None:
-        raise InputError(f"--target-{precision} sets the form of a mixture-of-experts checkpoint's Adam state, and "
-                         f"{load_dir} holds a dense model, whose converted state resumes in any precision at ZeRO "
+    elif precision is not None or target.data is not None:
+        flag = f"--target-{precision}" if precision else "--target-data-parallel-size"
+        raise InputError(f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and {load_dir} holds a dense "
+                         "model, whose converted state resumes at any data-parallel size, in any precision at ZeRO "
                          "1-3 (in fp32 at ZeRO 0); drop the flag")
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
@@ -85,6 +87,13 @@ def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout,
     if target.expert < 1 or uneven:
         raise InputError(f"--target-expert-parallel-size {target.expert} does not divide the --num-experts "
                          f"{' '.join(map(str, source.moe.num_experts))} of {load_dir}; choose one that divides each")
+    if target.data is not None and (target.data < 1 or target.data % target.expert):
+        raise InputError(f"--target-data-parallel-size {target.data} is not a multiple of the target's expert-parallel "
+                         f"size {target.expert} (each expert is held by data-parallel size / EP ranks); choose one")
+    if target.data is not None and target.tensor > 1:
+        raise InputError(f"--target-data-parallel-size with --target-tensor-parallel-size {target.tensor}: ZeRO "
+                         "partitions are written for tensor-parallel size 1 only (DeepSpeed's expert-parallel groups "
+                         "then mix tensor-parallel ranks); leave it out to resume at --zero-stage 0")
 
 
 def unpadded_vocab_size(args: Mapping[str, object]) -> int:

@@ -205,41 +205,49 @@ def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int
             "scale_window": int(args.get("loss_scale_window", 1000))}
 
 
+def rank_groups(model: Mapping[str, torch.Tensor], param_groups: Sequence[Mapping], expert_groups: bool,
+                expert_parallel_rank: int, expert_parallel_size: int) -> List[tuple]:
+    """(hyperparameters, the member names in torch's order) of each optimizer group on expert-parallel rank
+    `expert_parallel_rank`: the dense groups' hyperparameters are `param_groups`' first two and, with
+    `expert_groups`, the experts' groups are DeepSpeed's (its name, 'moe', its size limit)."""
+    names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
+
+    def is_matrix(name: str) -> bool:
+        return model[name].dim() > 1
+    groups = []
+    for expert, matrix in _classes(expert_groups):
+        hyper = {**param_groups[0 if matrix else 1]}
+        if expert:
+            hyper.update(name=f"ep_size_{expert_parallel_size}", moe=True)
+        for chunk in _chunks(_members(names, is_matrix, expert, matrix), model, EXPERT_GROUP_LIMIT if expert else None):
+            groups.append((hyper, chunk))
+    return groups
+
+
 def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
                    expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False,
                    loss_scale: Optional[Mapping] = None) -> dict:
     """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
     optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
     fp16/bf16 target, target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer saves it, beside the
-    master weights. The dense groups' hyperparameters are `optimizer`'s first two groups' and, with
-    `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit). Moments and master weights
-    are this tensor-parallel rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's
-    dense MLP too)."""
-    names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
-
-    def is_matrix(name: str) -> bool:
-        return model[name].dim() > 1
-
+    master weights. Groups as rank_groups makes them; moments and master weights are this tensor-parallel
+    rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP too)."""
     def shard(kind: str, name: str) -> torch.Tensor:
         return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
-    order = state_order(names, is_matrix, expert_groups)
+    groups = rank_groups(model, optimizer.param_groups, expert_groups, expert_parallel_rank, expert_parallel_size)
+    order = [name for _, members in groups for name in members]
     step = torch.tensor(float(optimizer.step))
     state = {index: {"step": step.clone(), **{kind: shard(kind, name) for kind in MOMENTS}}
              for index, name in enumerate(order)}
-    groups, members = [], []
-    for expert, matrix in _classes(expert_groups):
-        hyper = {**optimizer.param_groups[0 if matrix else 1]}
-        if expert:
-            hyper.update(name=f"ep_size_{expert_parallel_size}", moe=True)
-        for chunk in _chunks(_members(names, is_matrix, expert, matrix), model, EXPERT_GROUP_LIMIT if expert else None):
-            start = sum(map(len, members))
-            groups.append({**hyper, "params": list(range(start, start + len(chunk)))})
-            members.append(chunk)
-    adam = {"state": state, "param_groups": groups}
+    torch_groups, start = [], 0
+    for hyper, members in groups:
+        torch_groups.append({**hyper, "params": list(range(start, start + len(members)))})
+        start += len(members)
+    adam = {"state": state, "param_groups": torch_groups}
     if loss_scale is None:
         return {"optimizer": adam}
     return {"optimizer": {**loss_scale, WRAPPED_STATE: adam,
-                          MASTER_WEIGHTS: [[shard("fp32", name) for name in chunk] for chunk in members]}}
+                          MASTER_WEIGHTS: [[shard("fp32", name) for name in members] for _, members in groups]}}
 
 
 def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:
