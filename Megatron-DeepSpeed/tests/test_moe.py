@@ -817,3 +817,60 @@ def test_the_load_balancing_loss_keeps_its_gradient_under_activation_recomputati
     assert (grads[0] - grads[2]).abs().max() > 1e-4  # the MoE loss does reach the gate
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
+
+
+def test_a_converted_moe_checkpoints_adam_state_resumes_only_where_deepspeed_reads_it_and_says_how_else():
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.resume import check_expert_optimizer_state
+    from megatron.errors import InputError
+
+    def run(zero_stage, data=2):
+        return Layout(tensor=1, pipeline=1, data=data, zero_stage=zero_stage, pipeline_engine=False)
+    bf16_for_dp2 = {"optimizer_precision": "bf16", "optimizer_data_parallel_size": 2}
+    check_expert_optimizer_state("ckpt", bf16_for_dp2, run(0, data=8), "bf16")  # ZeRO 0: any DP
+    check_expert_optimizer_state("ckpt", bf16_for_dp2, run(1), "fp16")  # ZeRO 1-2: any precision, its DP
+    check_expert_optimizer_state("ckpt", {}, run(0), "fp32")  # earlier converters: fp32 ZeRO 0 only
+    for state, layout, precision, message in (
+            ({}, run(0), "bf16", "converted for fp32 training and this run trains in bf16; resume it with neither "
+                                 "--fp16 nor --bf16, convert it again with tools/convert_checkpoint.py --target-bf16"),
+            (bf16_for_dp2, run(0), "fp16", "resume it with --bf16, convert it again with tools/convert_checkpoint.py "
+                                           "--target-fp16, or pass --no-load-optim"),
+            ({"optimizer_precision": "bf16"}, run(2, data=4), "bf16", "load at ZeRO stage 0 only; resume it with "
+                                                                      "--zero-stage 0, or pass --no-load-optim (or "
+                                                                      "convert it again with "
+                                                                      "--target-data-parallel-size 4 for ZeRO 1-2)"),
+            (bf16_for_dp2, run(1, data=4), "bf16", "for data-parallel size 2, and this run's is 4")):
+        with pytest.raises(InputError) as caught:
+            check_expert_optimizer_state("ckpt", state, layout, precision)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_zero_partitions_are_written_only_where_deepspeeds_expert_groups_are_known(tmp_path):
+    from megatron.checkpoint.convert import check_expert_target, reshape
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.reader import Checkpoint
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.config.arguments import job_config
+    from megatron.errors import InputError
+    from megatron.model.gpt import GPTModel
+    from megatron.model.gpt_config import gpt_config
+    args = {"num_layers": 2, "num_experts": [4], "moe_expert_parallel_size": 2}
+    source = Checkpoint(directory="ckpt/global_step2", iteration=2, consumed_train_samples=8, args=args,
+                        layout=Layout(tensor=1, pipeline=1, data=2, zero_stage=0, pipeline_engine=False),
+                        padded_vocab_size=256, model={}, has_optimizer_state=True)
+    for target, message in ((TargetLayout(1, 1, False, expert=2, data=3), "--target-data-parallel-size 3 is not a "
+                                                                          "multiple of the target's expert-parallel "
+                                                                          "size 2"),
+                            (TargetLayout(2, 1, False, expert=2, data=2), "ZeRO partitions are written for "
+                                                                          "tensor-parallel size 1 only")):
+        with pytest.raises(InputError, match=message):
+            check_expert_target("ckpt", source, target, weights_only=False)
+    dense = job_config(validated("--num-layers", "2", world_size=1))
+    config = gpt_config(dense.model, 256)
+    write_checkpoint(str(tmp_path / "dense"), GPTModel(config).state_dict(), config, TrainingState(2, 8, dense.flags),
+                     TargetLayout(1, 1, pipeline_engine=False))
+    for precision, target, flag in (("bf16", TargetLayout(1, 1, False), "--target-bf16"),
+                                    (None, TargetLayout(1, 1, False, data=2), "--target-data-parallel-size")):
+        with pytest.raises(InputError, match=f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and .* "
+                                             "holds a dense model"):
+            reshape(str(tmp_path / "dense"), str(tmp_path / "out"), target, precision=precision)
