@@ -468,8 +468,9 @@ def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_
     flags = [*COMMON, "--data-path", data_prefix, "--bf16", "--moe-expert-parallel-size"]
     straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
     for expert_parallel in (1, 2):
-        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save", str(tmp_path / f"ep{expert_parallel}"),
-                      "--target-no-pipeline-parallel", "--target-expert-parallel-size", str(expert_parallel)])
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save",
+                      str(tmp_path / f"ep{expert_parallel}"), "--target-no-pipeline-parallel",
+                      "--target-expert-parallel-size", str(expert_parallel)])
     written = load_file(str(tmp_path / "ep1" / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"))["optimizer"]
     assert (written["dynamic_loss_scale"], written["cur_scale"], written["cur_iter"]) == (False, 1.0, 2)
     same_layout = run_on_ranks(train_moe, 4, [*flags, "2", "--load", str(tmp_path / "ep2")])[0]
@@ -500,8 +501,9 @@ def test_a_bf16_zero1_checkpoint_converted_for_a_data_parallel_size_resumes_at_z
              "--moe-expert-parallel-size"]
     straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
     for expert_parallel, data_parallel in ((2, 4), (1, 1)):
-        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save", str(tmp_path / f"ep{expert_parallel}"),
-                      "--target-no-pipeline-parallel", "--target-expert-parallel-size", str(expert_parallel),
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save",
+                      str(tmp_path / f"ep{expert_parallel}"), "--target-no-pipeline-parallel",
+                      "--target-expert-parallel-size", str(expert_parallel),
                       "--target-data-parallel-size", str(data_parallel)])
     for rank in range(4):
         saved, written = (load_file(str(tmp_path / name / "global_step2" / optimizer_states_file(0, rank, bf16=True)))
@@ -538,9 +540,9 @@ def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
     from megatron.training.optimizer import parameter_groups
     deepspeed.init_distributed("gloo", verbose=False)
     model = skewed_model("--mlp-type", "residual").half()
-    config = LossScaleConfig(torch.float16, True, 1.0, {"init_scale": 2.0 ** 8, "scale_window": 10,
-                                                        "min_scale": 1, "delayed_shift": 2, "consecutive_hysteresis": False},
-                             profile=LossScaleProfile.UNFUSED)
+    dynamic = {"init_scale": 2.0 ** 8, "scale_window": 10, "min_scale": 1, "delayed_shift": 2,
+               "consecutive_hysteresis": False}
+    config = LossScaleConfig(torch.float16, True, 1.0, dynamic, profile=LossScaleProfile.UNFUSED)
     optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-2),
                                       loss_scale_config=config, low_precision_dtype=torch.float16)
     optimizer.load_state_dict(state)

@@ -17,7 +17,7 @@ the files of an EP 2 x DP 4 bf16 ZeRO-1 run of this trainer):
         groups are ranks e, e + EP, ...: rank dp holds the experts of expert-parallel rank dp % EP and
         partition dp // EP of their group.
   state_dict() (elastic_checkpoint off, DeepSpeed's default): 'base_optimizer_state' = torch's state_dict of the
-        inner AdamW, one flat parameter per group, its moments the whole padded partition; 
+        inner AdamW, one flat parameter per group, its moments the whole padded partition;
         'single_partition_of_fp32_groups' = the fp32 master partitions, padding cut off ('group_paddings' says
         how much: only a group's last partitions hold any); 'param_alignment_paddings' (zeros), 'partition_count',
         'ds_version'; also 'loss_scaler', 'dynamic_loss_scale', 'overflow', 'clip_grad', 'zero_stage' and
