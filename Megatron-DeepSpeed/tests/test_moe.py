@@ -553,6 +553,64 @@ def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
     return masters, moments, scale
 
 
+def fused_fp16_optimizer_state(config, weights):
+    """DeepSpeed's FP16_Optimizer (how upstream's trainer, stepping DeepSpeed's FusedAdam, wraps it in fp16 at
+    ZeRO 0) over a half-precision copy of an MoE model in DeepSpeed's MoE groups, its flat moments and master
+    weights filled at random: its state_dict(), and per parameter name the same tensors as DeepSpeed's own
+    unflattening (torch's _unflatten_dense_tensors over the group's parameters) cuts them."""
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig
+    from torch._utils import _unflatten_dense_tensors
+
+    from megatron.model.moe import MoEGPTModel
+    from megatron.training.optimizer import parameter_groups
+    deepspeed.init_distributed("gloo", verbose=False)
+    model = MoEGPTModel(config)
+    model.load_state_dict(weights)
+    model.half()
+    groups = split_params_into_different_moe_groups_for_optimizer(parameter_groups(model, 0.01))
+    scale = LossScaleConfig(torch.float16, True, 1.0, None)
+    optimizer = FP16_Optimizer(torch.optim.AdamW(groups, lr=1e-2), loss_scale_config=scale, has_moe_layers=True)
+    generator = torch.Generator().manual_seed(1)
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    expected = {}
+    for flat, parameters in zip(optimizer.fp32_groups_flat, optimizer.fp16_groups):
+        tensors = {"fp32": flat.data, **optimizer.optimizer.state[flat]}
+        for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+            tensors[kind].copy_(torch.rand(flat.shape, generator=generator))
+            for parameter, piece in zip(parameters, _unflatten_dense_tensors(tensors[kind], parameters)):
+                expected.setdefault(names[parameter], {})[kind] = piece.clone()
+    return optimizer.state_dict(), expected
+
+
+def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_path):
+    # Upstream's trainer steps fp16 with DeepSpeed's FusedAdam, so its expp_rank files hold FP16_Optimizer's flat
+    # groups; the reader cuts them into the parameters DeepSpeed's own unflattening gives.
+    from megatron.checkpoint import expert_optimizer_state as experts
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.saving import save
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.config.arguments import job_config
+    from megatron.model.gpt_config import gpt_config
+    from megatron.model.moe import MoEGPTModel
+    flags = job_config(validated("--num-experts", "4", "--no-pipeline-parallel", "--num-layers", "2", "--mlp-type",
+                                 "residual", world_size=1))
+    config = gpt_config(flags.model, 256, moe=flags.moe)
+    weights = MoEGPTModel(config).state_dict()
+    write_checkpoint(str(tmp_path), weights, config, TrainingState(2, 8, flags.flags), TargetLayout(1, 1, False))
+    saved, expected = run_on_ranks(fused_fp16_optimizer_state, 1, config, weights)[0]
+    save(str(tmp_path / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"), {"optimizer": saved})
+    checkpoint = read_checkpoint(str(tmp_path))
+    read = experts.read_rank_state(checkpoint, 0)
+    assert read["fp32"].keys() == expected.keys() == weights.keys()
+    for name, kinds in expected.items():
+        for kind, tensor in kinds.items():
+            torch.testing.assert_close(read[kind][name], tensor, rtol=0, atol=0, msg=f"{kind} {name}")
+    assert experts.saved_loss_scale(checkpoint) == {key: saved[key] for key in experts.LOSS_SCALE_KEYS}
+
+
 def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():
     # The converter's fp16 target (--target-fp16) against DeepSpeed's own loader: the master weights, moments and
     # an fp16 source's dynamic loss scale come back as written, in torch's numbering of our groups.

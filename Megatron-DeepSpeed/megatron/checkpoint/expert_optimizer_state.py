@@ -19,6 +19,9 @@ MoE, EP 2 x DP 2, gloo):
                  state_dict of the fp32 master copies, numbered as in fp32; 'fp32_groups', the master copies
                  themselves, one list per parameter group in that order, no padding. load_state_dict copies the
                  master weights from 'fp32_groups' (not from the bf16/fp16 module) and restores the loss scale.
+                 Upstream's trainer steps fp16 with DeepSpeed's FusedAdam, which gets FP16_Optimizer
+                 (runtime/fp16/fused_optimizer.py) instead: the same loss-scale keys, but each group one flat
+                 parameter, its members concatenated without padding ('fp32_groups_flat'); read, not written.
   ZeRO 1-2       None: the state is in [bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt per data-parallel
                  rank (optimizer_state.py), which the engine reloads only at the data-parallel size that saved
                  them (engine.py _load_zero_checkpoint).
@@ -50,6 +53,8 @@ EXPERT_GROUP_LIMIT = 178_956_971
 # FP16_UnfusedOptimizer.state_dict's keys: torch's state_dict inside, the master weights, the loss scale
 WRAPPED_STATE = "optimizer_state_dict"
 MASTER_WEIGHTS = "fp32_groups"
+# FP16_Optimizer's (DeepSpeed's FusedAdam, as upstream's trainer steps fp16): each group one flat master tensor
+FLAT_MASTER_WEIGHTS = "fp32_groups_flat"
 LOSS_SCALE_KEYS = ("dynamic_loss_scale", "cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
                    "scale_window")
 # LossScaleConfig's scale_factor (runtime/fp16/loss_scaler.py, both profiles); a fresh dynamic scale has not
@@ -150,8 +155,13 @@ def read_rank_state(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str,
     for rank in range(size):
         saved = _rank_file(checkpoint, rank, tp_rank)
         adam = torch_state(saved)
+        expert_groups = expert_groups_of(adam["param_groups"])
         order = state_order(rank_names(ordered, rank, size), lambda name: checkpoint.model[name].dim() > 1,
-                            expert_groups_of(adam["param_groups"]))
+                            expert_groups)
+        if FLAT_MASTER_WEIGHTS in saved:
+            saved = _unflattened(checkpoint, saved, rank_groups(checkpoint.model, adam["param_groups"], expert_groups,
+                                                                rank, size), expert_optimizer_file(rank, tp_rank))
+            adam = torch_state(saved)
         masters = [tensor for group in saved.get(MASTER_WEIGHTS, ()) for tensor in group]
         if sum(len(group["params"]) for group in adam["param_groups"]) != len(order) or \
                 len(masters) not in (0, len(order)):
@@ -164,6 +174,32 @@ def read_rank_state(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str,
             if masters:
                 result["fp32"].setdefault(name, masters[index])
     return result
+
+
+def _unflattened(checkpoint: Checkpoint, saved: Mapping, groups: List[tuple], file: str) -> dict:
+    """FP16_Optimizer's state (runtime/fp16/fused_optimizer.py: each group's parameters flattened in group order,
+    no padding, one AdamW entry and one 'fp32_groups_flat' tensor per group) in FP16_UnfusedOptimizer's form:
+    per parameter, numbered as torch numbers them."""
+    adam, flat_masters = saved[WRAPPED_STATE], saved[FLAT_MASTER_WEIGHTS]
+    shapes = [[checkpoint.model[name].shape for name in members] for _, members in groups]
+    if len(flat_masters) != len(groups) or any(flat.numel() != sum(shape.numel() for shape in group)
+                                               for flat, group in zip(flat_masters, shapes)):
+        raise InputError(f"{checkpoint.directory}: {file} holds the flat optimizer groups of another model than its "
+                         "weights; convert it with --weights-only")
+    state, masters, param_groups, first = {}, [], [], 0
+    for number, group_shapes in enumerate(shapes):
+        sizes = [shape.numel() for shape in group_shapes]
+        flat = adam["state"].get(number, {})
+        pieces = {kind: flat[kind].split(sizes) for kind in MOMENTS if kind in flat}
+        for position, shape in enumerate(group_shapes):
+            if pieces:
+                state[first + position] = {"step": flat["step"],
+                                           **{kind: pieces[kind][position].view(shape) for kind in pieces}}
+        masters.append([piece.view(shape) for piece, shape in zip(flat_masters[number].split(sizes), group_shapes)])
+        param_groups.append({**adam["param_groups"][number], "params": list(range(first, first + len(sizes)))})
+        first += len(sizes)
+    return {**{key: saved[key] for key in LOSS_SCALE_KEYS if key in saved},
+            WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
 
 
 def step_and_groups(checkpoint: Checkpoint) -> tuple:
