@@ -531,9 +531,11 @@ def test_a_bf16_zero1_checkpoint_converted_for_a_data_parallel_size_resumes_at_z
 
 def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
     """DeepSpeed's FP16_UnfusedOptimizer (what the engine wraps torch's AdamW in at ZeRO 0 with --fp16) over a
-    half-precision PR-MoE model, loading `state` with its own load_state_dict; returns its master weights, the
-    inner AdamW's moments (both in group order) and its loss scale."""
+    half-precision PR-MoE model in DeepSpeed's MoE groups (upstream's scripts pass --create-moe-param-group),
+    loading `state` with its own load_state_dict; returns its master weights, the inner AdamW's moments (both
+    in group order) and its loss scale."""
     import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
     from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig, LossScaleProfile
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
@@ -543,7 +545,8 @@ def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
     dynamic = {"init_scale": 2.0 ** 8, "scale_window": 10, "min_scale": 1, "delayed_shift": 2,
                "consecutive_hysteresis": False}
     config = LossScaleConfig(torch.float16, True, 1.0, dynamic, profile=LossScaleProfile.UNFUSED)
-    optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-2),
+    groups = split_params_into_different_moe_groups_for_optimizer(parameter_groups(model, 0.01))
+    optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(groups, lr=1e-2),
                                       loss_scale_config=config, low_precision_dtype=torch.float16)
     optimizer.load_state_dict(state)
     masters = [p.detach().clone() for group in optimizer.fp32_groups for p in group]
@@ -613,12 +616,12 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
 
 def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():
     # The converter's fp16 target (--target-fp16) against DeepSpeed's own loader: the master weights, moments and
-    # an fp16 source's dynamic loss scale come back as written, in torch's numbering of our groups.
+    # an fp16 source's dynamic loss scale come back as written, in torch's numbering of DeepSpeed's MoE groups.
     from megatron.checkpoint.expert_optimizer_state import rank_optimizer, state_order, target_loss_scale
     from megatron.checkpoint.optimizer_state import OptimizerState
     model = skewed_model("--mlp-type", "residual")
     parameters = dict(model.named_parameters())
-    order = state_order(list(parameters), lambda name: parameters[name].dim() > 1, expert_groups=False)
+    order = state_order(list(parameters), lambda name: parameters[name].dim() > 1, expert_groups=True)
     generator = torch.Generator().manual_seed(0)
     kinds = {kind: {name: torch.rand(p.shape, generator=generator) for name, p in parameters.items()}
              for kind in ("fp32", "exp_avg", "exp_avg_sq")}
@@ -629,7 +632,7 @@ def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimi
     source_scale = {"dynamic_loss_scale": True, "cur_scale": 512.0, "cur_iter": 7, "last_overflow_iter": 3,
                     "scale_factor": 2.0, "scale_window": 10}
     loss_scale = target_loss_scale("fp16", {}, 7, source_scale, "fp16")
-    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, False, 0, 1, 0, 1,
+    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, True, 0, 1, 0, 1,
                              loss_scale=loss_scale)["optimizer"]
     masters, moments, scale = run_on_ranks(load_into_deepspeeds_fp16_optimizer, 1, written, loss_scale)[0]
     assert scale == source_scale
@@ -934,3 +937,14 @@ def test_zero_partitions_are_written_only_where_deepspeeds_expert_groups_are_kno
         with pytest.raises(InputError, match=f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and .* "
                                              "holds a dense model"):
             reshape(str(tmp_path / "dense"), str(tmp_path / "out"), target, precision=precision)
+
+
+def test_the_converters_precision_and_data_parallel_flags():
+    from tools.convert_checkpoint import parse_args
+    base = ["--load", "in", "--save", "out", "--target-no-pipeline-parallel"]
+    assert (parse_args(base).target_precision, parse_args(base).target_data_parallel_size) == (None, None)
+    args = parse_args([*base, "--target-fp16", "--target-data-parallel-size", "8"])
+    assert (args.target_precision, args.target_data_parallel_size) == ("fp16", 8)
+    assert parse_args([*base, "--target-bf16"]).target_precision == "bf16"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--target-fp32", "--target-bf16"])
