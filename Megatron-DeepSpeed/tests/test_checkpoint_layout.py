@@ -163,10 +163,10 @@ def test_earlier_versions_checkpoint_reads_as_upstreams_tool_converted_it():
 def test_earlier_versions_checkpoint_converts_with_one_command(tmp_path):
     options, run = LoadOptions(), Layout(2, 2, 1, 1, True)
     with pytest.raises(InputError, match=r"earlier version of this project.*\n.*convert_checkpoint\.py --load"):
-        plan_resume(OLD, run, options, False, {})
+        plan_resume(OLD, run, options, "fp32", {})
     converted = str(tmp_path / "converted")
     source = reshape(OLD, converted, TargetLayout(2, 2))
-    plan = plan_resume(converted, run, options, False, source.model_config.to_flags())
+    plan = plan_resume(converted, run, options, "fp32", source.model_config.to_flags())
     assert plan.load_optimizer and plan.universal
     again = read_checkpoint(converted)
     assert not again.old and all(torch.equal(again.model[name], tensor) for name, tensor in source.model.items())
@@ -181,10 +181,10 @@ def test_megatron_layout_loads_weights_only_and_a_resume_is_refused_with_the_con
     run, shape = Layout(2, 1, 2, 1, True), read_checkpoint(MEGATRON).model_config.to_flags()
     with pytest.raises(InputError, match=r"Megatron-layout checkpoint \(iter_0000002/mp_rank_\*/model_optim_rng.pt\)"
                                          r".*--finetune or --no-load-optim.*\n  .*convert_checkpoint\.py --load"):
-        plan_resume(MEGATRON, run, LoadOptions(), False, shape)
-    plan = plan_resume(MEGATRON, run, LoadOptions(finetune=True), False, shape)
+        plan_resume(MEGATRON, run, LoadOptions(), "fp32", shape)
+    plan = plan_resume(MEGATRON, run, LoadOptions(finetune=True), "fp32", shape)
     assert plan.foreign and not (plan.load_optimizer or plan.load_rng or plan.restore_progress or plan.universal)
-    plan = plan_resume(OLD, Layout(1, 2, 1, 2, True), LoadOptions(no_load_optim=True), False, shape)
+    plan = plan_resume(OLD, Layout(1, 2, 1, 2, True), LoadOptions(no_load_optim=True), "fp32", shape)
     assert plan.foreign and plan.restore_progress and not plan.load_optimizer
 
 

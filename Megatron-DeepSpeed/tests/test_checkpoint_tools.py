@@ -148,20 +148,20 @@ MODEL_FLAGS = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidd
 
 
 def test_resume_plan_of_a_reshaped_checkpoint(imported):
-    plan = plan_resume(imported, dataclasses.replace(RUN, data=4), LoadOptions(finetune=True), False, MODEL_FLAGS)
+    plan = plan_resume(imported, dataclasses.replace(RUN, data=4), LoadOptions(finetune=True), "fp32", MODEL_FLAGS)
     assert (plan.universal, plan.load_optimizer, plan.restore_progress, plan.load_rng) == (False, False, False, False)
     assert plan.padded_vocab_size == 128
     with pytest.raises(InputError, match=r"TP 2 x PP 2, any DP .* but this run is TP 1 x PP 1 x DP 1.*\n.*"
                                          r"convert_checkpoint.py --load .* --target-tensor-parallel-size 1 "
                                          r"--target-pipeline-parallel-size 1"):
-        plan_resume(imported, Layout(1, 1, 1, 1, True), LoadOptions(), False, MODEL_FLAGS)
+        plan_resume(imported, Layout(1, 1, 1, 1, True), LoadOptions(), "fp32", MODEL_FLAGS)
     with pytest.raises(InputError, match=r"--hidden-size 64 \(checkpoint: 32\)"):
-        plan_resume(imported, RUN, LoadOptions(), False, {**MODEL_FLAGS, "hidden_size": 64})
-    assert plan_resume(None, RUN, LoadOptions(), False, MODEL_FLAGS) is None
+        plan_resume(imported, RUN, LoadOptions(), "fp32", {**MODEL_FLAGS, "hidden_size": 64})
+    assert plan_resume(None, RUN, LoadOptions(), "fp32", MODEL_FLAGS) is None
 
 
 def test_schedule_flags_must_match_unless_told(imported):
-    plan = plan_resume(imported, RUN, LoadOptions(), False, MODEL_FLAGS)
+    plan = plan_resume(imported, RUN, LoadOptions(), "fp32", MODEL_FLAGS)
     plan = type(plan)(**{**plan.__dict__, "schedule": {**plan.schedule, "lr": 0.01}})
     run = {"lr": 0.02}
     with pytest.raises(InputError, match=r"--lr 0.02 \(checkpoint: 0.01\).*--override-lr-scheduler"):

@@ -457,6 +457,195 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
         run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1_zero0"), "--zero-stage", "1"])
 
 
+@pytest.mark.full
+def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_ep2_and_ep1(data_prefix, tmp_path):
+    # bf16 at ZeRO 0: DeepSpeed wraps our AdamW in its FP16_UnfusedOptimizer (fp32 master weights, loss scale),
+    # the form fp16 at ZeRO 0 (upstream's MoE scripts) saves too. EP 2 x DP 2 saves at iteration 2; converted
+    # with its Adam state at the same layout and to EP 1, the resumed runs take the source run's iterations 3
+    # and 4 (at EP 2 bit for bit). Resumed without the moments (--no-load-optim), iteration 4 is another.
+    from megatron.checkpoint.directory import load_file
+    from tools.convert_checkpoint import main as convert_main
+    flags = [*COMMON, "--data-path", data_prefix, "--bf16", "--moe-expert-parallel-size"]
+    straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
+    for expert_parallel in (1, 2):
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save",
+                      str(tmp_path / f"ep{expert_parallel}"), "--target-no-pipeline-parallel",
+                      "--target-expert-parallel-size", str(expert_parallel)])
+    written = load_file(str(tmp_path / "ep1" / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"))["optimizer"]
+    assert (written["dynamic_loss_scale"], written["cur_scale"], written["cur_iter"]) == (False, 1.0, 2)
+    same_layout = run_on_ranks(train_moe, 4, [*flags, "2", "--load", str(tmp_path / "ep2")])[0]
+    assert same_layout[0] == straight[0][2:] and same_layout[2] == straight[2]
+    one_process = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1")])[0][0]
+    fresh_moments = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1"), "--no-load-optim"])[0][0]
+    assert one_process == pytest.approx(straight[0][2:], rel=1e-4)  # bf16 sums in another order at EP 1
+    assert abs(fresh_moments[1] - straight[0][3]) > 100 * abs(one_process[1] - straight[0][3])
+    # The state is in bf16's form: an fp32 run is refused, and named the way out.
+    with pytest.raises(AssertionError, match="converted for bf16 training and this run trains in fp32; resume it "
+                                             "with --bf16, convert it again with tools/convert_checkpoint.py "
+                                             "--target-fp32, or pass --no-load-optim"):
+        run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "ep1")])
+
+
+@pytest.mark.full
+def test_a_bf16_zero1_checkpoint_converted_for_a_data_parallel_size_resumes_at_zero1_as_the_source_run(data_prefix,
+                                                                                                     tmp_path):
+    # This project's default, bf16 at ZeRO 1, PR-MoE at EP 2 x DP 4: DeepSpeed's ZeRO partitions, its dense
+    # vectors' group padded (898 elements over 8). Converted with --target-data-parallel-size at the same layout,
+    # the files are DeepSpeed's own, bit for bit, and the run resumes exactly; converted to EP 1 x DP 1, one
+    # process takes the source run's iterations 3 and 4, which without the moments it does not. Another
+    # data-parallel size is refused in one line.
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.layout import optimizer_states_file
+    from tools.convert_checkpoint import main as convert_main
+    flags = [*COMMON, "--data-path", data_prefix, "--bf16", "--zero-stage", "1", "--mlp-type", "residual",
+             "--moe-expert-parallel-size"]
+    straight = run_on_ranks(train_moe, 4, [*flags, "2", "--save", str(tmp_path / "source"), "--save-interval", "2"])[0]
+    for expert_parallel, data_parallel in ((2, 4), (1, 1)):
+        convert_main(["--load", str(tmp_path / "source"), "--iteration", "2", "--save",
+                      str(tmp_path / f"ep{expert_parallel}"), "--target-no-pipeline-parallel",
+                      "--target-expert-parallel-size", str(expert_parallel),
+                      "--target-data-parallel-size", str(data_parallel)])
+    for rank in range(4):
+        saved, written = (load_file(str(tmp_path / name / "global_step2" / optimizer_states_file(0, rank, bf16=True)))
+                          ["optimizer_state_dict"] for name in ("source", "ep2"))
+        assert saved["group_paddings"][1] == (6 if rank == 3 else 0)
+        for key, value in written.items():
+            if key == "base_optimizer_state":
+                assert value["param_groups"] == saved[key]["param_groups"]
+                for group, state in saved[key]["state"].items():
+                    assert all(torch.equal(value["state"][group][kind], state[kind]) for kind in state), (rank, group)
+            elif key == "single_partition_of_fp32_groups":
+                assert all(torch.equal(mine, theirs) for mine, theirs in zip(value, saved[key], strict=True))
+            else:
+                assert value == saved[key], key
+    same_layout = run_on_ranks(train_moe, 4, [*flags, "2", "--load", str(tmp_path / "ep2")])[0]
+    assert same_layout[0] == straight[0][2:] and same_layout[2] == straight[2]
+    one_process = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1")])[0][0]
+    fresh_moments = run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1"), "--no-load-optim"])[0][0]
+    assert one_process == pytest.approx(straight[0][2:], rel=1e-4)
+    assert abs(fresh_moments[1] - straight[0][3]) > 100 * abs(one_process[1] - straight[0][3])
+    with pytest.raises(AssertionError, match="cut into ZeRO partitions for data-parallel size 1, and this run's is 2 "
+                                             r"\(DeepSpeed re-partitions none\); resume it at data-parallel size 1"):
+        run_on_ranks(train_moe, 2, [*flags, "1", "--load", str(tmp_path / "ep1")])
+
+
+def load_into_deepspeeds_fp16_optimizer(state, loss_scale):
+    """DeepSpeed's FP16_UnfusedOptimizer (what the engine wraps torch's AdamW in at ZeRO 0 with --fp16) over a
+    half-precision PR-MoE model in DeepSpeed's MoE groups (upstream's scripts pass --create-moe-param-group),
+    loading `state` with its own load_state_dict; returns its master weights, the inner AdamW's moments (both
+    in group order) and its loss scale."""
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig, LossScaleProfile
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    from megatron.training.optimizer import parameter_groups
+    deepspeed.init_distributed("gloo", verbose=False)
+    model = skewed_model("--mlp-type", "residual").half()
+    dynamic = {"init_scale": 2.0 ** 8, "scale_window": 10, "min_scale": 1, "delayed_shift": 2,
+               "consecutive_hysteresis": False}
+    config = LossScaleConfig(torch.float16, True, 1.0, dynamic, profile=LossScaleProfile.UNFUSED)
+    groups = split_params_into_different_moe_groups_for_optimizer(parameter_groups(model, 0.01))
+    optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(groups, lr=1e-2),
+                                      loss_scale_config=config, low_precision_dtype=torch.float16)
+    optimizer.load_state_dict(state)
+    masters = [p.detach().clone() for group in optimizer.fp32_groups for p in group]
+    moments = [{kind: optimizer.optimizer.state[p][kind] for kind in ("exp_avg", "exp_avg_sq")}
+               for group in optimizer.fp32_groups for p in group]
+    scale = {key: getattr(optimizer.loss_scale_config, key) for key in loss_scale}
+    return masters, moments, scale
+
+
+def fused_fp16_optimizer_state(config, weights):
+    """DeepSpeed's FP16_Optimizer (how upstream's trainer, stepping DeepSpeed's FusedAdam, wraps it in fp16 at
+    ZeRO 0) over a half-precision copy of an MoE model in DeepSpeed's MoE groups, its flat moments and master
+    weights filled at random: its state_dict(), and per parameter name the same tensors as DeepSpeed's own
+    unflattening (torch's _unflatten_dense_tensors over the group's parameters) cuts them."""
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig
+    from torch._utils import _unflatten_dense_tensors
+
+    from megatron.model.moe import MoEGPTModel
+    from megatron.training.optimizer import parameter_groups
+    deepspeed.init_distributed("gloo", verbose=False)
+    model = MoEGPTModel(config)
+    model.load_state_dict(weights)
+    model.half()
+    groups = split_params_into_different_moe_groups_for_optimizer(parameter_groups(model, 0.01))
+    scale = LossScaleConfig(torch.float16, True, 1.0, None)
+    optimizer = FP16_Optimizer(torch.optim.AdamW(groups, lr=1e-2), loss_scale_config=scale, has_moe_layers=True)
+    generator = torch.Generator().manual_seed(1)
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    expected = {}
+    for flat, parameters in zip(optimizer.fp32_groups_flat, optimizer.fp16_groups):
+        tensors = {"fp32": flat.data, **optimizer.optimizer.state[flat]}
+        for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+            tensors[kind].copy_(torch.rand(flat.shape, generator=generator))
+            for parameter, piece in zip(parameters, _unflatten_dense_tensors(tensors[kind], parameters)):
+                expected.setdefault(names[parameter], {})[kind] = piece.clone()
+    return optimizer.state_dict(), expected
+
+
+def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_path):
+    # Upstream's trainer steps fp16 with DeepSpeed's FusedAdam, so its expp_rank files hold FP16_Optimizer's flat
+    # groups; the reader cuts them into the parameters DeepSpeed's own unflattening gives.
+    from megatron.checkpoint import expert_optimizer_state as experts
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.saving import save
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.config.arguments import job_config
+    from megatron.model.gpt_config import gpt_config
+    from megatron.model.moe import MoEGPTModel
+    flags = job_config(validated("--num-experts", "4", "--no-pipeline-parallel", "--num-layers", "2", "--mlp-type",
+                                 "residual", world_size=1))
+    config = gpt_config(flags.model, 256, moe=flags.moe)
+    weights = MoEGPTModel(config).state_dict()
+    write_checkpoint(str(tmp_path), weights, config, TrainingState(2, 8, flags.flags), TargetLayout(1, 1, False))
+    saved, expected = run_on_ranks(fused_fp16_optimizer_state, 1, config, weights)[0]
+    save(str(tmp_path / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"), {"optimizer": saved})
+    checkpoint = read_checkpoint(str(tmp_path))
+    read = experts.read_rank_state(checkpoint, 0)
+    assert read["fp32"].keys() == expected.keys() == weights.keys()
+    for name, kinds in expected.items():
+        for kind, tensor in kinds.items():
+            torch.testing.assert_close(read[kind][name], tensor, rtol=0, atol=0, msg=f"{kind} {name}")
+    assert experts.saved_loss_scale(checkpoint) == {key: saved[key] for key in experts.LOSS_SCALE_KEYS}
+
+
+def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():
+    # The converter's fp16 target (--target-fp16) against DeepSpeed's own loader: the master weights, moments and
+    # an fp16 source's dynamic loss scale come back as written, in torch's numbering of DeepSpeed's MoE groups.
+    from megatron.checkpoint.expert_optimizer_state import rank_optimizer, state_order, target_loss_scale
+    from megatron.checkpoint.optimizer_state import OptimizerState
+    model = skewed_model("--mlp-type", "residual")
+    parameters = dict(model.named_parameters())
+    order = state_order(list(parameters), lambda name: parameters[name].dim() > 1, expert_groups=True)
+    generator = torch.Generator().manual_seed(0)
+    kinds = {kind: {name: torch.rand(p.shape, generator=generator) for name, p in parameters.items()}
+             for kind in ("fp32", "exp_avg", "exp_avg_sq")}
+    hyper = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "maximize": False, "foreach": None,
+             "capturable": False, "differentiable": False, "fused": None}
+    full = OptimizerState(step=7, param_groups=({**hyper, "weight_decay": 0.01}, {**hyper, "weight_decay": 0.0}),
+                          **kinds)
+    source_scale = {"dynamic_loss_scale": True, "cur_scale": 512.0, "cur_iter": 7, "last_overflow_iter": 3,
+                    "scale_factor": 2.0, "scale_window": 10}
+    loss_scale = target_loss_scale("fp16", {}, 7, source_scale, "fp16")
+    written = rank_optimizer({name: p.detach() for name, p in parameters.items()}, full, True, 0, 1, 0, 1,
+                             loss_scale=loss_scale)["optimizer"]
+    masters, moments, scale = run_on_ranks(load_into_deepspeeds_fp16_optimizer, 1, written, loss_scale)[0]
+    assert scale == source_scale
+    for index, name in enumerate(order):
+        torch.testing.assert_close(masters[index], kinds["fp32"][name], rtol=0, atol=0, msg=name)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(moments[index][kind], kinds[kind][name], rtol=0, atol=0, msg=name)
+    # From an fp32 or bf16 source, the scale an fp16 engine of the recorded flags starts with, steps kept.
+    assert target_loss_scale("fp16", {"initial_loss_scale": 4096.0, "loss_scale_window": 100}, 7, None, "bf16") == {
+        "dynamic_loss_scale": True, "cur_scale": 4096.0, "cur_iter": 7, "last_overflow_iter": -1, "scale_factor": 2.0,
+        "scale_window": 100}
+
+
 def test_the_adam_state_of_an_moe_checkpoint_trained_with_tensor_parallelism_is_refused_in_one_line():
     # DeepSpeed's consecutive expert-parallel groups then mix tensor-parallel ranks: a layout no run here wrote.
     from megatron.checkpoint.convert import check_expert_target
@@ -691,3 +880,71 @@ def test_the_load_balancing_loss_keeps_its_gradient_under_activation_recomputati
     assert (grads[0] - grads[2]).abs().max() > 1e-4  # the MoE loss does reach the gate
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
+
+
+def test_a_converted_moe_checkpoints_adam_state_resumes_only_where_deepspeed_reads_it_and_says_how_else():
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.resume import check_expert_optimizer_state
+    from megatron.errors import InputError
+
+    def run(zero_stage, data=2):
+        return Layout(tensor=1, pipeline=1, data=data, zero_stage=zero_stage, pipeline_engine=False)
+    bf16_for_dp2 = {"optimizer_precision": "bf16", "optimizer_data_parallel_size": 2}
+    check_expert_optimizer_state("ckpt", bf16_for_dp2, run(0, data=8), "bf16")  # ZeRO 0: any DP
+    check_expert_optimizer_state("ckpt", bf16_for_dp2, run(1), "fp16")  # ZeRO 1-2: any precision, its DP
+    check_expert_optimizer_state("ckpt", {}, run(0), "fp32")  # earlier converters: fp32 ZeRO 0 only
+    for state, layout, precision, message in (
+            ({}, run(0), "bf16", "converted for fp32 training and this run trains in bf16; resume it with neither "
+                                 "--fp16 nor --bf16, convert it again with tools/convert_checkpoint.py --target-bf16"),
+            (bf16_for_dp2, run(0), "fp16", "resume it with --bf16, convert it again with tools/convert_checkpoint.py "
+                                           "--target-fp16, or pass --no-load-optim"),
+            ({"optimizer_precision": "bf16"}, run(2, data=4), "bf16", "load at ZeRO stage 0 only; resume it with "
+                                                                      "--zero-stage 0, or pass --no-load-optim (or "
+                                                                      "convert it again with "
+                                                                      "--target-data-parallel-size 4 for ZeRO 1-2)"),
+            (bf16_for_dp2, run(1, data=4), "bf16", "for data-parallel size 2, and this run's is 4")):
+        with pytest.raises(InputError) as caught:
+            check_expert_optimizer_state("ckpt", state, layout, precision)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_zero_partitions_are_written_only_where_deepspeeds_expert_groups_are_known(tmp_path):
+    from megatron.checkpoint.convert import check_expert_target, reshape
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.reader import Checkpoint
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.config.arguments import job_config
+    from megatron.errors import InputError
+    from megatron.model.gpt import GPTModel
+    from megatron.model.gpt_config import gpt_config
+    args = {"num_layers": 2, "num_experts": [4], "moe_expert_parallel_size": 2}
+    source = Checkpoint(directory="ckpt/global_step2", iteration=2, consumed_train_samples=8, args=args,
+                        layout=Layout(tensor=1, pipeline=1, data=2, zero_stage=0, pipeline_engine=False),
+                        padded_vocab_size=256, model={}, has_optimizer_state=True)
+    for target, message in ((TargetLayout(1, 1, False, expert=2, data=3), "--target-data-parallel-size 3 is not a "
+                                                                          "multiple of the target's expert-parallel "
+                                                                          "size 2"),
+                            (TargetLayout(2, 1, False, expert=2, data=2), "ZeRO partitions are written for "
+                                                                          "tensor-parallel size 1 only")):
+        with pytest.raises(InputError, match=message):
+            check_expert_target("ckpt", source, target, weights_only=False)
+    dense = job_config(validated("--num-layers", "2", world_size=1))
+    config = gpt_config(dense.model, 256)
+    write_checkpoint(str(tmp_path / "dense"), GPTModel(config).state_dict(), config, TrainingState(2, 8, dense.flags),
+                     TargetLayout(1, 1, pipeline_engine=False))
+    for precision, target, flag in (("bf16", TargetLayout(1, 1, False), "--target-bf16"),
+                                    (None, TargetLayout(1, 1, False, data=2), "--target-data-parallel-size")):
+        with pytest.raises(InputError, match=f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and .* "
+                                             "holds a dense model"):
+            reshape(str(tmp_path / "dense"), str(tmp_path / "out"), target, precision=precision)
+
+
+def test_the_converters_precision_and_data_parallel_flags():
+    from tools.convert_checkpoint import parse_args
+    base = ["--load", "in", "--save", "out", "--target-no-pipeline-parallel"]
+    assert (parse_args(base).target_precision, parse_args(base).target_data_parallel_size) == (None, None)
+    args = parse_args([*base, "--target-fp16", "--target-data-parallel-size", "8"])
+    assert (args.target_precision, args.target_data_parallel_size) == ("fp16", 8)
+    assert parse_args([*base, "--target-bf16"]).target_precision == "bf16"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--target-fp32", "--target-bf16"])

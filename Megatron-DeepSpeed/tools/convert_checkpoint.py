@@ -6,13 +6,17 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
                           [--target-expert-parallel-size E]   (a mixture-of-experts model, plain engine)
+                          [--target-fp32 | --target-fp16 | --target-bf16]   (its Adam state's precision)
+                          [--target-data-parallel-size D]   (its Adam state for ZeRO 1-2 at DP D too)
     convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
 
 A reshaped checkpoint resumes with `pretrain_gpt.py --load OUT` at the target layout and any data-parallel size
 and ZeRO stage, with its optimizer state (unless --weights-only); a mixture-of-experts one with its optimizer
-state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank), its expert files keyed by
+state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank), in the precision it was written
+for (the source's unless a --target-fp32/fp16/bf16 flag says), and at ZeRO 1-2 at the data-parallel size
+--target-data-parallel-size names, its expert files keyed by
 upstream's module path so that upstream's trainer loads them too; an imported one with `--load OUT --finetune`.
 The output directory appears complete or not at all; an existing one is replaced only with --force.
 """
@@ -23,6 +27,8 @@ from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.reports.progress_bar import progress_bar
+
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def parse_args(argv):
@@ -41,6 +47,14 @@ def parse_args(argv):
                         help="a mixture-of-experts model's --moe-expert-parallel-size to resume at")
     parser.add_argument("--target-no-pipeline-parallel", action="store_true",
                         help="for a run with --no-pipeline-parallel (DeepSpeed's plain engine; needs PP 1)")
+    parser.add_argument("--target-data-parallel-size", type=int,
+                        help="a mixture-of-experts model's Adam state also as ZeRO 1-2 partitions for a run at this "
+                             "data-parallel size (world size / TP), which then loads at ZeRO 1-2 at this size only")
+    precision = parser.add_mutually_exclusive_group()
+    for name in PRECISIONS:
+        precision.add_argument(f"--target-{name}", dest="target_precision", action="store_const", const=name,
+                               help=f"a mixture-of-experts model's Adam state for a run in {name} at --zero-stage 0 "
+                                    "(default: the precision the source trained in)")
     parser.add_argument("--weights-only", action="store_true",
                         help="leave the optimizer state out (a resumed run starts it fresh)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
@@ -64,7 +78,7 @@ def main(argv=None):
 def convert(args) -> None:
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                           pipeline_engine=not args.target_no_pipeline_parallel,
-                          expert=args.target_expert_parallel_size)
+                          expert=args.target_expert_parallel_size, data=args.target_data_parallel_size)
     if args.to_hf:
         print(f"exporting {args.load} as a Hugging Face GPT-2 model to {args.to_hf}", flush=True)
         with progress_bar("exporting") as progress:
@@ -80,7 +94,8 @@ def convert(args) -> None:
     else:
         print(f"reshaping {args.load} to {target.describe()} in {args.save}", flush=True)
         with progress_bar("reshaping") as progress:
-            source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress)
+            source = reshape(args.load, args.save, target, args.iteration, args.weights_only, args.force, progress,
+                             args.target_precision)
         optimizer = ("weights and optimizer state" if source.has_optimizer_state and not args.weights_only else
                      "weights only")
         print(f"wrote {args.save}: iteration {source.iteration} ({optimizer}), from {source.layout.describe()}; "

@@ -8,6 +8,7 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.directory import load_file, read_client_state
+from megatron.checkpoint.expert_optimizer_state import precision_of
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.client_state import rng_states, tracker_states
 from megatron.checkpoint.layout import model_parallel_rank, model_states_file
@@ -43,20 +44,29 @@ def training_state(checkpoint: Checkpoint) -> TrainingState:
 
 
 def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optional[int] = None,
-            weights_only: bool = False, force: bool = False, progress: Progress = quiet) -> Checkpoint:
+            weights_only: bool = False, force: bool = False, progress: Progress = quiet,
+            precision: Optional[str] = None) -> Checkpoint:
     """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
-    source has none, the Adam state). Returns the source checkpoint."""
+    source has none, the Adam state). A mixture-of-experts model's Adam state is written for a run in
+    `precision` (fp32, fp16, bf16; None: the source's) at ZeRO 0 and, with target.data, for ZeRO 1-2 at that
+    data-parallel size. Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)
+    elif precision is not None or target.data is not None:
+        flag = f"--target-{precision}" if precision else "--target-data-parallel-size"
+        raise InputError(f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and {load_dir} holds a dense "
+                         "model, whose converted state resumes at any data-parallel size, in any precision at ZeRO "
+                         "1-3 (in fp32 at ZeRO 0); drop the flag")
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
-        directory, source.model, config, state, target, optimizer, progress), force=force)
+        directory, source.model, config, state, target, optimizer, progress,
+        precision or precision_of(source.args)), force=force)
     return source
 
 
@@ -77,6 +87,13 @@ def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout,
     if target.expert < 1 or uneven:
         raise InputError(f"--target-expert-parallel-size {target.expert} does not divide the --num-experts "
                          f"{' '.join(map(str, source.moe.num_experts))} of {load_dir}; choose one that divides each")
+    if target.data is not None and (target.data < 1 or target.data % target.expert):
+        raise InputError(f"--target-data-parallel-size {target.data} is not a multiple of the target's expert-parallel "
+                         f"size {target.expert} (each expert is held by data-parallel size / EP ranks); choose one")
+    if target.data is not None and target.tensor > 1:
+        raise InputError(f"--target-data-parallel-size with --target-tensor-parallel-size {target.tensor}: ZeRO "
+                         "partitions are written for tensor-parallel size 1 only (DeepSpeed's expert-parallel groups "
+                         "then mix tensor-parallel ranks); leave it out to resume at --zero-stage 0")
 
 
 def unpadded_vocab_size(args: Mapping[str, object]) -> int:

@@ -1,9 +1,34 @@
 """The Adam state of a mixture-of-experts checkpoint, which DeepSpeed keeps per expert-parallel rank. At ZeRO
-stage 0 it is in expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt = {'optimizer': torch's AdamW state_dict}. Each
-file covers that rank's parameters: the dense ones (the same on every rank) and its own experts. Reading joins the
-files into one state per full parameter (the single-process model's names, global expert indices). Writing cuts
-that state for another expert-parallel size, so a run resumed there takes the source run's next steps. ZeRO 1-2's
-flat partitions are read by optimizer_state.py, with the expert naming kept here.
+stage 0 it is in expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt = {'optimizer': the engine's optimizer's
+state_dict}. Each file covers that rank's parameters: the dense ones (the same on every rank) and its own experts.
+Reading joins the files into one state per full parameter (the single-process model's names, global expert
+indices). Writing cuts that state for another expert-parallel size, so a run resumed there takes the source run's
+next steps. ZeRO 1-2's flat partitions are read by optimizer_state.py, with the expert naming kept here.
+
+What DeepSpeed 0.19.8 puts in 'optimizer', as read from its code and from checkpoints this trainer saved (tiny
+MoE, EP 2 x DP 2, gloo):
+  fp32, ZeRO 0   torch's AdamW state_dict (the engine wraps nothing: engine.py _do_optimizer_sanity_check
+                 returns no wrapper when the model and gradient dtypes are fp32).
+  fp16 or bf16, ZeRO 0   DeepSpeed's FP16_UnfusedOptimizer.state_dict (runtime/fp16/unfused_optimizer.py): our
+                 AdamW is torch's, not DeepSpeed's FusedAdam, so engine.py _configure_fp16_optimizer picks the
+                 unfused wrapper, for bf16 too (_do_optimizer_sanity_check: DDP_BFLOAT16 when the gradients
+                 accumulate in bf16, the default; BF16_Optimizer only for the pipeline engine or ZeRO 1 with
+                 fp32 gradient accumulation). Keys: 'dynamic_loss_scale', 'cur_scale', 'cur_iter' (steps taken)
+                 and, with a dynamic scale, 'last_overflow_iter', 'scale_factor', 'scale_window' (bf16: False,
+                 1.0, steps; fp16: dynamic unless --loss-scale); 'optimizer_state_dict', torch's AdamW
+                 state_dict of the fp32 master copies, numbered as in fp32; 'fp32_groups', the master copies
+                 themselves, one list per parameter group in that order, no padding. load_state_dict copies the
+                 master weights from 'fp32_groups' (not from the bf16/fp16 module) and restores the loss scale.
+                 Upstream's trainer steps fp16 with DeepSpeed's FusedAdam, which gets FP16_Optimizer
+                 (runtime/fp16/fused_optimizer.py) instead: the same loss-scale keys, but each group one flat
+                 parameter, its members concatenated without padding ('fp32_groups_flat'); read, not written.
+  ZeRO 1-2       None: the state is in [bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt per data-parallel
+                 rank (optimizer_state.py), which the engine reloads only at the data-parallel size that saved
+                 them (engine.py _load_zero_checkpoint).
+The engine saves 'optimizer' on each expert-parallel rank's first expert-data-parallel rank
+(engine.py _save_moe_checkpoint) and loads it at ZeRO 0 from the file of its own expert-parallel rank, whatever
+the data-parallel size (engine.py _load_checkpoint: optimizer.load_state_dict(...)). So the converter writes the
+ZeRO 0 form of the target's precision; DeepSpeed's ZeRO 1-2 loaders read no expp_rank file.
 
 torch numbers a state_dict's parameters in group order, and within each group in module order. Our groups
 (training/optimizer.py) are the decayed matrices and then the rest. DeepSpeed's MoE groups
@@ -12,7 +37,7 @@ each cut at DeepSpeed's group size limit. In module order a layer's experts foll
 registers the gate, then the experts, then PR-MoE's MLP and coefficient.
 """
 import os
-from typing import Callable, Dict, Iterable, List, Mapping, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -25,6 +50,16 @@ from megatron.errors import InputError
 GATE_SUFFIX = ".deepspeed_moe.gate.wg.weight"
 # max_group_size of DeepSpeed's split_params_into_different_moe_groups_for_optimizer (deepspeed/moe/utils.py)
 EXPERT_GROUP_LIMIT = 178_956_971
+# FP16_UnfusedOptimizer.state_dict's keys: torch's state_dict inside, the master weights, the loss scale
+WRAPPED_STATE = "optimizer_state_dict"
+MASTER_WEIGHTS = "fp32_groups"
+# FP16_Optimizer's (DeepSpeed's FusedAdam, as upstream's trainer steps fp16): each group one flat master tensor
+FLAT_MASTER_WEIGHTS = "fp32_groups_flat"
+LOSS_SCALE_KEYS = ("dynamic_loss_scale", "cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
+                   "scale_window")
+# LossScaleConfig's scale_factor (runtime/fp16/loss_scaler.py, both profiles); a fresh dynamic scale has not
+# overflowed yet (last_overflow_iter -1)
+SCALE_FACTOR = 2.0
 
 
 def module_order(names: Sequence[str]) -> List[str]:
@@ -105,58 +140,150 @@ def _rank_file(checkpoint: Checkpoint, expert_parallel_rank: int, tp_rank: int) 
     return load_file(path)["optimizer"]
 
 
-def read_rank_moments(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
+def torch_state(saved: Mapping) -> Mapping:
+    """torch's AdamW state_dict in an expp_rank file's 'optimizer': itself in fp32, inside the fp16/bf16 wrapper."""
+    return saved[WRAPPED_STATE] if WRAPPED_STATE in saved else saved
+
+
+def read_rank_state(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
     """{kind: {global name: tensor}} of the Adam moments of tensor-parallel rank `tp_rank`, joined over the
-    expert-parallel ranks (a parameter that never had a gradient has none)."""
+    expert-parallel ranks (a parameter that never had a gradient has none), and under 'fp32' the master weights
+    of an fp16/bf16 run (an fp32 run's are its weights: none here)."""
     size = int(checkpoint.args["moe_expert_parallel_size"])
     ordered = module_order(list(checkpoint.model))
-    result = {kind: {} for kind in MOMENTS}
+    result = {kind: {} for kind in ("fp32", *MOMENTS)}
     for rank in range(size):
-        adam = _rank_file(checkpoint, rank, tp_rank)
+        saved = _rank_file(checkpoint, rank, tp_rank)
+        adam = torch_state(saved)
+        expert_groups = expert_groups_of(adam["param_groups"])
         order = state_order(rank_names(ordered, rank, size), lambda name: checkpoint.model[name].dim() > 1,
-                            expert_groups_of(adam["param_groups"]))
-        if sum(len(group["params"]) for group in adam["param_groups"]) != len(order):
+                            expert_groups)
+        if FLAT_MASTER_WEIGHTS in saved:
+            saved = _unflattened(checkpoint, saved, rank_groups(checkpoint.model, adam["param_groups"], expert_groups,
+                                                                rank, size), expert_optimizer_file(rank, tp_rank))
+            adam = torch_state(saved)
+        masters = [tensor for group in saved.get(MASTER_WEIGHTS, ()) for tensor in group]
+        if sum(len(group["params"]) for group in adam["param_groups"]) != len(order) or \
+                len(masters) not in (0, len(order)):
             raise InputError(f"{checkpoint.directory}: {expert_optimizer_file(rank, tp_rank)} holds the state of "
                              f"another model than its weights ({len(order)} parameters on expert-parallel rank "
                              f"{rank}); convert it with --weights-only")
         for index, name in enumerate(order):
             for kind in MOMENTS if index in adam["state"] else ():
                 result[kind].setdefault(name, adam["state"][index][kind])
+            if masters:
+                result["fp32"].setdefault(name, masters[index])
     return result
+
+
+def _unflattened(checkpoint: Checkpoint, saved: Mapping, groups: List[tuple], file: str) -> dict:
+    """FP16_Optimizer's state (runtime/fp16/fused_optimizer.py: each group's parameters flattened in group order,
+    no padding, one AdamW entry and one 'fp32_groups_flat' tensor per group) in FP16_UnfusedOptimizer's form:
+    per parameter, numbered as torch numbers them."""
+    adam, flat_masters = saved[WRAPPED_STATE], saved[FLAT_MASTER_WEIGHTS]
+    shapes = [[checkpoint.model[name].shape for name in members] for _, members in groups]
+    if len(flat_masters) != len(groups) or any(flat.numel() != sum(shape.numel() for shape in group)
+                                               for flat, group in zip(flat_masters, shapes)):
+        raise InputError(f"{checkpoint.directory}: {file} holds the flat optimizer groups of another model than its "
+                         "weights; convert it with --weights-only")
+    state, masters, param_groups, first = {}, [], [], 0
+    for number, group_shapes in enumerate(shapes):
+        sizes = [shape.numel() for shape in group_shapes]
+        flat = adam["state"].get(number, {})
+        pieces = {kind: flat[kind].split(sizes) for kind in MOMENTS if kind in flat}
+        for position, shape in enumerate(group_shapes):
+            if pieces:
+                state[first + position] = {"step": flat["step"],
+                                           **{kind: pieces[kind][position].view(shape) for kind in pieces}}
+        masters.append([piece.view(shape) for piece, shape in zip(flat_masters[number].split(sizes), group_shapes)])
+        param_groups.append({**adam["param_groups"][number], "params": list(range(first, first + len(sizes)))})
+        first += len(sizes)
+    return {**{key: saved[key] for key in LOSS_SCALE_KEYS if key in saved},
+            WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
 
 
 def step_and_groups(checkpoint: Checkpoint) -> tuple:
     """The step count and the groups' hyperparameters (expert-parallel rank 0's)."""
-    adam = _rank_file(checkpoint, 0, 0)
+    adam = torch_state(_rank_file(checkpoint, 0, 0))
     return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
 
 
-def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
-                   expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False) -> dict:
-    """{'optimizer': torch's AdamW state_dict} as DeepSpeed reads it from one target rank's expp_rank file, from
-    `optimizer` (an optimizer_state.OptimizerState of the full model): the dense groups' hyperparameters are its
-    first two groups' and, with `expert_groups`, the experts' groups are DeepSpeed's (its name, its size limit).
-    The moments are this tensor-parallel rank's shards, cut as its weights are (`split_experts`: the experts and
-    PR-MoE's dense MLP too)."""
+def saved_loss_scale(checkpoint: Checkpoint) -> Optional[dict]:
+    """The loss scale an fp16/bf16 run saved at ZeRO 0 (expert-parallel rank 0's; every rank steps the same
+    scale), or None for an fp32 run."""
+    saved = _rank_file(checkpoint, 0, 0)
+    return {key: saved[key] for key in LOSS_SCALE_KEYS if key in saved} if WRAPPED_STATE in saved else None
+
+
+def precision_of(args: Mapping[str, object]) -> str:
+    """The precision recorded flags train in: fp16, bf16 or fp32."""
+    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
+
+
+def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int,
+                      source: Optional[Mapping] = None, source_precision: str = "fp32") -> Optional[dict]:
+    """The loss-scale keys of the target's FP16_UnfusedOptimizer state (None for fp32: no wrapper). An fp16
+    source's scale continues; otherwise the scale an engine of the recorded flags starts with (LossScaleConfig,
+    the unfused profile DeepSpeed gives torch's AdamW; bf16 scales nothing). 'cur_iter' counts the steps taken:
+    the source's count, or its iteration. (It is not AdamW's step: the wrapper's constructor steps AdamW once
+    with zero gradients, so an fp16/bf16 run's AdamW counts one step more than its iterations.)"""
+    if precision == "fp32":
+        return None
+    steps = int(source["cur_iter"]) if source is not None else iteration
+    if precision == "bf16":
+        return {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": steps}
+    if source is not None and source_precision == "fp16":
+        return dict(source)
+    if args.get("loss_scale"):
+        return {"dynamic_loss_scale": False, "cur_scale": float(args["loss_scale"]), "cur_iter": steps}
+    return {"dynamic_loss_scale": True, "cur_scale": float(args.get("initial_loss_scale", 2 ** 32)), "cur_iter": steps,
+            "last_overflow_iter": -1, "scale_factor": SCALE_FACTOR,
+            "scale_window": int(args.get("loss_scale_window", 1000))}
+
+
+def rank_groups(model: Mapping[str, torch.Tensor], param_groups: Sequence[Mapping], expert_groups: bool,
+                expert_parallel_rank: int, expert_parallel_size: int) -> List[tuple]:
+    """(hyperparameters, the member names in torch's order) of each optimizer group on expert-parallel rank
+    `expert_parallel_rank`: the dense groups' hyperparameters are `param_groups`' first two and, with
+    `expert_groups`, the experts' groups are DeepSpeed's (its name, 'moe', its size limit)."""
     names = rank_names(module_order(list(model)), expert_parallel_rank, expert_parallel_size)
 
     def is_matrix(name: str) -> bool:
         return model[name].dim() > 1
-    order = state_order(names, is_matrix, expert_groups)
-    step = torch.tensor(float(optimizer.step))
-    state = {index: {"step": step.clone(),
-                     **{kind: shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
-                        for kind in MOMENTS}}
-             for index, name in enumerate(order)}
-    groups, start = [], 0
+    groups = []
     for expert, matrix in _classes(expert_groups):
-        hyper = {**optimizer.param_groups[0 if matrix else 1]}
+        hyper = {**param_groups[0 if matrix else 1]}
         if expert:
             hyper.update(name=f"ep_size_{expert_parallel_size}", moe=True)
         for chunk in _chunks(_members(names, is_matrix, expert, matrix), model, EXPERT_GROUP_LIMIT if expert else None):
-            groups.append({**hyper, "params": list(range(start, start + len(chunk)))})
-            start += len(chunk)
-    return {"optimizer": {"state": state, "param_groups": groups}}
+            groups.append((hyper, chunk))
+    return groups
+
+
+def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
+                   expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False,
+                   loss_scale: Optional[Mapping] = None) -> dict:
+    """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
+    optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
+    fp16/bf16 target, target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer saves it, beside the
+    master weights. Groups as rank_groups makes them; moments and master weights are this tensor-parallel
+    rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP too)."""
+    def shard(kind: str, name: str) -> torch.Tensor:
+        return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
+    groups = rank_groups(model, optimizer.param_groups, expert_groups, expert_parallel_rank, expert_parallel_size)
+    order = [name for _, members in groups for name in members]
+    step = torch.tensor(float(optimizer.step))
+    state = {index: {"step": step.clone(), **{kind: shard(kind, name) for kind in MOMENTS}}
+             for index, name in enumerate(order)}
+    torch_groups, start = [], 0
+    for hyper, members in groups:
+        torch_groups.append({**hyper, "params": list(range(start, start + len(members)))})
+        start += len(members)
+    adam = {"state": state, "param_groups": torch_groups}
+    if loss_scale is None:
+        return {"optimizer": adam}
+    return {"optimizer": {**loss_scale, WRAPPED_STATE: adam,
+                          MASTER_WEIGHTS: [[shard("fp32", name) for name in members] for _, members in groups]}}
 
 
 def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:

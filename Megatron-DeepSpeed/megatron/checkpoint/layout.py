@@ -27,6 +27,12 @@ TAG_PATTERN = re.compile(r"global_step(\d+)")
 UNIVERSAL_DIR = "zero"  # per-parameter state of a universal checkpoint (DeepSpeed's universal layout)
 UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of our writer's checkpoints: they load at any DP/ZeRO
 OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim
+# client-state key of a converted MoE checkpoint: the precision (fp32, fp16, bf16) its expp_rank files load into at
+# ZeRO 0; absent: fp32, the only form earlier converters wrote
+OPTIMIZER_PRECISION = "optimizer_precision"
+# client-state key of a converted MoE checkpoint: the data-parallel size its ZeRO 1-2 optimizer files were cut for
+# (absent: none written)
+OPTIMIZER_DATA_PARALLEL_SIZE = "optimizer_data_parallel_size"
 MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's state per parameter besides the step, as torch names it
 
 # Client state, as upstream's save_checkpoint hands it to DeepSpeed.

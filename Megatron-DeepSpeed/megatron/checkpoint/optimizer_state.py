@@ -10,7 +10,9 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
                  the group's parameters, in flat order, are `param_shapes` in the mp_rank file, each
                  followed by its alignment padding (param_alignment_paddings). DeepSpeed's MoE groups are
                  partitioned over the ranks that hold the same experts instead.
-  MoE, ZeRO 0    per expert-parallel rank, torch's state_dict of its parameters (expert_optimizer_state.py).
+  MoE, ZeRO 0    per expert-parallel rank, torch's state_dict of its parameters; in fp16/bf16 wrapped by
+                 DeepSpeed's FP16_UnfusedOptimizer with the master weights and the loss scale
+                 (expert_optimizer_state.py).
   ZeRO 3         per data-parallel rank, fp32_flat_groups and the Adam state in the same flat layout, every
                  parameter split on its own (reader.zero3_placement).
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
@@ -24,7 +26,7 @@ the one kept. Checkpoints of earlier versions of this project number their piece
 import os
 from collections import abc
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterator, List, Mapping
+from typing import Dict, Hashable, Iterator, List, Mapping, Optional
 
 import torch
 
@@ -50,6 +52,7 @@ class OptimizerState:
     exp_avg: Mapping[str, torch.Tensor]
     exp_avg_sq: Mapping[str, torch.Tensor]
     param_groups: tuple  # AdamW's hyperparameters per group (decayed, not decayed), without 'params'
+    loss_scale: Optional[Mapping] = None  # an fp16/bf16 MoE run's at ZeRO 0 (expert_optimizer_state.LOSS_SCALE_KEYS)
 
     def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
         return getattr(self, kind)
@@ -182,7 +185,7 @@ def _zero0_read(checkpoint: Checkpoint, mp_rank: int, index: Dict[str, int], kin
 
 def _moe_zero0_read(checkpoint: Checkpoint, mp_rank: int, _names: Dict[str, str], kind: str,
                     names: List[str]) -> Dict[str, torch.Tensor]:
-    moments = experts.read_rank_moments(checkpoint, mp_rank)[kind]  # the plain engine: mp rank = tp rank
+    moments = experts.read_rank_state(checkpoint, mp_rank)[kind]  # the plain engine: mp rank = tp rank
     return {name: moments[name] for name in names}
 
 
@@ -269,7 +272,7 @@ def _deepspeed_units(checkpoint: Checkpoint, kind: str) -> Units:
     for pp in range(layout.pipeline):
         for tp in range(layout.tensor):
             mp_rank = model_parallel_rank(pp, tp, layout.tensor)
-            where[pp, tp] = ({name: name for name in experts.read_rank_moments(checkpoint, tp)[MOMENTS[0]]} if moe
+            where[pp, tp] = ({name: name for name in experts.read_rank_state(checkpoint, tp)[MOMENTS[0]]} if moe
                              else _zero0_index(checkpoint, pp, tp) if zero0 else _zero12_placement(checkpoint, mp_rank))
         for name in where[pp, 0]:
             located.setdefault(model_name(name, num_layers, checkpoint.old), (pp, name))
@@ -305,14 +308,17 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = quiet) -> 
         return _universal_state(checkpoint, progress)
     if layout.zero_stage == 3:
         return _zero3_state(checkpoint, progress)
-    if layout.zero_stage == 0 and (args.get("bf16") or args.get("fp16")):
+    mixed = bool(args.get("bf16") or args.get("fp16"))
+    if layout.zero_stage == 0 and mixed and checkpoint.moe is None:
         raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
                          "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
                          "--weights-only")
     progress("optimizer state: read as each parameter is written")
     kinds = {kind: StreamedWeights(_deepspeed_units(checkpoint, kind)) for kind in MOMENTS}
-    fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0  # fp32 training: the master weights are the weights
+    fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0 and not mixed  # the master weights are the weights
             else StreamedWeights(_deepspeed_units(checkpoint, "fp32")))
+    moe_zero0 = layout.zero_stage == 0 and checkpoint.moe is not None
     step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups
-                    if checkpoint.moe is not None else _zero0_step_and_groups)(checkpoint)
-    return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds)
+                    if moe_zero0 else _zero0_step_and_groups)(checkpoint)
+    return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds,
+                          loss_scale=experts.saved_loss_scale(checkpoint) if moe_zero0 else None)

@@ -7,7 +7,9 @@ layout would not fit the model. Loading its weights only (--finetune, --no-load-
 data-parallel size and, between ZeRO stages 0-2, the stage (their weights files do not depend on either).
 A checkpoint written by tools/convert_checkpoint.py (universal) resumes at any data-parallel size and ZeRO
 stage: ZeRO 1-3 load its per-parameter state through DeepSpeed's universal-checkpoint loader, ZeRO 0 its
-torch optimizer state. Tensor- and pipeline-parallel sizes and the engine must match in every case; the
+torch optimizer state (in fp32). A converted mixture-of-experts checkpoint's Adam state loads at ZeRO 0 in the
+precision it was converted for, and at ZeRO 1-2 at the data-parallel size it was converted for, if any
+(check_expert_optimizer_state). Tensor- and pipeline-parallel sizes and the engine must match in every case; the
 message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
 output, named by `latest_universal`; --universal-checkpoint) hold no engine weight files and resume through
 that loader alone, at any layout.
@@ -24,8 +26,8 @@ from typing import Mapping, Optional, Tuple
 from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.directory import (Layout, checkpoint_directory, holds_optimizer_state, layout_of,
                                            read_client_state, whole_model_moe)
-from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, RELEASE,
-                                        UNIVERSAL_DIR)
+from megatron.checkpoint.layout import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE,
+                                        OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE, UNIVERSAL_DIR)
 from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
@@ -137,9 +139,37 @@ def check_expert_split(load_dir: str, recorded: Mapping[str, object], run_flags:
                          "--target-tensor-parallel-size 1 with tools/convert_checkpoint.py first")
 
 
-def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixed_precision: bool,
+def check_expert_optimizer_state(load_dir: str, state: Mapping[str, object], run: Layout, precision: str) -> None:
+    """A converted mixture-of-experts checkpoint keeps its Adam state in DeepSpeed's per-expert-parallel-rank
+    files, which the engine reads at ZeRO stage 0 only, each in the form of one precision (the converter's
+    --target-fp32/fp16/bf16; checkpoint/expert_optimizer_state.py), and, when converted with
+    --target-data-parallel-size, in ZeRO 1-2 partitions that load at that data-parallel size only
+    (checkpoint/expert_zero_partitions.py)."""
+    zero_size = state.get(OPTIMIZER_DATA_PARALLEL_SIZE)
+    if run.zero_stage >= 1 and zero_size is None:
+        raise InputError(f"--load {load_dir}: a converted mixture-of-experts checkpoint's Adam state is kept in "
+                         "DeepSpeed's per-expert-parallel-rank files, which load at ZeRO stage 0 only; resume it "
+                         "with --zero-stage 0, or pass --no-load-optim (or convert it again with "
+                         f"--target-data-parallel-size {run.data} for ZeRO 1-2)")
+    if run.zero_stage >= 1:
+        if run.data != zero_size:
+            raise InputError(f"--load {load_dir}: its mixture-of-experts Adam state was cut into ZeRO partitions for "
+                             f"data-parallel size {zero_size}, and this run's is {run.data} (DeepSpeed re-partitions "
+                             f"none); resume it at data-parallel size {zero_size} or at --zero-stage 0, convert it "
+                             f"again with --target-data-parallel-size {run.data}, or pass --no-load-optim")
+        return
+    written = state.get(OPTIMIZER_PRECISION, "fp32")
+    if precision != written:
+        flags = f"--{written}" if written != "fp32" else "neither --fp16 nor --bf16"
+        raise InputError(f"--load {load_dir}: its mixture-of-experts Adam state was converted for {written} training "
+                         f"and this run trains in {precision}; resume it with {flags}, convert it again with "
+                         f"tools/convert_checkpoint.py --target-{precision}, or pass --no-load-optim")
+
+
+def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
                 model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
-    """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run)."""
+    """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run).
+    `precision`: the run's, fp32, fp16 or bf16."""
     if not load_dir or not _pointer_exists(load_dir, options.universal):
         return None
     if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
@@ -169,16 +199,16 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, mixe
     elif from_universal_files and run.zero_stage == 0:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal checkpoint {os.path.basename(tag_dir)} loads "
                          "through ZeRO's universal loader only; resume it with --zero-stage 1 (or higher)")
+    # a converted MoE checkpoint's Adam state is in DeepSpeed's own files, which its usual loader reads
+    expert_state = layout.universal and load_optimizer and whole_model_moe(state[ARGS]) is not None
     universal = from_universal_files or (layout.universal and not foreign and run.zero_stage >= 1
-                                         and (load_optimizer or run.zero_stage == 3))
+                                         and (load_optimizer or run.zero_stage == 3) and not expert_state)
     if universal and run.zero_stage == 3 and run.tensor > 1:
         raise InputError(f"--load {load_dir}: DeepSpeed's universal-checkpoint loader cannot cut tensor-parallel "
                          "shards under ZeRO stage 3; resume it with --zero-stage 1 or 2")
-    if layout.universal and load_optimizer and run.zero_stage >= 1 and whole_model_moe(state[ARGS]) is not None:
-        raise InputError(f"--load {load_dir}: a converted mixture-of-experts checkpoint's Adam state is kept in "
-                         "DeepSpeed's per-expert-parallel-rank files, which load at ZeRO stage 0 only; resume it "
-                         "with --zero-stage 0, or pass --no-load-optim")
-    if layout.universal and load_optimizer and run.zero_stage == 0 and mixed_precision:
+    if expert_state:
+        check_expert_optimizer_state(load_dir, state, run, precision)
+    elif layout.universal and load_optimizer and run.zero_stage == 0 and precision != "fp32":
         raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
                          "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")
     args = state[ARGS]

@@ -221,7 +221,7 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
     run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
     model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in (*MOE_FLAGS, EXPERT_SPLIT_FLAG)}}
-    return plan_resume(config.checkpoint.load, run, load_options(config), precision.fp16 or precision.bf16,
+    return plan_resume(config.checkpoint.load, run, load_options(config), precision.name,
                        model_flags)
 
 

@@ -18,7 +18,12 @@ them:
         carry upstream's module path (language_model.encoder.layers.N.mlp...), the only one upstream's trainer
         loads; this trainer loads both.
   global_step{N}/expp_rank_{r}_mp_rank_{mp:02d}_optim_states.pt   its Adam state per expert-parallel rank of the
-        target, which DeepSpeed reads at ZeRO stage 0 (checkpoint/expert_optimizer_state.py).
+        target, which DeepSpeed reads at ZeRO stage 0 only, in the form of the target's precision: torch's
+        AdamW state_dict for fp32, DeepSpeed's FP16_UnfusedOptimizer state (master weights, loss scale) for
+        fp16 and bf16 (checkpoint/expert_optimizer_state.py); the mp_rank files record which precision.
+  global_step{N}/[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt   with a target data-parallel size,
+        that Adam state also as DeepSpeed's ZeRO 1-2 partitions for it (checkpoint/expert_zero_partitions.py),
+        which load at that size only; the mp_rank files record it.
   latest, latest_universal, latest_checkpointed_iteration.txt
 With --weights-only the Adam state is left out (zero/ then holds fp32.pt only) and resuming starts the
 optimizer fresh. The caller writes into a fresh directory and renames it into place (tools/convert_checkpoint.py).
@@ -32,11 +37,12 @@ import torch
 
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
 from megatron.checkpoint.directory import experts_split
-from megatron.checkpoint.expert_optimizer_state import rank_optimizer
+from megatron.checkpoint.expert_optimizer_state import precision_of, rank_optimizer, target_loss_scale
+from megatron.checkpoint.expert_zero_partitions import rank_partitions
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, UNIVERSAL_MARK,
-                                        expert_file, expert_optimizer_file, layer_file, model_parallel_rank,
-                                        model_states_file)
+                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
+                                        OPTIMIZER_PRECISION, UNIVERSAL_MARK, expert_file, expert_optimizer_file,
+                                        layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name, upstream_expert_key)
@@ -56,11 +62,13 @@ class TargetLayout:
     pipeline: int
     pipeline_engine: bool = True  # False: DeepSpeed's plain engine (--no-pipeline-parallel), needs pipeline 1
     expert: int = 1  # expert-parallel size of a mixture-of-experts model (its --moe-expert-parallel-size)
+    data: Optional[int] = None  # a mixture-of-experts model's Adam state also as ZeRO 1-2 partitions for this DP size
 
     def describe(self) -> str:
         engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
         experts = f" x EP {self.expert}" if self.expert > 1 else ""
-        return f"TP {self.tensor} x PP {self.pipeline}{experts}, any DP and ZeRO stage, {engine}"
+        zero = f" (ZeRO 1-2 optimizer files for DP {self.data})" if self.data else ""
+        return f"TP {self.tensor} x PP {self.pipeline}{experts}, any DP and ZeRO stage{zero}, {engine}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,7 @@ def _deepspeed_bookkeeping(state: TrainingState, target: TargetLayout) -> dict:
     return {"buffer_names": [], "param_shapes": None, "frozen_param_shapes": None, "shared_params": None,
             "frozen_param_fragments": None, "lr_scheduler": None, "data_sampler": None, "random_ltd": None,
             "skipped_steps": 0, "global_steps": state.iteration, "global_samples": state.consumed_train_samples,
-            "dp_world_size": 1, "mp_world_size": target.tensor * target.pipeline,
+            "dp_world_size": target.data or 1, "mp_world_size": target.tensor * target.pipeline,
             "checkpoint_parallel_dimensions": {"pp_degree": target.pipeline, "tp_degree": target.tensor},
             "ds_version": importlib.metadata.version("deepspeed")}
 
@@ -185,9 +193,10 @@ def _tensor_parallel_rng(state: TrainingState, tp_rank: int) -> Optional[dict]:
 
 def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GPTConfig, state: TrainingState,
                      target: TargetLayout, optimizer: Optional[OptimizerState] = None,
-                     progress: Progress = quiet) -> str:
-    """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`.
-    Returns the global_step directory."""
+                     progress: Progress = quiet, precision: str = "fp32") -> str:
+    """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`; a
+    mixture-of-experts model's optimizer files for a run in `precision` (fp32, fp16, bf16) at ZeRO 0. Returns
+    the global_step directory."""
     check_target(config, target)
     num_layers, tp_size = config.num_layers, target.tensor
     tag = f"global_step{state.iteration}"
@@ -207,6 +216,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                           int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size, split_experts)
 
     universal = UniversalFiles(tag_dir, model, optimizer, num_layers, target.pipeline_engine, split_experts, progress)
+    loss_scale = None if optimizer is None else target_loss_scale(precision, state.args, state.iteration,
+                                                                  optimizer.loss_scale, precision_of(state.args))
 
     def rank_tensors(keys: Mapping[str, str], tp: int, experts_too: bool, held: bool) -> Dict[str, torch.Tensor]:
         """Tensor-parallel rank `tp`'s shard of each parameter (file key -> GPTModel name) for one file; each
@@ -252,7 +263,11 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 for rank in range(target.expert) if optimizer is not None else ():
                     save(os.path.join(tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
                         model, optimizer, bool(state.args.get("create_moe_param_group")), rank, target.expert, tp,
-                        tp_size, split_experts))
+                        tp_size, split_experts, loss_scale))
+                for dp in range(target.data or 0) if optimizer is not None else ():
+                    save(os.path.join(tag_dir, optimizer_states_file(mp_rank, dp, precision == "bf16")),
+                         rank_partitions(model, optimizer, dp, target.data, target.expert, tp, tp_size, split_experts))
+                contents.update({OPTIMIZER_PRECISION: precision, OPTIMIZER_DATA_PARALLEL_SIZE: target.data})
             save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
