@@ -606,12 +606,14 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
     saved, expected = run_on_ranks(fused_fp16_optimizer_state, 1, config, weights)[0]
     save(str(tmp_path / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt"), {"optimizer": saved})
     checkpoint = read_checkpoint(str(tmp_path))
-    read = experts.read_rank_state(checkpoint, 0)
+    files = experts.rank_files(checkpoint, 1)
+    read = {kind: {name: files.read((rank, 0), {name: tensor})[name] for name, (rank, tensor) in by_name.items()}
+            for kind, by_name in experts.read_rank_state(checkpoint, files, 0).items()}
     assert read["fp32"].keys() == expected.keys() == weights.keys()
     for name, kinds in expected.items():
         for kind, tensor in kinds.items():
             torch.testing.assert_close(read[kind][name], tensor, rtol=0, atol=0, msg=f"{kind} {name}")
-    assert experts.saved_loss_scale(checkpoint) == {key: saved[key] for key in experts.LOSS_SCALE_KEYS}
+    assert experts.saved_loss_scale(files) == {key: saved[key] for key in experts.LOSS_SCALE_KEYS}
 
 
 def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():

@@ -41,10 +41,10 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
-from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import EXPERT_KEY_PATTERN, MOMENTS, expert_optimizer_file
-from megatron.checkpoint.reader import Checkpoint
+from megatron.checkpoint.reader import Checkpoint, adam_tensors
 from megatron.checkpoint.shards import shard_of
+from megatron.checkpoint.tensor_records import FileSections
 from megatron.errors import InputError
 
 GATE_SUFFIX = ".deepspeed_moe.gate.wg.weight"
@@ -132,12 +132,17 @@ def expert_groups_of(param_groups: Sequence[Mapping]) -> bool:
     return any(group.get("moe") for group in param_groups)
 
 
-def _rank_file(checkpoint: Checkpoint, expert_parallel_rank: int, tp_rank: int) -> dict:
-    path = os.path.join(checkpoint.directory, expert_optimizer_file(expert_parallel_rank, tp_rank))
-    if not os.path.isfile(path):
-        raise InputError(f"{checkpoint.directory} lacks {os.path.basename(path)}, the optimizer state of expert-"
-                         f"parallel rank {expert_parallel_rank}; convert it with --weights-only")
-    return load_file(path)["optimizer"]
+def rank_files(checkpoint: Checkpoint, tp_size: int) -> FileSections:
+    """The expp_rank file of each (expert-parallel rank, tensor-parallel rank), each checked to be there; each
+    parsed once, when first read (tensor_records), its tensors then read as they are asked for."""
+    paths = {}
+    for rank in range(int(checkpoint.args["moe_expert_parallel_size"])):
+        for tp_rank in range(tp_size):
+            paths[rank, tp_rank] = os.path.join(checkpoint.directory, expert_optimizer_file(rank, tp_rank))
+            if not os.path.isfile(paths[rank, tp_rank]):
+                raise InputError(f"{checkpoint.directory} lacks {os.path.basename(paths[rank, tp_rank])}, the "
+                                 f"optimizer state of expert-parallel rank {rank}; convert it with --weights-only")
+    return FileSections(paths, lambda contents: adam_tensors(torch_state(contents["optimizer"])["state"]))
 
 
 def torch_state(saved: Mapping) -> Mapping:
@@ -145,15 +150,16 @@ def torch_state(saved: Mapping) -> Mapping:
     return saved[WRAPPED_STATE] if WRAPPED_STATE in saved else saved
 
 
-def read_rank_state(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str, torch.Tensor]]:
-    """{kind: {global name: tensor}} of the Adam moments of tensor-parallel rank `tp_rank`, joined over the
-    expert-parallel ranks (a parameter that never had a gradient has none), and under 'fp32' the master weights
-    of an fp16/bf16 run (an fp32 run's are its weights: none here)."""
+def read_rank_state(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -> Dict[str, Dict[str, tuple]]:
+    """{kind: {global name: (expert-parallel rank, tensor)}} of the Adam moments of tensor-parallel rank `tp_rank`,
+    joined over the expert-parallel ranks (a parameter that never had a gradient has none), and under 'fp32' the
+    master weights of an fp16/bf16 run (an fp32 run's are its weights: none here). The tensors are as `files`
+    (rank_files') parsed them, on the meta device: files.read((rank, tp_rank), ...) gives their values."""
     size = int(checkpoint.args["moe_expert_parallel_size"])
     ordered = module_order(list(checkpoint.model))
     result = {kind: {} for kind in ("fp32", *MOMENTS)}
     for rank in range(size):
-        saved = _rank_file(checkpoint, rank, tp_rank)
+        saved = files.contents((rank, tp_rank))["optimizer"]
         adam = torch_state(saved)
         expert_groups = expert_groups_of(adam["param_groups"])
         order = state_order(rank_names(ordered, rank, size), lambda name: checkpoint.model[name].dim() > 1,
@@ -170,9 +176,9 @@ def read_rank_state(checkpoint: Checkpoint, tp_rank: int) -> Dict[str, Dict[str,
                              f"{rank}); convert it with --weights-only")
         for index, name in enumerate(order):
             for kind in MOMENTS if index in adam["state"] else ():
-                result[kind].setdefault(name, adam["state"][index][kind])
+                result[kind].setdefault(name, (rank, adam["state"][index][kind]))
             if masters:
-                result["fp32"].setdefault(name, masters[index])
+                result["fp32"].setdefault(name, (rank, masters[index]))
     return result
 
 
@@ -202,17 +208,19 @@ def _unflattened(checkpoint: Checkpoint, saved: Mapping, groups: List[tuple], fi
             WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
 
 
-def step_and_groups(checkpoint: Checkpoint) -> tuple:
-    """The step count and the groups' hyperparameters (expert-parallel rank 0's)."""
-    adam = torch_state(_rank_file(checkpoint, 0, 0))
-    return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
+def step_and_groups(files: FileSections) -> tuple:
+    """The step count and the groups' hyperparameters (expert-parallel rank 0's; `files`: rank_files')."""
+    adam = torch_state(files.contents((0, 0))["optimizer"])
+    step = files.scalar((0, 0), next(iter(adam["state"].values()))["step"]) if adam["state"] else 0
+    return int(step), adam["param_groups"]
 
 
-def saved_loss_scale(checkpoint: Checkpoint) -> Optional[dict]:
+def saved_loss_scale(files: FileSections) -> Optional[dict]:
     """The loss scale an fp16/bf16 run saved at ZeRO 0 (expert-parallel rank 0's; every rank steps the same
-    scale), or None for an fp32 run."""
-    saved = _rank_file(checkpoint, 0, 0)
-    return {key: saved[key] for key in LOSS_SCALE_KEYS if key in saved} if WRAPPED_STATE in saved else None
+    scale), or None for an fp32 run; `files`: rank_files'."""
+    saved = files.contents((0, 0))["optimizer"]
+    return {key: files.scalar((0, 0), saved[key]) for key in LOSS_SCALE_KEYS if key in saved} \
+        if WRAPPED_STATE in saved else None
 
 
 def precision_of(args: Mapping[str, object]) -> str:

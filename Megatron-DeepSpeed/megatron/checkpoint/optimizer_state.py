@@ -26,7 +26,7 @@ the one kept. Checkpoints of earlier versions of this project number their piece
 import os
 from collections import abc
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterator, List, Mapping, Optional
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional
 
 import torch
 
@@ -36,9 +36,10 @@ from megatron.checkpoint.layout import (MOMENTS, UNIVERSAL_DIR, layer_file, mode
                                         optimizer_states_file)
 from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
                                        positions_with_parameters, stage_name)
-from megatron.checkpoint.reader import (Checkpoint, flat_range, module_names, padded_rows, zero3_units,
-                                        zero_optimizer_state)
+from megatron.checkpoint.reader import (Checkpoint, adam_tensors, flat_range, module_names, padded_rows, zero3_files,
+                                        zero3_units)
 from megatron.checkpoint.shards import join_shards
+from megatron.checkpoint.tensor_records import FileSections
 from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, Units, all_mappable, names_in,
                                               piece_unit, quiet)
 from megatron.errors import InputError
@@ -58,25 +59,41 @@ class OptimizerState:
         return getattr(self, kind)
 
 
+# ----------------------------------------------------------------------------- one parse of each file
+
 # ----------------------------------------------------------------------------- ZeRO 1 / 2
 
-def _zero12_placement(checkpoint: Checkpoint, mp_rank: int) -> Dict[str, tuple]:
+def _zero12_section(contents: Mapping) -> Dict[tuple, torch.Tensor]:
+    """{(group, kind): flat tensor} of one data-parallel rank's partition (kind fp32, exp_avg, exp_avg_sq, step)."""
+    partition = contents["optimizer_state_dict"]
+    tensors = {(group, "fp32"): flat for group, flat in enumerate(partition["single_partition_of_fp32_groups"])}
+    return {**tensors, **adam_tensors(partition["base_optimizer_state"]["state"])}
+
+
+def _zero12_files(checkpoint: Checkpoint) -> FileSections:
+    layout, bf16 = checkpoint.layout, bool(checkpoint.args.get("bf16"))
+    return FileSections({(mp_rank, dp): os.path.join(checkpoint.directory, optimizer_states_file(mp_rank, dp, bf16))
+                         for mp_rank in range(layout.tensor * layout.pipeline) for dp in range(layout.data)},
+                        _zero12_section)
+
+
+def _zero12_placement(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int) -> Dict[str, tuple]:
     """Stage name -> (group, offset in the group's flat buffer, shape, first and step of the data-parallel ranks
     whose partitions make that buffer) of one model-parallel rank's parameters: in flat order, each followed by
     its alignment padding. An MoE group (DeepSpeed's) is partitioned over the ranks holding the same experts:
     with one tensor-parallel rank, every EP-th data-parallel rank from the expert-parallel rank on (DeepSpeed's
     consecutive expert-parallel groups); its local expert indices become global ones."""
-    tag_dir, args = checkpoint.directory, checkpoint.args
-    param_shapes = load_file(os.path.join(tag_dir, model_states_file(mp_rank, checkpoint.layout.zero_stage)))[
-        "param_shapes"]
-    size = int(args.get("moe_expert_parallel_size") or 1)
+    mp_rank = model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor)
+    model_states = os.path.join(checkpoint.directory, model_states_file(mp_rank, checkpoint.layout.zero_stage))
+    param_shapes = load_file(model_states)["param_shapes"]
+    size = int(checkpoint.args.get("moe_expert_parallel_size") or 1)
     counts = experts.expert_counts(checkpoint.model)
-    first = zero_optimizer_state(tag_dir, args, mp_rank, 0)
+    partitions = {rank: files.contents((mp_rank, rank))["optimizer_state_dict"] for rank in range(size)}
     placement = {}
     for group, shapes in enumerate(param_shapes):
-        moe = first["base_optimizer_state"]["param_groups"][group].get("moe")
+        moe = partitions[0]["base_optimizer_state"]["param_groups"][group].get("moe")
         for rank in range(size) if moe else (0,):
-            paddings = zero_optimizer_state(tag_dir, args, mp_rank, rank).get("param_alignment_paddings")
+            paddings = partitions[rank].get("param_alignment_paddings")
             offset = 0
             for (name, shape), padding in zip(shapes.items(), paddings[group] if paddings else [0] * len(shapes)):
                 stage = experts.global_name(name, rank, size, counts) if moe else name
@@ -85,41 +102,42 @@ def _zero12_placement(checkpoint: Checkpoint, mp_rank: int) -> Dict[str, tuple]:
     return placement
 
 
-def _zero12_read(checkpoint: Checkpoint, mp_rank: int, placement: Dict[str, tuple], kind: str,
+def _zero12_read(checkpoint: Checkpoint, files: FileSections, mp_rank: int, placement: Dict[str, tuple], kind: str,
                  names: List[str]) -> Dict[str, torch.Tensor]:
     """`kind` of the parameters `names` of one model-parallel rank: each one's range of its data-parallel ranks'
     partitions (the group's flat buffer cut in consecutive slices), memory-mapped."""
-    partitions = [zero_optimizer_state(checkpoint.directory, checkpoint.args, mp_rank, dp)
-                  for dp in range(checkpoint.layout.data)]
+    ranks = {name: range(placement[name][3], checkpoint.layout.data, placement[name][4]) for name in names}
+    wanted: Dict[int, dict] = {}  # data-parallel rank -> the flat groups taken from its file
+    for name in names:
+        for dp in ranks[name]:
+            wanted.setdefault(dp, {})[placement[name][0], kind] = None
+    taken = {dp: files.take((mp_rank, dp), groups) for dp, groups in wanted.items()}
     result = {}
     for name in names:
-        group, offset, shape, first, step = placement[name]
-        flats = [p["single_partition_of_fp32_groups"][group] if kind == "fp32" else
-                 p["base_optimizer_state"]["state"][group][kind] for p in partitions[first::step]]
+        group, offset, shape, _, _ = placement[name]
+        flats = [taken[dp][group, kind] for dp in ranks[name]]
         result[name] = flat_range(flats, offset, shape.numel()).view(shape).clone()
     return result
 
 
-def _zero12_step_and_groups(checkpoint: Checkpoint) -> tuple:
-    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["base_optimizer_state"]
-    return int(adam["state"][0]["step"]), adam["param_groups"]
+def _zero12_step_and_groups(files: FileSections) -> tuple:
+    adam = files.contents((0, 0))["optimizer_state_dict"]["base_optimizer_state"]
+    return int(files.scalar((0, 0), adam["state"][0]["step"])), adam["param_groups"]
 
 
 # ----------------------------------------------------------------------------- ZeRO 3
 
 def _zero3_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
-    """Each kind read one model piece at a time when asked for (reader.zero3_units), as the weights are."""
+    """Each kind read one model piece at a time when asked for (reader.zero3_units), as the weights are; the
+    optimizer files parsed once for all kinds."""
     progress("ZeRO-3 optimizer state: read as each parameter is written")
     layout, args = checkpoint.layout, checkpoint.args
+    files = zero3_files(checkpoint.directory, layout, args, range(layout.tensor))
     kinds = {kind: StreamedWeights(zero3_units(checkpoint.directory, layout, args, int(args["num_layers"]), WHOLE,
-                                               kind)) for kind in ("fp32", *MOMENTS)}
-    step, groups = _zero3_step_and_groups(checkpoint)
-    return OptimizerState(step=step, param_groups=_without_params(groups), **kinds)
-
-
-def _zero3_step_and_groups(checkpoint: Checkpoint) -> tuple:
-    adam = zero_optimizer_state(checkpoint.directory, checkpoint.args, 0, 0)["optimizer_state_dict"]
-    return int(adam["state"][0]["step"]), adam["param_groups"]
+                                               kind, files=files)) for kind in ("fp32", *MOMENTS)}
+    adam = files.contents((0, 0))["optimizer_state_dict"]["optimizer_state_dict"]
+    step = int(files.scalar((0, 0), adam["state"][0]["step"]))
+    return OptimizerState(step=step, param_groups=_without_params(adam["param_groups"]), **kinds)
 
 
 # ----------------------------------------------------------------------------- ZeRO 0
@@ -164,11 +182,18 @@ def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int)
     return parameters
 
 
-def _zero0_index(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str, int]:
+def _zero0_files(checkpoint: Checkpoint) -> FileSections:
+    """Torch's optimizer state in each model-parallel rank's model-states file."""
+    layout = checkpoint.layout
+    return FileSections({mp_rank: os.path.join(checkpoint.directory, model_states_file(mp_rank, 0))
+                         for mp_rank in range(layout.tensor * layout.pipeline)},
+                        lambda contents: adam_tensors(contents["optimizer"]["state"]))
+
+
+def _zero0_index(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int) -> Dict[str, int]:
     """Stage name -> torch's optimizer index of one model-parallel rank's parameters that have Adam state (a
     parameter that never had a gradient, the last stage's position embedding, has none)."""
-    mp_rank = model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor)
-    state = load_file(os.path.join(checkpoint.directory, model_states_file(mp_rank, 0)))
+    state = files.contents(model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor))
     if checkpoint.layout.pipeline_engine:
         parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
     else:
@@ -177,37 +202,56 @@ def _zero0_index(checkpoint: Checkpoint, pp_rank: int, tp_rank: int) -> Dict[str
     return {name: index for index, name in enumerate(decay_groups(parameters)) if index in adam}
 
 
-def _zero0_read(checkpoint: Checkpoint, mp_rank: int, index: Dict[str, int], kind: str,
+def _zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, index: Dict[str, int], kind: str,
                 names: List[str]) -> Dict[str, torch.Tensor]:
-    adam = load_file(os.path.join(checkpoint.directory, model_states_file(mp_rank, 0)))["optimizer"]["state"]
-    return {name: adam[index[name]][kind] for name in names}
+    taken = files.take(mp_rank, [(index[name], kind) for name in names])
+    return {name: taken[index[name], kind] for name in names}
 
 
-def _moe_zero0_read(checkpoint: Checkpoint, mp_rank: int, _names: Dict[str, str], kind: str,
+def _moe_zero0_read(checkpoint: Checkpoint, files: FileSections, mp_rank: int, places: Dict[str, tuple], kind: str,
                     names: List[str]) -> Dict[str, torch.Tensor]:
-    moments = experts.read_rank_state(checkpoint, mp_rank)[kind]  # the plain engine: mp rank = tp rank
-    return {name: moments[name] for name in names}
+    """The plain engine: model-parallel rank = tensor-parallel rank; `places`: {name: {kind: (expert-parallel
+    rank, tensor)}} of experts.read_rank_state."""
+    by_rank: Dict[int, dict] = {}
+    for name in names:
+        rank, tensor = places[name][kind]
+        by_rank.setdefault(rank, {})[name] = tensor
+    result = {}
+    for rank, tensors in by_rank.items():
+        result.update(files.read((rank, mp_rank), tensors))
+    return {name: result[name] for name in names}
 
 
-def _zero0_step_and_groups(checkpoint: Checkpoint) -> tuple:
-    adam = load_file(os.path.join(checkpoint.directory, model_states_file(0, 0)))["optimizer"]
-    return (int(next(iter(adam["state"].values()))["step"]) if adam["state"] else 0), adam["param_groups"]
+def _moe_places(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -> Dict[str, dict]:
+    """{name: {kind: (expert-parallel rank, tensor)}} of tensor-parallel rank `tp_rank`'s parameters that have
+    Adam moments (experts.read_rank_state's, by name)."""
+    state = experts.read_rank_state(checkpoint, files, tp_rank)
+    return {name: {kind: by_name[name] for kind, by_name in state.items() if name in by_name}
+            for name in state[MOMENTS[0]]}
+
+
+def _zero0_step_and_groups(files: FileSections) -> tuple:
+    adam = files.contents(0)["optimizer"]
+    step = files.scalar(0, adam["state"][next(iter(adam["state"]))]["step"]) if adam["state"] else 0
+    return int(step), adam["param_groups"]
 
 
 # ----------------------------------------------------------------------------- universal
 
 class _UniversalKind(abc.Mapping):
     """One kind of a universal checkpoint's Adam state (fp32, exp_avg or exp_avg_sq) under GPTModel's names,
-    each parameter's file read (memory-mapped) when asked for and not kept: a converter writing one file at a
-    time never holds the whole state."""
+    each parameter's file parsed once, when first asked for, and its tensor read (memory-mapped) each time it is
+    asked for and not kept: a converter writing one file at a time never holds the whole state."""
 
     def __init__(self, checkpoint: Checkpoint, kind: str):
-        self._checkpoint, self._kind = checkpoint, kind
+        self._checkpoint = checkpoint
+        self._files = FileSections({name: os.path.join(_universal_folder(checkpoint, name), f"{kind}.pt")
+                                    for name in checkpoint.model}, lambda contents: {"param": contents["param"]})
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._checkpoint.model:
             raise KeyError(name)
-        tensor = load_file(os.path.join(_universal_folder(self._checkpoint, name), f"{self._kind}.pt"))["param"]
+        tensor = self._files.take(name, ["param"])["param"]
         # ds_to_universal strips the vocabulary padding; the other tensors are whole
         return padded_rows(tensor, self._checkpoint.padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
 
@@ -261,32 +305,53 @@ class _AsFloat(abc.Mapping):
         return len(self._model)
 
 
-def _deepspeed_units(checkpoint: Checkpoint, kind: str) -> Units:
+@dataclass(frozen=True)
+class _RankFiles:
+    """DeepSpeed's ZeRO 0-2 optimizer files, each parsed once for every kind (tensor_records.FileSections), where
+    each model-parallel rank keeps its parameters' state (`where`: (pp, tp) -> stage name -> place, as
+    `read` takes it), and which rank holds each GPTModel name (`located`: name -> (pp, stage name))."""
+    files: FileSections
+    where: Dict[tuple, dict]
+    located: Dict[str, tuple]
+    read: Callable  # (checkpoint, files, model-parallel rank, its `where`, kind, stage names) -> their tensors
+    mappable: bool  # zip-format files: read one model piece at a time
+
+
+def _rank_files(checkpoint: Checkpoint) -> _RankFiles:
+    layout, num_layers = checkpoint.layout, int(checkpoint.args["num_layers"])
+    moe = layout.zero_stage == 0 and checkpoint.moe is not None
+    if moe:
+        files = experts.rank_files(checkpoint, layout.tensor)
+        place, read = lambda pp, tp: _moe_places(checkpoint, files, tp), _moe_zero0_read
+    elif layout.zero_stage == 0:
+        files = _zero0_files(checkpoint)
+        place, read = lambda pp, tp: _zero0_index(checkpoint, files, pp, tp), _zero0_read
+    else:
+        files = _zero12_files(checkpoint)
+        place, read = lambda pp, tp: _zero12_placement(checkpoint, files, pp, tp), _zero12_read
+    where, located = {}, {}
+    for pp in range(layout.pipeline):
+        for tp in range(layout.tensor):
+            where[pp, tp] = place(pp, tp)
+        for name in where[pp, 0]:
+            located.setdefault(model_name(name, num_layers, checkpoint.old), (pp, name))
+    mappable = all_mappable(files.paths()) and not moe  # an MoE model's expp files: joined whole, once per kind
+    return _RankFiles(files, where, located, read, mappable)
+
+
+def _deepspeed_units(checkpoint: Checkpoint, ranks: _RankFiles, kind: str) -> Units:
     """One kind of the Adam state of DeepSpeed's optimizer files (ZeRO 0: in the model-states files; ZeRO 1/2:
     the partitions) under GPTModel's names, tensor-parallel shards joined, one model piece of a pipeline
     stage's memory-mapped files at a time. The tied embedding's first-stage copy is the one kept."""
-    layout, num_layers = checkpoint.layout, int(checkpoint.args["num_layers"])
-    zero0, moe = layout.zero_stage == 0, layout.zero_stage == 0 and checkpoint.moe is not None
-    rank_reader = _moe_zero0_read if moe else _zero0_read if zero0 else _zero12_read
-    where, located = {}, {}  # (pp, tp) -> the rank's parameters; GPTModel name -> (pp, stage name)
-    for pp in range(layout.pipeline):
-        for tp in range(layout.tensor):
-            mp_rank = model_parallel_rank(pp, tp, layout.tensor)
-            where[pp, tp] = ({name: name for name in experts.read_rank_state(checkpoint, tp)[MOMENTS[0]]} if moe
-                             else _zero0_index(checkpoint, pp, tp) if zero0 else _zero12_placement(checkpoint, mp_rank))
-        for name in where[pp, 0]:
-            located.setdefault(model_name(name, num_layers, checkpoint.old), (pp, name))
-    paths = [os.path.join(checkpoint.directory, model_states_file(mp_rank, 0) if zero0 else
-                          optimizer_states_file(mp_rank, dp, bool(checkpoint.args.get("bf16"))))
-             for mp_rank in range(layout.tensor * layout.pipeline) for dp in range(1 if zero0 else layout.data)]
-    mappable = all_mappable(paths) and not moe  # an MoE model's expp files: joined whole, once per kind
-    of = {name: piece_unit(mappable, located.get(name, (0, None))[0], name, num_layers) for name in checkpoint.model}
+    layout, num_layers, located = checkpoint.layout, int(checkpoint.args["num_layers"]), ranks.located
+    of = {name: piece_unit(ranks.mappable, located.get(name, (0, None))[0], name, num_layers)
+          for name in checkpoint.model}
 
     def read(unit: Hashable) -> dict:
         names, pp = names_in(of, unit), unit[0]
         stage_names = [located[name][1] for name in names if name in located]
-        per_tp = [rank_reader(checkpoint, model_parallel_rank(pp, tp, layout.tensor), where[pp, tp], kind, stage_names)
-                  for tp in range(layout.tensor)]
+        per_tp = [ranks.read(checkpoint, ranks.files, model_parallel_rank(pp, tp, layout.tensor), ranks.where[pp, tp],
+                             kind, stage_names) for tp in range(layout.tensor)]
         result = {}
         for name in names:
             if name in located:
@@ -314,11 +379,12 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = quiet) -> 
                          "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
                          "--weights-only")
     progress("optimizer state: read as each parameter is written")
-    kinds = {kind: StreamedWeights(_deepspeed_units(checkpoint, kind)) for kind in MOMENTS}
+    ranks = _rank_files(checkpoint)
+    kinds = {kind: StreamedWeights(_deepspeed_units(checkpoint, ranks, kind)) for kind in MOMENTS}
     fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0 and not mixed  # the master weights are the weights
-            else StreamedWeights(_deepspeed_units(checkpoint, "fp32")))
+            else StreamedWeights(_deepspeed_units(checkpoint, ranks, "fp32")))
     moe_zero0 = layout.zero_stage == 0 and checkpoint.moe is not None
-    step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups
-                    if moe_zero0 else _zero0_step_and_groups)(checkpoint)
+    step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups if moe_zero0
+                    else _zero0_step_and_groups)(ranks.files)
     return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds,
-                          loss_scale=experts.saved_loss_scale(checkpoint) if moe_zero0 else None)
+                          loss_scale=experts.saved_loss_scale(ranks.files) if moe_zero0 else None)

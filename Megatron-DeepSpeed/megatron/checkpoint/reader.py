@@ -236,49 +236,67 @@ def zero3_parameter(place: Zero3Place, groups_per_rank: Sequence[Sequence[torch.
     return whole.view(shape)
 
 
+def adam_tensors(state: Mapping) -> Dict[tuple, torch.Tensor]:
+    """torch's optimizer `state` (by parameter or group index) as {(index, kind): tensor}, kind one of exp_avg,
+    exp_avg_sq, step: a tensor_records section (a step kept as a number is left out)."""
+    return {(index, kind): tensor for index, entry in state.items() for kind, tensor in entry.items()
+            if isinstance(tensor, torch.Tensor)}
+
+
+def _zero3_section(contents: Mapping) -> Dict[tuple, torch.Tensor]:
+    """{(group, kind): flat tensor} of one ZeRO-3 partition: the fp32 weights and, when saved, Adam's state."""
+    partition = contents["optimizer_state_dict"]
+    tensors = {(group, "fp32"): flat for group, flat in enumerate(partition["fp32_flat_groups"])}
+    return {**tensors, **adam_tensors(partition.get("optimizer_state_dict", {}).get("state", {}))}
+
+
+def zero3_files(tag_dir: str, layout: Layout, args: Mapping[str, object], sources: Sequence[int]) -> FileSections:
+    """The optimizer files of the tensor-parallel ranks `sources` (every data-parallel rank's), each parsed once
+    for all the units and kinds read from it (DeepSpeed names them bf16_... under --bf16)."""
+    return FileSections({(tp, dp): os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
+                         for tp in sources for dp in range(layout.data)}, _zero3_section)
+
+
+def _zero3_groups(files: FileSections, key: tuple, kind: str) -> List[tuple]:
+    """The names (group, kind) of one rank's flat partitions of `kind`, in the order of the parameter groups."""
+    partition = files.contents(key)["optimizer_state_dict"]
+    groups = range(len(partition["fp32_flat_groups"])) if kind == "fp32" else sorted(
+        partition["optimizer_state_dict"]["state"])
+    return [(group, kind) for group in groups]
+
+
 def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int, part: TensorShard,
-                kind: str = "fp32", dtype: Optional[torch.dtype] = None) -> Units:
+                kind: str = "fp32", dtype: Optional[torch.dtype] = None, files: Optional[FileSections] = None) -> Units:
     """ZeRO 3's fp32 weights (`kind` fp32, cast to `dtype` unless None) or an Adam moment (exp_avg, exp_avg_sq),
     kept in the same flat layout: a parameter is read from each data-parallel rank's optimizer file, its range of
-    the memory-mapped partitions only."""
+    the memory-mapped partitions only. `files`: zero3_files' (shared by the kinds), or None to parse them here."""
     sources = part.sources(layout.tensor)
+    files = files or zero3_files(tag_dir, layout, args, sources)
     placements = {}  # per source rank: engine name -> place
     for tp in sources:
         shapes = load_file(os.path.join(tag_dir, model_states_file(tp, 3)))["param_shapes"]
         placements[tp], accounted = zero3_placement(shapes, layout.data)
-        _check_zero3_size(sum(group.numel() for group in zero3_groups(tag_dir, args, tp, 0, kind)), accounted)
+        metas = _zero3_section(files.contents((tp, 0)))
+        _check_zero3_size(sum(metas[group].numel() for group in _zero3_groups(files, (tp, 0), kind)), accounted)
     engine_names = {current_name(name): name for name in placements[sources[0]]}  # GPTModel name -> engine name
-    paths = [os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
-             for tp in sources for dp in range(layout.data)]
-    mappable = all_mappable(paths)
+    mappable = all_mappable(files.paths())
     of = {name: piece_unit(mappable, 0, name, num_layers) for name in engine_names}
 
     def read(unit: Hashable) -> dict:
         names = names_in(of, unit)
         shards = {}
         for tp in sources:
-            groups = [zero3_groups(tag_dir, args, tp, dp, kind) for dp in range(layout.data)]
+            groups = []
+            for dp in range(layout.data):
+                wanted = _zero3_groups(files, (tp, dp), kind)
+                taken = files.take((tp, dp), wanted)
+                groups.append([taken[group] for group in wanted])
             shards[tp] = {}
             for name in names:
                 tensor = zero3_parameter(placements[tp][engine_names[name]], groups)
                 shards[tp][name] = tensor if dtype is None else tensor.to(dtype)
         return {name: assembled(part, shards, layout.tensor, name, name) for name in names}
     return Units(of, read)
-
-
-def zero3_groups(tag_dir: str, args: Mapping[str, object], tp: int, dp: int, kind: str) -> List[torch.Tensor]:
-    """One rank's flat partitions of `kind` (fp32, exp_avg, exp_avg_sq), one per parameter group."""
-    partition = zero_optimizer_state(tag_dir, args, tp, dp)
-    if kind == "fp32":
-        return partition["fp32_flat_groups"]
-    adam = partition["optimizer_state_dict"]["state"]
-    return [adam[group][kind] for group in sorted(adam)]
-
-
-def zero_optimizer_state(tag_dir: str, args: Mapping[str, object], mp_rank: int, dp_rank: int) -> dict:
-    """One data-parallel rank's ZeRO optimizer partition (DeepSpeed names the files bf16_... under --bf16)."""
-    path = os.path.join(tag_dir, optimizer_states_file(mp_rank, dp_rank, bool(args.get("bf16"))))
-    return load_file(path)["optimizer_state_dict"]
 
 
 def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = quiet,
