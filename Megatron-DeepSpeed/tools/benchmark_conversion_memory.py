@@ -33,16 +33,42 @@ RESULT_PREFIX = "conversion-memory: "
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
 
 
-SOURCE_LAYOUTS = ("pipeline", "plain", "megatron", "zero3")
+SOURCE_LAYOUTS = ("pipeline", "plain", "megatron", "zero3", "zero0", "zero1")
+
+
+def as_zero0(directory: str) -> None:
+    """The writer's checkpoint in `directory` as the trainer saves it at ZeRO 0 and DP 1 (the Adam state in the
+    model-states files only): its universal files and mark removed, the manifest made anew."""
+    import argparse
+
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.layout import (LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MANIFEST_FILE, UNIVERSAL_DIR,
+                                            UNIVERSAL_MARK)
+    from megatron.checkpoint.manifest import write_manifest
+    from megatron.checkpoint.saving import save
+
+    with open(os.path.join(directory, LATEST_TAG_FILE), encoding="ascii") as latest:
+        tag_dir = os.path.join(directory, latest.read().strip())
+    shutil.rmtree(os.path.join(tag_dir, UNIVERSAL_DIR))
+    os.remove(os.path.join(directory, LATEST_UNIVERSAL_FILE))
+    os.remove(os.path.join(tag_dir, MANIFEST_FILE))
+    for name in sorted(os.listdir(tag_dir)):
+        if name.startswith("mp_rank_"):
+            state = load_file(os.path.join(tag_dir, name), mmap=False)  # not a map of the file rewritten
+            state.pop(UNIVERSAL_MARK)
+            state["args"] = argparse.Namespace(**{**vars(state["args"]), "data_parallel_size": 1, "zero_stage": 0})
+            save(os.path.join(tag_dir, name), state)
+    write_manifest(tag_dir)
 
 
 def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int,
                         with_adam: bool, layout: str = "pipeline", data: int = 1) -> int:
     """A checkpoint of random weights (and Adam moments when `with_adam`) at TP `tensor` x PP `pipeline` (DP
-    `data` for ZeRO 3) in `layout` (SOURCE_LAYOUTS); its parameter count."""
+    `data` for ZeRO 1 and 3) in `layout` (SOURCE_LAYOUTS: zero0 is the pipeline engine's, zero1 and zero3 the
+    plain engine's); its parameter count."""
     import torch
 
-    from megatron.checkpoint.layout_writers import write_megatron, write_zero3
+    from megatron.checkpoint.layout_writers import write_megatron, write_zero12, write_zero3
     from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
     from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
@@ -62,12 +88,17 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
         for kind in ("exp_avg", "exp_avg_sq")}) if with_adam else None
     if layout == "megatron" and with_adam:
         raise RunError("--with-adam: Megatron's layout holds weights only")
+    if layout in ("zero0", "zero1") and not with_adam:
+        raise RunError(f"--source-layout {layout} is a source with Adam state: add --with-adam")
     write = {"pipeline": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
                                                       TargetLayout(tensor, pipeline), adam),
              "plain": lambda out: write_checkpoint(out, weights, config, TrainingState(10, 80, args),
                                                    TargetLayout(tensor, pipeline, pipeline_engine=False), adam),
              "megatron": lambda out: write_megatron(out, weights, args, tensor, pipeline, 10),
-             "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10, adam)}[layout]
+             "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10, adam),
+             "zero0": lambda out: (write_checkpoint(out, weights, config, TrainingState(10, 80, args),
+                                                    TargetLayout(tensor, pipeline), adam), as_zero0(out)),
+             "zero1": lambda out: write_zero12(out, weights, adam, args, tensor, data, 10)}[layout]
     write_directory_atomically(directory, write)
     return sum(weight.numel() for weight in weights.values())
 
@@ -130,7 +161,7 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--source-tensor", type=int, default=2)
     parser.add_argument("--source-pipeline", type=int, default=2)
-    parser.add_argument("--source-data", type=int, default=2, help="the ZeRO-3 source's data-parallel size")
+    parser.add_argument("--source-data", type=int, default=2, help="the ZeRO-1 and ZeRO-3 sources' data-parallel size")
     parser.add_argument("--source-layout", choices=SOURCE_LAYOUTS, default="pipeline")
     parser.add_argument("--with-adam", action="store_true", help="the source made with Adam moments")
     parser.add_argument("--keep-outputs", help="keep each conversion's output in this directory, one folder per code")

@@ -1,8 +1,8 @@
 """Checkpoints in the layouts other programs write, made from a full state dict (GPTModel's names): Megatron's
 (iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it) and DeepSpeed's
-ZeRO stage 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need such
-sources at any size without running those programs; checkpoint/directory.py documents the formats.
-Megatron's files hold weights only; ZeRO 3's optionally Adam's moments."""
+ZeRO stages 1-2 and 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need
+such sources at any size without running those programs; checkpoint/directory.py documents the formats.
+Megatron's files hold weights only; ZeRO 3's optionally Adam's moments, ZeRO 1-2's always."""
 import argparse
 import os
 from typing import Dict, List, Mapping, Optional
@@ -108,4 +108,41 @@ def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapp
                     {**hyperparameters, "params": [group]} for group, hyperparameters in enumerate(adam.param_groups)]}
             _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)), {"optimizer_state_dict": partition},
                   legacy)
+    _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
+
+
+def write_zero12(directory: str, weights: Mapping[str, torch.Tensor], adam: OptimizerState,
+                 flags: Mapping[str, object], tensor: int, data: int, iteration: int, stage: int = 1) -> None:
+    """`weights` and `adam` as DeepSpeed's plain engine saves them at ZeRO stage `stage` (1 or 2), TP `tensor` x
+    DP `data`: per tensor-parallel rank a model-states file (the module, `param_shapes`) and per data-parallel
+    rank an optimizer file holding its consecutive slice of each group's flat buffer (the group's parameters one
+    after another, no alignment padding, the buffer padded with zeros to DP equal slices): the fp32 master
+    weights (the last slice without that padding, as DeepSpeed keeps them) and Adam's moments (padded), in two
+    groups (matrices, then vectors, as the trainer's weight-decay groups)."""
+    tag = f"global_step{iteration}"
+    args = {**flags, "tensor_model_parallel_size": tensor, "pipeline_model_parallel_size": 1,
+            "data_parallel_size": data, "zero_stage": stage, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
+    for tp in range(tensor):
+        shards = {name: shard_of(name, full, tp, tensor) for name, full in weights.items()}
+        groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices] for matrices in (True, False)]
+        _save(os.path.join(directory, tag, model_states_file(tp, stage)),
+              {"module": nest({name: shard.clone() for name, shard in shards.items()}), "optimizer": None,
+               "param_shapes": [{name: shards[name].shape for name in group} for group in groups], "args": args,
+               "iteration": iteration, OPTIMIZER_SAVED: True}, False)
+        flats = {kind: [torch.cat([shard_of(name, tensors[name], tp, tensor).float().flatten() for name in group])
+                        for group in groups] for kind, tensors in (("fp32", weights), ("exp_avg", adam.exp_avg),
+                                                                   ("exp_avg_sq", adam.exp_avg_sq))}
+        for dp in range(data):
+            def part(flat: torch.Tensor, padded: bool) -> torch.Tensor:
+                size = -(-flat.numel() // data)
+                piece = flat[dp * size:(dp + 1) * size]
+                return torch.nn.functional.pad(piece, (0, size - piece.numel())) if padded else piece.clone()
+            state = {group: {"step": torch.tensor(float(adam.step)),
+                             **{kind: part(flats[kind][group], True) for kind in ("exp_avg", "exp_avg_sq")}}
+                     for group in range(len(groups))}
+            _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)), {"optimizer_state_dict": {
+                "single_partition_of_fp32_groups": [part(flat, False) for flat in flats["fp32"]],
+                "base_optimizer_state": {"state": state, "param_groups": [
+                    {**hyperparameters, "params": [group]} for group, hyperparameters in enumerate(adam.param_groups)]},
+                "param_alignment_paddings": [[0] * len(group) for group in groups], "zero_stage": stage}}, False)
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
