@@ -1,15 +1,19 @@
 """Reshaping reads a source one model piece at a time (weight_units.StreamedWeights), whatever its layout (pipeline
 engine, plain engine, ZeRO 3, Megatron; a legacy-format file whole), and a universal checkpoint's Adam state one
 file at a time, and still writes byte for byte the files the writer makes from the
-whole model and Adam state in memory (what reshape did before)."""
+whole model and Adam state in memory (what reshape did before). The Adam state's files are parsed once each."""
+import collections
+import contextlib
 import os
+import sys
 import weakref
 
 import pytest
 import torch
 
 from megatron.checkpoint.convert import reshape, training_state
-from megatron.checkpoint.layout_writers import write_megatron, write_zero3
+from megatron.checkpoint import trust
+from megatron.checkpoint.layout_writers import write_megatron, write_zero0, write_zero12, write_zero3
 from megatron.checkpoint.names import spec_position
 from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups, read_optimizer_state
 from megatron.checkpoint.reader import read_checkpoint
@@ -184,3 +188,68 @@ def test_the_writer_reads_each_source_piece_once(tmp_path, target):
     streamed, expected = files(str(tmp_path / "streamed")), files(str(tmp_path / "whole"))
     assert sorted(streamed) == sorted(expected)
     assert [name for name in expected if streamed[name] != expected[name]] == []
+
+
+# ----------------------------------------------------------------------------- one parse of each Adam-state file
+
+@contextlib.contextmanager
+def parses(directory: str):
+    """Counts, by path under `directory`, the checkpoint files parsed meanwhile: every read of one goes through
+    trust.torch_load (torch.load whole, memory-mapped or on the meta device), whose calls a profile function sees."""
+    counts = collections.Counter()
+    code, previous = trust.torch_load.__code__, sys.getprofile()
+
+    def profile(frame, event, _arg):
+        if event == "call" and frame.f_code is code:
+            counts[os.path.relpath(frame.f_locals["path"], directory)] += 1
+    sys.setprofile(profile)
+    try:
+        yield counts
+    finally:
+        sys.setprofile(previous)
+
+
+def adam(weights: dict) -> OptimizerState:
+    generator = torch.Generator().manual_seed(2)
+    moment = lambda: {name: torch.rand(w.shape, generator=generator) for name, w in weights.items()}  # noqa: E731
+    return OptimizerState(step=5, fp32={name: w.float() for name, w in weights.items()}, exp_avg=moment(),
+                          exp_avg_sq=moment(), param_groups=default_param_groups(FLAGS))
+
+
+OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints", "old_tp2pp2")
+
+
+def adam_source(kind: str, directory: str) -> str:
+    """A TP2 source with Adam state in layout `kind` (ADAM_SOURCES); its directory."""
+    weights, state = GPTModel(CONFIG).state_dict(), TrainingState(7, 56, FLAGS)
+    if kind == "zero1-pipeline (DeepSpeed's)":
+        return OLD  # TP2 x PP2, written by DeepSpeed
+    if kind == "zero0-pipeline":
+        write_zero0(directory, weights, CONFIG, state, TargetLayout(2, 2), adam(weights))
+    elif kind == "zero1-plain":
+        write_zero12(directory, weights, adam(weights), FLAGS, tensor=2, data=2, iteration=7)
+    elif kind == "zero3":
+        write_zero3(directory, weights, FLAGS, tensor=2, data=2, iteration=7, adam=adam(weights))
+    else:
+        write_checkpoint(directory, weights, CONFIG, state, TargetLayout(2, 2), adam(weights))
+    return directory
+
+
+# layout -> how the files holding its Adam state are named
+ADAM_SOURCES = {"zero0-pipeline": "mp_rank_", "zero1-pipeline (DeepSpeed's)": "_optim_states.pt",
+                "zero1-plain": "_optim_states.pt", "zero3": "_optim_states.pt", "universal": "exp_avg_sq.pt"}
+
+
+@pytest.mark.parametrize("kind", sorted(ADAM_SOURCES))
+def test_reshaping_with_the_adam_state_parses_each_of_its_files_once_more_than_without(tmp_path, kind):
+    """Each piece of each kind (master weights, both moments) comes from files parsed once for all of them:
+    reshaping with the Adam state parses no file more than once beyond what a weights-only reshape parses."""
+    src, adam_file = adam_source(kind, str(tmp_path / "src")), ADAM_SOURCES[kind]
+    with parses(src) as weights_only:
+        reshape(src, str(tmp_path / "weights"), TargetLayout(1, 1), weights_only=True)
+    with parses(src) as with_adam:
+        reshape(src, str(tmp_path / "adam"), TargetLayout(1, 1))
+    added = with_adam - weights_only
+    adam_files = {path for path in with_adam if adam_file in path}
+    assert len(adam_files) >= 4 and adam_files <= set(added)
+    assert {path: count for path, count in added.items() if count != 1} == {}

@@ -36,31 +36,6 @@ VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
 SOURCE_LAYOUTS = ("pipeline", "plain", "megatron", "zero3", "zero0", "zero1")
 
 
-def as_zero0(directory: str) -> None:
-    """The writer's checkpoint in `directory` as the trainer saves it at ZeRO 0 and DP 1 (the Adam state in the
-    model-states files only): its universal files and mark removed, the manifest made anew."""
-    import argparse
-
-    from megatron.checkpoint.directory import load_file
-    from megatron.checkpoint.layout import (LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MANIFEST_FILE, UNIVERSAL_DIR,
-                                            UNIVERSAL_MARK)
-    from megatron.checkpoint.manifest import write_manifest
-    from megatron.checkpoint.saving import save
-
-    with open(os.path.join(directory, LATEST_TAG_FILE), encoding="ascii") as latest:
-        tag_dir = os.path.join(directory, latest.read().strip())
-    shutil.rmtree(os.path.join(tag_dir, UNIVERSAL_DIR))
-    os.remove(os.path.join(directory, LATEST_UNIVERSAL_FILE))
-    os.remove(os.path.join(tag_dir, MANIFEST_FILE))
-    for name in sorted(os.listdir(tag_dir)):
-        if name.startswith("mp_rank_"):
-            state = load_file(os.path.join(tag_dir, name), mmap=False)  # not a map of the file rewritten
-            state.pop(UNIVERSAL_MARK)
-            state["args"] = argparse.Namespace(**{**vars(state["args"]), "data_parallel_size": 1, "zero_stage": 0})
-            save(os.path.join(tag_dir, name), state)
-    write_manifest(tag_dir)
-
-
 def write_random_source(directory: str, layers: int, hidden: int, heads: int, tensor: int, pipeline: int,
                         with_adam: bool, layout: str = "pipeline", data: int = 1) -> int:
     """A checkpoint of random weights (and Adam moments when `with_adam`) at TP `tensor` x PP `pipeline` (DP
@@ -68,7 +43,7 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
     plain engine's); its parameter count."""
     import torch
 
-    from megatron.checkpoint.layout_writers import write_megatron, write_zero12, write_zero3
+    from megatron.checkpoint.layout_writers import write_megatron, write_zero0, write_zero12, write_zero3
     from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
     from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
@@ -96,8 +71,8 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
                                                    TargetLayout(tensor, pipeline, pipeline_engine=False), adam),
              "megatron": lambda out: write_megatron(out, weights, args, tensor, pipeline, 10),
              "zero3": lambda out: write_zero3(out, weights, args, tensor, data, 10, adam),
-             "zero0": lambda out: (write_checkpoint(out, weights, config, TrainingState(10, 80, args),
-                                                    TargetLayout(tensor, pipeline), adam), as_zero0(out)),
+             "zero0": lambda out: write_zero0(out, weights, config, TrainingState(10, 80, args),
+                                              TargetLayout(tensor, pipeline), adam),
              "zero1": lambda out: write_zero12(out, weights, adam, args, tensor, data, 10)}[layout]
     write_directory_atomically(directory, write)
     return sum(weight.numel() for weight in weights.values())

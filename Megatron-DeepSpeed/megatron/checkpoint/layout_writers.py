@@ -1,21 +1,28 @@
 """Checkpoints in the layouts other programs write, made from a full state dict (GPTModel's names): Megatron's
-(iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it) and DeepSpeed's
-ZeRO stages 1-2 and 3 (the plain engine's fp32 partitions). The conversion benchmark and the reader's tests need
-such sources at any size without running those programs; checkpoint/directory.py documents the formats.
-Megatron's files hold weights only; ZeRO 3's optionally Adam's moments, ZeRO 1-2's always."""
+(iter_N/mp_rank_XX_YYY/model_optim_rng.pt, as upstream's deepspeed_to_megatron.py writes it), DeepSpeed's ZeRO
+stages 1-2 and 3 (the plain engine's fp32 partitions) and the trainer's at ZeRO 0 (DP 1). The conversion
+benchmark and the reader's tests need such sources at any size without running those programs;
+checkpoint/directory.py documents the formats.
+Megatron's files hold weights only; ZeRO 3's optionally Adam's moments, ZeRO 0-2's always."""
 import argparse
 import os
+import shutil
 from typing import Dict, List, Mapping, Optional
 
 import torch
 
+from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CHECKPOINT_VERSION_VALUE, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, MEGATRON_FILE, MEGATRON_MODEL, megatron_iteration_dir,
-                                        megatron_rank_dir, model_states_file, OPTIMIZER_SAVED,
-                                        optimizer_states_file)
+                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_MODEL,
+                                        OPTIMIZER_SAVED, UNIVERSAL_DIR, UNIVERSAL_MARK, megatron_iteration_dir,
+                                        megatron_rank_dir, model_states_file, optimizer_states_file)
+from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import LAYERS_PREFIX, nest
 from megatron.checkpoint.optimizer_state import OptimizerState
+from megatron.checkpoint.saving import save
 from megatron.checkpoint.shards import shard_of
+from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.model.gpt import GPTConfig
 
 
 def _save(path: str, contents: object, legacy: bool) -> None:
@@ -124,7 +131,8 @@ def write_zero12(directory: str, weights: Mapping[str, torch.Tensor], adam: Opti
             "data_parallel_size": data, "zero_stage": stage, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
     for tp in range(tensor):
         shards = {name: shard_of(name, full, tp, tensor) for name, full in weights.items()}
-        groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices] for matrices in (True, False)]
+        groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices]
+                  for matrices in (True, False)]
         _save(os.path.join(directory, tag, model_states_file(tp, stage)),
               {"module": nest({name: shard.clone() for name, shard in shards.items()}), "optimizer": None,
                "param_shapes": [{name: shards[name].shape for name in group} for group in groups], "args": args,
@@ -146,3 +154,20 @@ def write_zero12(directory: str, weights: Mapping[str, torch.Tensor], adam: Opti
                     {**hyperparameters, "params": [group]} for group, hyperparameters in enumerate(adam.param_groups)]},
                 "param_alignment_paddings": [[0] * len(group) for group in groups], "zero_stage": stage}}, False)
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
+
+
+def write_zero0(directory: str, weights: Mapping[str, torch.Tensor], config: GPTConfig, state: TrainingState,
+                target: TargetLayout, adam: OptimizerState) -> None:
+    """`weights` and `adam` as the trainer saves them at ZeRO 0 and DP 1 (torch's Adam state in each model-parallel
+    rank's model-states file): the writer's checkpoint without its universal files and mark."""
+    tag_dir = write_checkpoint(directory, weights, config, state, target, adam)
+    shutil.rmtree(os.path.join(tag_dir, UNIVERSAL_DIR))
+    os.remove(os.path.join(directory, LATEST_UNIVERSAL_FILE))
+    for name in sorted(os.listdir(tag_dir)):
+        if name.startswith("mp_rank_"):
+            contents = load_file(os.path.join(tag_dir, name), mmap=False)  # not a map of the file rewritten
+            contents.pop(UNIVERSAL_MARK)
+            contents["args"] = argparse.Namespace(**{**vars(contents["args"]), "data_parallel_size": 1,
+                                                     "zero_stage": 0})
+            save(os.path.join(tag_dir, name), contents)
+    write_manifest(tag_dir)

@@ -135,8 +135,8 @@ def _zero3_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerState:
     files = zero3_files(checkpoint.directory, layout, args, range(layout.tensor))
     kinds = {kind: StreamedWeights(zero3_units(checkpoint.directory, layout, args, int(args["num_layers"]), WHOLE,
                                                kind, files=files)) for kind in ("fp32", *MOMENTS)}
-    adam = files.contents((0, 0))["optimizer_state_dict"]["optimizer_state_dict"]
-    step = int(files.scalar((0, 0), adam["state"][0]["step"]))
+    adam = files.sections.contents((0, 0))["optimizer_state_dict"]["optimizer_state_dict"]
+    step = int(files.sections.scalar((0, 0), adam["state"][0]["step"]))
     return OptimizerState(step=step, param_groups=_without_params(adam["param_groups"]), **kinds)
 
 
@@ -161,24 +161,29 @@ def pipeline_stage_pieces(num_layers: int, stages: int, old: bool = False) -> Li
     return [range(parts[stage], parts[stage + 1]) for stage in range(stages)]
 
 
-def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int) -> List[tuple]:
+def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int,
+                               read: Dict[tuple, List[tuple]]) -> List[tuple]:
     """(stage name, shape) of one pipeline stage's parameters in module order: the tied embedding first (on the
-    first and last stage), then each piece's."""
+    first and last stage), then each piece's. `read`: (piece, tensor-parallel rank) -> its (key, shape), for
+    the layer files already read (the embedding's serves two stages)."""
     num_layers, old = int(checkpoint.args["num_layers"]), checkpoint.old
     stage_pieces = pipeline_stage_pieces(num_layers, checkpoint.layout.pipeline, old)
     tied_piece = stage_pieces[-1][-1]
     embedding_piece = 0 if old else EMBEDDING_SPEC
     with_parameters = range(num_layers + 2) if old else positions_with_parameters(num_layers)
-    embedding = load_file(os.path.join(checkpoint.directory, layer_file(embedding_piece, tp_rank)))
+
+    def keys_and_shapes(piece: int) -> List[tuple]:
+        if (piece, tp_rank) not in read:
+            layer = load_file(os.path.join(checkpoint.directory, layer_file(piece, tp_rank)))
+            read[piece, tp_rank] = [(key, tensor.shape) for key, tensor in layer.items()]
+        return read[piece, tp_rank]
     parameters = []
     if embedding_piece in stage_pieces[stage] or tied_piece in stage_pieces[stage]:
-        parameters += [((OLD_TIED_PREFIX if old else TIED_PREFIX) + key, tensor.shape)
-                       for key, tensor in embedding.items()]
+        parameters += [((OLD_TIED_PREFIX if old else TIED_PREFIX) + key, shape)
+                       for key, shape in keys_and_shapes(embedding_piece)]
     for piece in stage_pieces[stage]:
-        if piece in (embedding_piece, tied_piece) or piece not in with_parameters:
-            continue
-        layer = load_file(os.path.join(checkpoint.directory, layer_file(piece, tp_rank)))
-        parameters += [(f"{piece}.{key}", tensor.shape) for key, tensor in layer.items()]
+        if piece not in (embedding_piece, tied_piece) and piece in with_parameters:
+            parameters += [(f"{piece}.{key}", shape) for key, shape in keys_and_shapes(piece)]
     return parameters
 
 
@@ -190,12 +195,14 @@ def _zero0_files(checkpoint: Checkpoint) -> FileSections:
                         lambda contents: adam_tensors(contents["optimizer"]["state"]))
 
 
-def _zero0_index(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int) -> Dict[str, int]:
+def _zero0_index(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int,
+                 layers: Dict[tuple, List[tuple]]) -> Dict[str, int]:
     """Stage name -> torch's optimizer index of one model-parallel rank's parameters that have Adam state (a
-    parameter that never had a gradient, the last stage's position embedding, has none)."""
+    parameter that never had a gradient, the last stage's position embedding, has none). `layers`: as
+    _pipeline_stage_parameters takes it."""
     state = files.contents(model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor))
     if checkpoint.layout.pipeline_engine:
-        parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank)
+        parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank, layers)
     else:
         parameters = [(name, tensor.shape) for name, tensor in module_names(state["module"]).items()]
     adam = state["optimizer"]["state"]
@@ -325,7 +332,8 @@ def _rank_files(checkpoint: Checkpoint) -> _RankFiles:
         place, read = lambda pp, tp: _moe_places(checkpoint, files, tp), _moe_zero0_read
     elif layout.zero_stage == 0:
         files = _zero0_files(checkpoint)
-        place, read = lambda pp, tp: _zero0_index(checkpoint, files, pp, tp), _zero0_read
+        layers: Dict[tuple, List[tuple]] = {}
+        place, read = lambda pp, tp: _zero0_index(checkpoint, files, pp, tp, layers), _zero0_read
     else:
         files = _zero12_files(checkpoint)
         place, read = lambda pp, tp: _zero12_placement(checkpoint, files, pp, tp), _zero12_read

@@ -250,11 +250,24 @@ def _zero3_section(contents: Mapping) -> Dict[tuple, torch.Tensor]:
     return {**tensors, **adam_tensors(partition.get("optimizer_state_dict", {}).get("state", {}))}
 
 
-def zero3_files(tag_dir: str, layout: Layout, args: Mapping[str, object], sources: Sequence[int]) -> FileSections:
-    """The optimizer files of the tensor-parallel ranks `sources` (every data-parallel rank's), each parsed once
-    for all the units and kinds read from it (DeepSpeed names them bf16_... under --bf16)."""
-    return FileSections({(tp, dp): os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
-                         for tp in sources for dp in range(layout.data)}, _zero3_section)
+@dataclass(frozen=True)
+class Zero3Files:
+    """The optimizer files of some tensor-parallel ranks (every data-parallel rank's), each parsed once for all
+    the units and kinds read from them, and where each rank's parameters lie in them."""
+    sections: FileSections  # by (tensor-parallel rank, data-parallel rank)
+    placements: Dict[int, Dict[str, Zero3Place]]  # per tensor-parallel rank: engine name -> place
+    accounted: Dict[int, int]  # per tensor-parallel rank: the values a data-parallel rank holds
+
+
+def zero3_files(tag_dir: str, layout: Layout, args: Mapping[str, object], sources: Sequence[int]) -> Zero3Files:
+    """The files of the tensor-parallel ranks `sources` (DeepSpeed names them bf16_... under --bf16)."""
+    sections = FileSections({(tp, dp): os.path.join(tag_dir, optimizer_states_file(tp, dp, bool(args.get("bf16"))))
+                             for tp in sources for dp in range(layout.data)}, _zero3_section)
+    placements, accounted = {}, {}
+    for tp in sources:
+        shapes = load_file(os.path.join(tag_dir, model_states_file(tp, 3)))["param_shapes"]
+        placements[tp], accounted[tp] = zero3_placement(shapes, layout.data)
+    return Zero3Files(sections, placements, accounted)
 
 
 def _zero3_groups(files: FileSections, key: tuple, kind: str) -> List[tuple]:
@@ -266,20 +279,19 @@ def _zero3_groups(files: FileSections, key: tuple, kind: str) -> List[tuple]:
 
 
 def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_layers: int, part: TensorShard,
-                kind: str = "fp32", dtype: Optional[torch.dtype] = None, files: Optional[FileSections] = None) -> Units:
+                kind: str = "fp32", dtype: Optional[torch.dtype] = None, files: Optional[Zero3Files] = None) -> Units:
     """ZeRO 3's fp32 weights (`kind` fp32, cast to `dtype` unless None) or an Adam moment (exp_avg, exp_avg_sq),
     kept in the same flat layout: a parameter is read from each data-parallel rank's optimizer file, its range of
     the memory-mapped partitions only. `files`: zero3_files' (shared by the kinds), or None to parse them here."""
     sources = part.sources(layout.tensor)
     files = files or zero3_files(tag_dir, layout, args, sources)
-    placements = {}  # per source rank: engine name -> place
+    placements, sections = files.placements, files.sections
     for tp in sources:
-        shapes = load_file(os.path.join(tag_dir, model_states_file(tp, 3)))["param_shapes"]
-        placements[tp], accounted = zero3_placement(shapes, layout.data)
-        metas = _zero3_section(files.contents((tp, 0)))
-        _check_zero3_size(sum(metas[group].numel() for group in _zero3_groups(files, (tp, 0), kind)), accounted)
+        metas = _zero3_section(sections.contents((tp, 0)))
+        _check_zero3_size(sum(metas[group].numel() for group in _zero3_groups(sections, (tp, 0), kind)),
+                          files.accounted[tp])
     engine_names = {current_name(name): name for name in placements[sources[0]]}  # GPTModel name -> engine name
-    mappable = all_mappable(files.paths())
+    mappable = all_mappable(sections.paths())
     of = {name: piece_unit(mappable, 0, name, num_layers) for name in engine_names}
 
     def read(unit: Hashable) -> dict:
@@ -288,8 +300,8 @@ def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_la
         for tp in sources:
             groups = []
             for dp in range(layout.data):
-                wanted = _zero3_groups(files, (tp, dp), kind)
-                taken = files.take((tp, dp), wanted)
+                wanted = _zero3_groups(sections, (tp, dp), kind)
+                taken = sections.take((tp, dp), wanted)
                 groups.append([taken[group] for group in wanted])
             shards[tp] = {}
             for name in names:
