@@ -19,6 +19,7 @@ from megatron.checkpoint.layout import (CHECKPOINT_VERSION, CHECKPOINT_VERSION_V
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import LAYERS_PREFIX, nest
 from megatron.checkpoint.optimizer_state import OptimizerState
+from megatron.checkpoint.reader import flat_range
 from megatron.checkpoint.saving import save
 from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
@@ -118,6 +119,16 @@ def write_zero3(directory: str, weights: Mapping[str, torch.Tensor], flags: Mapp
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
 
 
+def _flat_slice(tensors: List[torch.Tensor], data: int, rank: int, padded: bool) -> torch.Tensor:
+    """Data-parallel rank `rank`'s consecutive slice of `tensors` flattened one after another, in fp32: the
+    whole padded with zeros to `data` equal slices, the last slice kept unpadded unless `padded`."""
+    total = sum(tensor.numel() for tensor in tensors)
+    size = -(-total // data)
+    length = max(0, min(size, total - rank * size))
+    values = flat_range(tensors, rank * size, length).float().clone() if length else torch.zeros(0)
+    return torch.nn.functional.pad(values, (0, size - length)) if padded else values
+
+
 def write_zero12(directory: str, weights: Mapping[str, torch.Tensor], adam: OptimizerState,
                  flags: Mapping[str, object], tensor: int, data: int, iteration: int, stage: int = 1) -> None:
     """`weights` and `adam` as DeepSpeed's plain engine saves them at ZeRO stage `stage` (1 or 2), TP `tensor` x
@@ -125,33 +136,30 @@ def write_zero12(directory: str, weights: Mapping[str, torch.Tensor], adam: Opti
     rank an optimizer file holding its consecutive slice of each group's flat buffer (the group's parameters one
     after another, no alignment padding, the buffer padded with zeros to DP equal slices): the fp32 master
     weights (the last slice without that padding, as DeepSpeed keeps them) and Adam's moments (padded), in two
-    groups (matrices, then vectors, as the trainer's weight-decay groups)."""
+    groups (matrices, then vectors, as the trainer's weight-decay groups). One file's values are made at a time."""
     tag = f"global_step{iteration}"
     args = {**flags, "tensor_model_parallel_size": tensor, "pipeline_model_parallel_size": 1,
             "data_parallel_size": data, "zero_stage": stage, "no_pipeline_parallel": True, "ds_pipeline_enabled": False}
+    kinds = {"fp32": weights, "exp_avg": adam.exp_avg, "exp_avg_sq": adam.exp_avg_sq}
     for tp in range(tensor):
-        shards = {name: shard_of(name, full, tp, tensor) for name, full in weights.items()}
-        groups = [[name for name, shard in shards.items() if (shard.dim() > 1) == matrices]
+        shards = {kind: {name: shard_of(name, full, tp, tensor) for name, full in tensors.items()}
+                  for kind, tensors in kinds.items()}
+        groups = [[name for name, shard in shards["fp32"].items() if (shard.dim() > 1) == matrices]
                   for matrices in (True, False)]
         _save(os.path.join(directory, tag, model_states_file(tp, stage)),
-              {"module": nest({name: shard.clone() for name, shard in shards.items()}), "optimizer": None,
-               "param_shapes": [{name: shards[name].shape for name in group} for group in groups], "args": args,
-               "iteration": iteration, OPTIMIZER_SAVED: True}, False)
-        flats = {kind: [torch.cat([shard_of(name, tensors[name], tp, tensor).float().flatten() for name in group])
-                        for group in groups] for kind, tensors in (("fp32", weights), ("exp_avg", adam.exp_avg),
-                                                                   ("exp_avg_sq", adam.exp_avg_sq))}
+              {"module": nest({name: shard.clone() for name, shard in shards["fp32"].items()}), "optimizer": None,
+               "param_shapes": [{name: shards["fp32"][name].shape for name in group} for group in groups],
+               "args": args, "iteration": iteration, OPTIMIZER_SAVED: True}, False)
         for dp in range(data):
-            def part(flat: torch.Tensor, padded: bool) -> torch.Tensor:
-                size = -(-flat.numel() // data)
-                piece = flat[dp * size:(dp + 1) * size]
-                return torch.nn.functional.pad(piece, (0, size - piece.numel())) if padded else piece.clone()
-            state = {group: {"step": torch.tensor(float(adam.step)),
-                             **{kind: part(flats[kind][group], True) for kind in ("exp_avg", "exp_avg_sq")}}
-                     for group in range(len(groups))}
+            def flat(kind: str, group: List[str]) -> torch.Tensor:
+                return _flat_slice([shards[kind][name] for name in group], data, dp, padded=kind != "fp32")
+            state = {index: {"step": torch.tensor(float(adam.step)),
+                             **{kind: flat(kind, group) for kind in ("exp_avg", "exp_avg_sq")}}
+                     for index, group in enumerate(groups)}
             _save(os.path.join(directory, tag, optimizer_states_file(tp, dp)), {"optimizer_state_dict": {
-                "single_partition_of_fp32_groups": [part(flat, False) for flat in flats["fp32"]],
+                "single_partition_of_fp32_groups": [flat("fp32", group) for group in groups],
                 "base_optimizer_state": {"state": state, "param_groups": [
-                    {**hyperparameters, "params": [group]} for group, hyperparameters in enumerate(adam.param_groups)]},
+                    {**hyperparameters, "params": [index]} for index, hyperparameters in enumerate(adam.param_groups)]},
                 "param_alignment_paddings": [[0] * len(group) for group in groups], "zero_stage": stage}}, False)
     _write_text(os.path.join(directory, LATEST_TAG_FILE), tag)
 
