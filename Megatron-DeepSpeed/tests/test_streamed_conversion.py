@@ -240,6 +240,18 @@ ADAM_SOURCES = {"zero0-pipeline": "mp_rank_", "zero1-pipeline (DeepSpeed's)": "_
                 "zero1-plain": "_optim_states.pt", "zero3": "_optim_states.pt", "universal": "exp_avg_sq.pt"}
 
 
+@pytest.mark.parametrize("kind", ["zero0-pipeline", "zero1-plain"])
+def test_the_written_zero_sources_read_as_the_state_they_were_made_from(tmp_path, kind):
+    src, weights = adam_source(kind, str(tmp_path / "src")), GPTModel(CONFIG).state_dict()
+    source = read_checkpoint(src, streamed=True)
+    read, made = read_optimizer_state(source), adam(weights)
+    assert source.layout.zero_stage == int(kind[4]) and read.step == made.step
+    for name in weights:
+        assert torch.equal(source.model[name], weights[name]), name
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(read.tensors(state)[name], made.tensors(state)[name]), (state, name)
+
+
 @pytest.mark.parametrize("kind", sorted(ADAM_SOURCES))
 def test_reshaping_with_the_adam_state_parses_each_of_its_files_once_more_than_without(tmp_path, kind):
     """Each piece of each kind (master weights, both moments) comes from files parsed once for all of them:
