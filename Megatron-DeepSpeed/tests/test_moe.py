@@ -950,3 +950,33 @@ def test_the_converters_precision_and_data_parallel_flags():
     assert parse_args([*base, "--target-bf16"]).target_precision == "bf16"
     with pytest.raises(SystemExit):
         parse_args([*base, "--target-fp32", "--target-bf16"])
+
+
+def test_reshaping_an_moe_checkpoint_with_its_adam_state_parses_each_expert_parallel_ranks_file_once(tmp_path):
+    # ZeRO 0 keeps an MoE run's Adam state in one expp_rank file per expert-parallel rank; every kind of every
+    # parameter comes from those files parsed once (the parses a weights-only reshape makes aside).
+    from megatron.checkpoint.convert import reshape
+    from megatron.checkpoint.layout_writers import write_zero0
+    from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
+    from megatron.checkpoint.writer import TargetLayout, TrainingState
+    from megatron.config.arguments import job_config
+    from megatron.model.gpt_config import gpt_config
+    from megatron.model.moe import MoEGPTModel
+    from tests.test_streamed_conversion import parses
+    flags = job_config(validated("--num-experts", "4", "--no-pipeline-parallel", "--num-layers", "2",
+                                 "--moe-expert-parallel-size", "2", world_size=2))
+    config = gpt_config(flags.model, 256, moe=flags.moe)
+    weights = MoEGPTModel(config).state_dict()
+    moments = {name: torch.rand(weight.shape) for name, weight in weights.items()}
+    adam = OptimizerState(step=2, fp32=weights, exp_avg=moments, exp_avg_sq=moments,
+                          param_groups=default_param_groups(flags.flags))
+    src = str(tmp_path / "src")
+    write_zero0(src, weights, config, TrainingState(2, 8, flags.flags), TargetLayout(1, 1, False, expert=2), adam)
+    with parses(src) as weights_only:
+        reshape(src, str(tmp_path / "weights"), TargetLayout(1, 1, False), weights_only=True)
+    with parses(src) as with_adam:
+        reshape(src, str(tmp_path / "adam"), TargetLayout(1, 1, False))
+    added = with_adam - weights_only
+    assert sorted(path for path in added if "expp_rank" in path) == [
+        f"global_step2/expp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(2)]
+    assert {path: count for path, count in added.items() if count != 1} == {}

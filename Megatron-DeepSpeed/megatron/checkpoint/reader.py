@@ -117,24 +117,25 @@ def _expert_units(tag_dir: str, split: bool) -> Units:
     model-parallel ranks, one expert at a time. Whole experts: one file each (a tensor-parallel rank holds the same
     experts as another, then with the same values, or other experts; the lowest rank's file is read). `split`
     (--enable-expert-tensor-parallelism at TP > 1): each rank's file holds its shards of the expert, joined by the
-    tensor-parallel plan's rule; the unit is then that expert's files of every rank."""
+    tensor-parallel plan's rule; the unit is then that expert's files of every rank. Each file is parsed once
+    (tensor_records), so a unit read again (a writer asking for an expert's shape) only maps its files."""
+    found = {name: os.path.join(tag_dir, name) for name in sorted(os.listdir(tag_dir))
+             if EXPERT_FILE_PATTERN.fullmatch(name)}
+    sections = FileSections({path: path for path in found.values()}, lambda contents: contents)
     files: Dict[str, Dict[int, str]] = {}  # name -> model-parallel rank -> its file
     keys: Dict[str, str] = {}  # name -> its key in the files (upstream's longer module path, or ours)
-    for file_name in sorted(os.listdir(tag_dir)):
-        match = EXPERT_FILE_PATTERN.fullmatch(file_name)
-        if match:
-            path = os.path.join(tag_dir, file_name)
-            for key in load_file(path):
-                keys[expert_model_name(key)] = key
-                files.setdefault(expert_model_name(key), {})[int(match.group(3))] = path
+    for file_name, path in found.items():
+        for key in sections.names(path):
+            keys[expert_model_name(key)] = key
+            files.setdefault(expert_model_name(key), {})[int(EXPERT_FILE_PATTERN.fullmatch(file_name).group(3))] = path
     of = {name: tuple(by_rank[rank] for rank in sorted(by_rank)) if split else by_rank[min(by_rank)]
           for name, by_rank in files.items()}
 
     def read(unit: Hashable) -> dict:
-        paths = unit if split else (unit,)
-        states = [load_file(path) for path in paths]
+        paths, names = unit if split else (unit,), names_in(of, unit)
+        states = [sections.take(path, [keys[name] for name in names]) for path in paths]
         return {name: join_shards(name, [state[keys[name]] for state in states], experts=True) if split
-                else states[0][keys[name]] for name in names_in(of, unit)}
+                else states[0][keys[name]] for name in names}
     return Units(of, read)
 
 
