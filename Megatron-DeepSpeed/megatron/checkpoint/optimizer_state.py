@@ -18,7 +18,8 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
   universal      (written by writer.py) zero/<engine parameter name>/{fp32,exp_avg,exp_avg_sq,step}.pt, full
                  tensors, and zero/optimizer_state.pt with the hyperparameters.
 Every layout is read one model piece (one parameter file) at a time, memory-mapped, when the writer asks for it;
-an MoE checkpoint's ZeRO-0 files (expp_rank_*) one kind of a stage at a time.
+an MoE checkpoint's ZeRO-0 files (expp_rank_*) one kind of a stage at a time. Each file is parsed once for all
+pieces and kinds (tensor_records.FileSections), not loaded whole again for each.
 Under the pipeline engine parameter names are the stage's ('tied_modules.embed.x', '<spec position>.y',
 checkpoint/names.py); the tied embedding lives on the first and the last stage, and the first stage's copy is
 the one kept. Checkpoints of earlier versions of this project number their pieces from 0 (Checkpoint.old).
@@ -58,8 +59,6 @@ class OptimizerState:
     def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
         return getattr(self, kind)
 
-
-# ----------------------------------------------------------------------------- one parse of each file
 
 # ----------------------------------------------------------------------------- ZeRO 1 / 2
 
@@ -215,7 +214,7 @@ def _zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, inde
     return {name: taken[index[name], kind] for name in names}
 
 
-def _moe_zero0_read(checkpoint: Checkpoint, files: FileSections, mp_rank: int, places: Dict[str, tuple], kind: str,
+def _moe_zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, places: Dict[str, dict], kind: str,
                     names: List[str]) -> Dict[str, torch.Tensor]:
     """The plain engine: model-parallel rank = tensor-parallel rank; `places`: {name: {kind: (expert-parallel
     rank, tensor)}} of experts.read_rank_state."""
@@ -325,6 +324,7 @@ class _RankFiles:
 
 
 def _rank_files(checkpoint: Checkpoint) -> _RankFiles:
+    """The checkpoint's files and places, found once for all kinds."""
     layout, num_layers = checkpoint.layout, int(checkpoint.args["num_layers"])
     moe = layout.zero_stage == 0 and checkpoint.moe is not None
     if moe:

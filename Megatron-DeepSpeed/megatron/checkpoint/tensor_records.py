@@ -1,10 +1,10 @@
 """A few tensors at a time from torch files that hold many: the plain engine's model-states files, Megatron's rank
 files and DeepSpeed's optimizer files hold every model piece (the optimizer's of each Adam kind), and a converter
 takes one piece of one kind at a time. Loading such a file again for each take unpickled all of it each time (most
-of a conversion's time), and a memory map kept open across pieces would
-leave every page read counted in the process's memory. So a zip-format file's pickle is read once, its tensors on
-the meta device, where torch notes each storage's offset in the file, and each take maps the file anew and views
-the tensors taken there (as torch.load's memory map would), the map closing when they are dropped. A file in
+of a conversion's time), and a memory map kept open across pieces would leave every page read counted in the
+process's memory. So a zip-format file's pickle is read once, its tensors on the meta device, where torch notes
+each storage's offset in the file, and each take maps the file anew and views the tensors taken there (as
+torch.load's memory map would), the map closing when they are dropped. A file in
 torch's legacy format cannot be read in parts; it is loaded whole at each take, and so is every file where the
 torch in use does not mark the offsets (`_checkpoint_offset`, set by torch.load for the meta device since 2.x)."""
 import os
