@@ -65,13 +65,26 @@ def test_speed_cells_average_after_warm_up_and_failed_cells_say_why():
     def out_of_memory(argv):
         raise TrainingFailed("out of device memory")
 
-    finished = speed_row(shape, "mbs 2", [], 4, lambda argv: fake_log(10.0, 512))
-    assert finished == SpeedRow("toy", "mbs 2", 10.0, 640.0, 1.0, 0.25, 0.5)
-    failed = speed_row(shape, "mbs 64", [], 4, out_of_memory)
+    finished = speed_row(shape, "mbs 2", ["--micro-batch-size", "2"], 4, lambda argv: fake_log(10.0, 512))
+    planned = finished.planned_memory_gib
+    assert finished == SpeedRow("toy", "mbs 2", 10.0, 640.0, 1.0, 0.25, 0.5, planned)
+    failed = speed_row(shape, "mbs 64", ["--micro-batch-size", "64"], 4, out_of_memory)
     assert failed.failure == "out of device memory"
     table = speed_table([failed, finished])
-    assert "| toy | mbs 64: failed, out of device memory | - |" in table
-    assert "| toy | mbs 2 **best** | 10.00 | 640 |" in table  # the best row is a finished one
+    failed_planned = failed.planned_memory_gib
+    assert f"| toy | mbs 64: failed, out of device memory | - | - | - | - | - | {failed_planned:.2f} |" in table
+    # the best row is a finished one; the planner's error is against the measured peak
+    assert f"| toy | mbs 2 **best** | 10.00 | 640 | 1 | 25.0% | 0.50 | {planned:.2f} ({(planned - 0.5) / 0.5:+.1%}) |" \
+        in table
+    assert f"| 0.50 | {planned:.2f} |" in speed_table([finished], allocator_peaks=False)  # a CPU's peak is its RSS
+
+
+def test_each_speed_cell_carries_the_planners_estimate_for_its_flags():
+    """Micro-batch 2 and 64 of the toy shape: the activations grow with it, the weights do not."""
+    shape = ("toy", 2, 64, 4, 64)
+    small, large = (speed_row(shape, f"mbs {micro}", ["--micro-batch-size", str(micro)], 4,
+                              lambda argv: fake_log(10.0, 512)).planned_memory_gib for micro in (2, 64))
+    assert 0 < small < large
 
 
 @pytest.mark.full  # starts a training process

@@ -75,20 +75,10 @@ def worker(options) -> None:
 def estimate(options, layout: str) -> dict:
     """The planner's peak for the layout's flags on this machine's CPU (its loss chunk), without fragmentation,
     and the phase it is in."""
-    from dataclasses import replace
+    from megatron.planning.command_line import planned_memory
+    from megatron.planning.memory import PHASES
 
-    from megatron.config.arguments import parse_args, validate_args
-    from megatron.model.kernels import select_kernels
-    from megatron.planning.memory import PHASES, estimate_memory
-    from megatron.planning.shape import from_flags
-    from megatron.tokenizer import build_tokenizer
-
-    processes = LAYOUTS[layout][0]
-    flags = validate_args(parse_args(training_flags(options, layout)), processes, "cpu")
-    vocab = build_tokenizer(flags.tokenizer_type, vocab_size=flags.vocab_size).vocab_size
-    shape, planned_layout, settings = from_flags(flags, vocab)
-    settings = replace(settings, loss_chunk_bytes=select_kernels("cpu").loss_chunk_bytes)
-    memory = estimate_memory(shape, planned_layout, settings, fragmentation=0.0)
+    memory = planned_memory(training_flags(options, layout), LAYOUTS[layout][0], "cpu", fragmentation=0.0)
     return {"bytes": memory.total, "phase": memory.peak_phase,
             "terms": {term: getattr(memory, term) for terms in PHASES.values() for term in terms}}
 

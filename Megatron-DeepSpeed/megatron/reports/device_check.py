@@ -3,8 +3,10 @@
 Correctness: the model's fp32 logits and loss on the device against the CPU's for the same weights and batch;
 short bf16 and fp16 (DeepSpeed's dynamic loss scaling) runs against the fp32 loss curve; activation
 recomputation against none. Kernels: which scaled-dot-product-attention kernel PyTorch really dispatches the
-causal path to (flash, where the device has it). Speed: a small grid of settings for each model size on ONE device, each timed
-after warm-up from the trainer's own log lines (samples/s, TFLOPs, MFU) with the device's peak memory.
+causal path to (flash, where the device has it). Speed: a small grid of settings for each model size on ONE
+device, each timed after warm-up from the trainer's own log lines (samples/s, TFLOPs, MFU) with the device's
+peak memory, beside the layout planner's estimate for the same flags (megatron/planning, its fragmentation
+allowance left out, as the allocator's peak of allocated bytes has none).
 Every run trains on synthetic tokens (--mock-data), so no data files are needed: the correctness runs through
 training.pretrain in this process, each speed cell as pretrain_gpt.py in a process of its own.
 On a CPU the same report runs at toy sizes: that is how CI keeps this code working.
@@ -24,6 +26,7 @@ from megatron import device
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.kernels import sdpa_attention
+from megatron.planning.command_line import planned_memory
 from megatron.training.flops import format_mfu
 from megatron.training.log_lines import parse_log
 
@@ -36,6 +39,7 @@ SHAPE_FLAGS = {"345M-MoE8": ("--num-experts", "8"), "toy-MoE4": ("--num-experts"
 CORRECTNESS_SHAPES_ACCELERATOR = (("tiny", 4, 64, 4, 128), ("345M", 24, 1024, 16, 1024))
 CORRECTNESS_SHAPES_CPU = (("toy", 2, 64, 4, 64),)
 VOCAB = 50257  # GPT-2's: the logit layer's share of the work is realistic
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class SpeedRow:
     tflops: float = 0.0
     mfu: Optional[float] = None
     peak_memory_gib: float = 0.0
+    planned_memory_gib: Optional[float] = None  # the layout planner's estimate for the cell's flags
     failure: Optional[str] = None  # why the run did not finish (e.g. out of memory); the figures are then empty
 
 
@@ -115,16 +120,18 @@ def speed_row(shape, settings: str, flags: Sequence[str], iterations: int,
     """One grid cell, trained by `train` (argv -> log). A run that fails (out of device memory, a kernel the
     device lacks) becomes a row that says why, so one bad setting does not cost the rest of the report."""
     name, layers, hidden, heads, seq = shape
+    argv = [*shape_flags(layers, hidden, heads, seq), *SHAPE_FLAGS.get(name, ()), *flags, "--train-iters",
+            str(iterations)]
+    planned = planned_memory(argv, 1, device.device_name(), fragmentation=0.0).total / GIB
     try:
-        log = parse_log(train([*shape_flags(layers, hidden, heads, seq), *SHAPE_FLAGS.get(name, ()), *flags,
-                               "--train-iters", str(iterations)]))
+        log = parse_log(train(argv))
     except TrainingFailed as failure:
-        return SpeedRow(name, settings, failure=str(failure))
+        return SpeedRow(name, settings, planned_memory_gib=planned, failure=str(failure))
     timed = log.iterations[max(1, iterations // 4):]  # warm-up excluded
     samples = sum(r.samples_per_second for r in timed) / len(timed)
     mfus = [r.mfu for r in timed]
     return SpeedRow(name, settings, samples, samples * seq, sum(r.tflops for r in timed) / len(timed),
-                    None if None in mfus else sum(mfus) / len(mfus), (log.peak_allocated_mb or 0.0) / 1024)
+                    None if None in mfus else sum(mfus) / len(mfus), (log.peak_allocated_mb or 0.0) / 1024, planned)
 
 
 class TrainingFailed(Exception):
@@ -209,7 +216,7 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
             shape_rows = [speed_row(shape, label, flags, iterations, train_in_fresh_process)
                           for label, flags in speed_grid(shape[0], on_accelerator)]
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
-        say(speed_table(rows))
+        say(speed_table(rows, allocator_peaks=on_accelerator))
     return rows
 
 
@@ -229,20 +236,25 @@ def check_correctness(shape, on_accelerator: bool, pretrain: Callable, iteration
             f"{max_relative_gap(curve, reference):.2e}; final loss {curve[-1]:.4f} vs {reference[-1]:.4f}")
 
 
-def speed_table(rows: Sequence[SpeedRow]) -> str:
-    """Markdown table of the rows, the fastest finished row of each shape marked best."""
-    lines = ["| shape | settings | samples/s | tokens/s | TFLOPs | MFU | peak memory (GiB) |",
-             "|---|---|---|---|---|---|---|"]
+def speed_table(rows: Sequence[SpeedRow], allocator_peaks: bool = True) -> str:
+    """Markdown table of the rows, the fastest finished row of each shape marked best. With `allocator_peaks`
+    (an accelerator's: allocated bytes, as the planner counts them) the planner's estimate is also given as its
+    error against the measured peak; a CPU's peak is the process's resident memory, not comparable."""
+    lines = ["| shape | settings | samples/s | tokens/s | TFLOPs | MFU | peak memory (GiB) | planner (GiB, vs peak) |",
+             "|---|---|---|---|---|---|---|---|"]
     best = {}
     for row in rows:
         if row.failure is None:
             best.setdefault(row.shape, row)
     for row in rows:
+        planned = "-" if row.planned_memory_gib is None else f"{row.planned_memory_gib:.2f}"
         if row.failure is not None:
-            lines.append(f"| {row.shape} | {row.settings}: failed, {row.failure} | - | - | - | - | - |")
+            lines.append(f"| {row.shape} | {row.settings}: failed, {row.failure} | - | - | - | - | - | {planned} |")
             continue
+        if allocator_peaks and row.planned_memory_gib is not None and row.peak_memory_gib > 0:
+            planned += f" ({(row.planned_memory_gib - row.peak_memory_gib) / row.peak_memory_gib:+.1%})"
         mark = " **best**" if best[row.shape] is row else ""
         lines.append(f"| {row.shape} | {row.settings}{mark} | {row.samples_per_second:.2f} | "
                      f"{row.tokens_per_second:.0f} | {row.tflops:.3g} | {format_mfu(row.mfu)} | "
-                     f"{row.peak_memory_gib:.2f} |")
+                     f"{row.peak_memory_gib:.2f} | {planned} |")
     return "\n".join(lines)
