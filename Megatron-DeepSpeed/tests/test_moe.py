@@ -592,6 +592,7 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
     # Upstream's trainer steps fp16 with DeepSpeed's FusedAdam, so its expp_rank files hold FP16_Optimizer's flat
     # groups; the reader cuts them into the parameters DeepSpeed's own unflattening gives.
     from megatron.checkpoint import expert_optimizer_state as experts
+    from megatron.checkpoint.mixed_precision_state import LOSS_SCALE_KEYS
     from megatron.checkpoint.reader import read_checkpoint
     from megatron.checkpoint.saving import save
     from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
@@ -613,7 +614,7 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
     for name, kinds in expected.items():
         for kind, tensor in kinds.items():
             torch.testing.assert_close(read[kind][name], tensor, rtol=0, atol=0, msg=f"{kind} {name}")
-    assert experts.saved_loss_scale(files) == {key: saved[key] for key in experts.LOSS_SCALE_KEYS}
+    assert experts.saved_loss_scale(files) == {key: saved[key] for key in LOSS_SCALE_KEYS}
 
 
 def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():

@@ -6,7 +6,7 @@ indices). Writing cuts that state for another expert-parallel size, so a run res
 next steps. ZeRO 1-2's flat partitions are read by optimizer_state.py, with the expert naming kept here.
 
 What DeepSpeed 0.19.8 puts in 'optimizer', as read from its code and from checkpoints this trainer saved (tiny
-MoE, EP 2 x DP 2, gloo):
+MoE, EP 2 x DP 2, gloo; the wrappers' forms are read by mixed_precision_state.py, shared with dense models):
   fp32, ZeRO 0   torch's AdamW state_dict (the engine wraps nothing: engine.py _do_optimizer_sanity_check
                  returns no wrapper when the model and gradient dtypes are fp32).
   fp16 or bf16, ZeRO 0   DeepSpeed's FP16_UnfusedOptimizer.state_dict (runtime/fp16/unfused_optimizer.py): our
@@ -41,6 +41,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
+from megatron.checkpoint import mixed_precision_state as mixed
 from megatron.checkpoint.layout import EXPERT_KEY_PATTERN, MOMENTS, expert_optimizer_file
 from megatron.checkpoint.reader import Checkpoint, adam_tensors
 from megatron.checkpoint.shards import shard_of
@@ -50,13 +51,6 @@ from megatron.errors import InputError
 GATE_SUFFIX = ".deepspeed_moe.gate.wg.weight"
 # max_group_size of DeepSpeed's split_params_into_different_moe_groups_for_optimizer (deepspeed/moe/utils.py)
 EXPERT_GROUP_LIMIT = 178_956_971
-# FP16_UnfusedOptimizer.state_dict's keys: torch's state_dict inside, the master weights, the loss scale
-WRAPPED_STATE = "optimizer_state_dict"
-MASTER_WEIGHTS = "fp32_groups"
-# FP16_Optimizer's (DeepSpeed's FusedAdam, as upstream's trainer steps fp16): each group one flat master tensor
-FLAT_MASTER_WEIGHTS = "fp32_groups_flat"
-LOSS_SCALE_KEYS = ("dynamic_loss_scale", "cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
-                   "scale_window")
 # LossScaleConfig's scale_factor (runtime/fp16/loss_scaler.py, both profiles); a fresh dynamic scale has not
 # overflowed yet (last_overflow_iter -1)
 SCALE_FACTOR = 2.0
@@ -142,12 +136,7 @@ def rank_files(checkpoint: Checkpoint, tp_size: int) -> FileSections:
             if not os.path.isfile(paths[rank, tp_rank]):
                 raise InputError(f"{checkpoint.directory} lacks {os.path.basename(paths[rank, tp_rank])}, the "
                                  f"optimizer state of expert-parallel rank {rank}; convert it with --weights-only")
-    return FileSections(paths, lambda contents: adam_tensors(torch_state(contents["optimizer"])["state"]))
-
-
-def torch_state(saved: Mapping) -> Mapping:
-    """torch's AdamW state_dict in an expp_rank file's 'optimizer': itself in fp32, inside the fp16/bf16 wrapper."""
-    return saved[WRAPPED_STATE] if WRAPPED_STATE in saved else saved
+    return FileSections(paths, lambda contents: adam_tensors(mixed.torch_state(contents["optimizer"])["state"]))
 
 
 def read_rank_state(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -> Dict[str, Dict[str, tuple]]:
@@ -160,15 +149,14 @@ def read_rank_state(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -
     result = {kind: {} for kind in ("fp32", *MOMENTS)}
     for rank in range(size):
         saved = files.contents((rank, tp_rank))["optimizer"]
-        adam = torch_state(saved)
+        adam = mixed.torch_state(saved)
         expert_groups = expert_groups_of(adam["param_groups"])
         order = state_order(rank_names(ordered, rank, size), lambda name: checkpoint.model[name].dim() > 1,
                             expert_groups)
-        if FLAT_MASTER_WEIGHTS in saved:
-            saved = _unflattened(checkpoint, saved, rank_groups(checkpoint.model, adam["param_groups"], expert_groups,
-                                                                rank, size), expert_optimizer_file(rank, tp_rank))
-            adam = torch_state(saved)
-        masters = [tensor for group in saved.get(MASTER_WEIGHTS, ()) for tensor in group]
+        shapes = [[checkpoint.model[name].shape for name in members]
+                  for _, members in rank_groups(checkpoint.model, adam["param_groups"], expert_groups, rank, size)]
+        saved = mixed.per_parameter(saved, shapes, f"{checkpoint.directory}: {expert_optimizer_file(rank, tp_rank)}")
+        adam, masters = mixed.torch_state(saved), mixed.master_weights(saved)
         if sum(len(group["params"]) for group in adam["param_groups"]) != len(order) or \
                 len(masters) not in (0, len(order)):
             raise InputError(f"{checkpoint.directory}: {expert_optimizer_file(rank, tp_rank)} holds the state of "
@@ -182,35 +170,9 @@ def read_rank_state(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -
     return result
 
 
-def _unflattened(checkpoint: Checkpoint, saved: Mapping, groups: List[tuple], file: str) -> dict:
-    """FP16_Optimizer's state (runtime/fp16/fused_optimizer.py: each group's parameters flattened in group order,
-    no padding, one AdamW entry and one 'fp32_groups_flat' tensor per group) in FP16_UnfusedOptimizer's form:
-    per parameter, numbered as torch numbers them."""
-    adam, flat_masters = saved[WRAPPED_STATE], saved[FLAT_MASTER_WEIGHTS]
-    shapes = [[checkpoint.model[name].shape for name in members] for _, members in groups]
-    if len(flat_masters) != len(groups) or any(flat.numel() != sum(shape.numel() for shape in group)
-                                               for flat, group in zip(flat_masters, shapes)):
-        raise InputError(f"{checkpoint.directory}: {file} holds the flat optimizer groups of another model than its "
-                         "weights; convert it with --weights-only")
-    state, masters, param_groups, first = {}, [], [], 0
-    for number, group_shapes in enumerate(shapes):
-        sizes = [shape.numel() for shape in group_shapes]
-        flat = adam["state"].get(number, {})
-        pieces = {kind: flat[kind].split(sizes) for kind in MOMENTS if kind in flat}
-        for position, shape in enumerate(group_shapes):
-            if pieces:
-                state[first + position] = {"step": flat["step"],
-                                           **{kind: pieces[kind][position].view(shape) for kind in pieces}}
-        masters.append([piece.view(shape) for piece, shape in zip(flat_masters[number].split(sizes), group_shapes)])
-        param_groups.append({**adam["param_groups"][number], "params": list(range(first, first + len(sizes)))})
-        first += len(sizes)
-    return {**{key: saved[key] for key in LOSS_SCALE_KEYS if key in saved},
-            WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
-
-
 def step_and_groups(files: FileSections) -> tuple:
     """The step count and the groups' hyperparameters (expert-parallel rank 0's; `files`: rank_files')."""
-    adam = torch_state(files.contents((0, 0))["optimizer"])
+    adam = mixed.torch_state(files.contents((0, 0))["optimizer"])
     step = files.scalar((0, 0), next(iter(adam["state"].values()))["step"]) if adam["state"] else 0
     return int(step), adam["param_groups"]
 
@@ -218,9 +180,7 @@ def step_and_groups(files: FileSections) -> tuple:
 def saved_loss_scale(files: FileSections) -> Optional[dict]:
     """The loss scale an fp16/bf16 run saved at ZeRO 0 (expert-parallel rank 0's; every rank steps the same
     scale), or None for an fp32 run; `files`: rank_files'."""
-    saved = files.contents((0, 0))["optimizer"]
-    return {key: files.scalar((0, 0), saved[key]) for key in LOSS_SCALE_KEYS if key in saved} \
-        if WRAPPED_STATE in saved else None
+    return mixed.loss_scale(files.contents((0, 0))["optimizer"], lambda value: files.scalar((0, 0), value))
 
 
 def precision_of(args: Mapping[str, object]) -> str:
@@ -290,8 +250,8 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
     adam = {"state": state, "param_groups": torch_groups}
     if loss_scale is None:
         return {"optimizer": adam}
-    return {"optimizer": {**loss_scale, WRAPPED_STATE: adam,
-                          MASTER_WEIGHTS: [[shard("fp32", name) for name in members] for _, members in groups]}}
+    return {"optimizer": {**loss_scale, mixed.WRAPPED_STATE: adam,
+                          mixed.MASTER_WEIGHTS: [[shard("fp32", name) for name in members] for _, members in groups]}}
 
 
 def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:

@@ -4,7 +4,9 @@ moments and the step count, keyed by GPTModel's names, from whichever layout Dee
   ZeRO 0 (fp32)  torch's optimizer state_dict in each model-parallel rank's mp_rank file: state by parameter
                  index, counted over the parameter groups (decayed matrices, then vectors, see
                  megatron/training/optimizer.py) in the order of that rank's module parameters; the master weights
-                 are the weights.
+                 are the weights. In fp16/bf16 DeepSpeed's wrapper's form (mixed_precision_state.py): torch's
+                 beside the master weights (FP16_UnfusedOptimizer), per group flat (FP16_Optimizer), or, on the
+                 pipeline engine in bf16, BF16_Optimizer's data-parallel slices of each flat group, read as ZeRO 1's.
   ZeRO 1 / 2     per data-parallel rank, the rank's slice of each group's flat fp32 buffer
                  (single_partition_of_fp32_groups, group padding stripped) and of the Adam state (padded);
                  the group's parameters, in flat order, are `param_shapes` in the mp_rank file, each
@@ -32,6 +34,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional
 import torch
 
 from megatron.checkpoint import expert_optimizer_state as experts
+from megatron.checkpoint import mixed_precision_state as mixed
 from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import (MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file,
                                         optimizer_states_file)
@@ -54,7 +57,7 @@ class OptimizerState:
     exp_avg: Mapping[str, torch.Tensor]
     exp_avg_sq: Mapping[str, torch.Tensor]
     param_groups: tuple  # AdamW's hyperparameters per group (decayed, not decayed), without 'params'
-    loss_scale: Optional[Mapping] = None  # an fp16/bf16 MoE run's at ZeRO 0 (expert_optimizer_state.LOSS_SCALE_KEYS)
+    loss_scale: Optional[Mapping] = None  # an fp16/bf16 run's at ZeRO 0 (mixed_precision_state.LOSS_SCALE_KEYS)
 
     def tensors(self, kind: str) -> Mapping[str, torch.Tensor]:
         return getattr(self, kind)
@@ -187,31 +190,67 @@ def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int,
 
 
 def _zero0_files(checkpoint: Checkpoint) -> FileSections:
-    """Torch's optimizer state in each model-parallel rank's model-states file."""
+    """The optimizer's state in each model-parallel rank's model-states file: torch's, or DeepSpeed's fp16/bf16
+    wrapper's (mixed_precision_state)."""
     layout = checkpoint.layout
     return FileSections({mp_rank: os.path.join(checkpoint.directory, model_states_file(mp_rank, 0))
                          for mp_rank in range(layout.tensor * layout.pipeline)},
-                        lambda contents: adam_tensors(contents["optimizer"]["state"]))
+                        lambda contents: adam_tensors(mixed.adam_state(contents["optimizer"])["state"]))
 
 
-def _zero0_index(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int,
-                 layers: Dict[tuple, List[tuple]]) -> Dict[str, int]:
-    """Stage name -> torch's optimizer index of one model-parallel rank's parameters that have Adam state (a
-    parameter that never had a gradient, the last stage's position embedding, has none). `layers`: as
-    _pipeline_stage_parameters takes it."""
-    state = files.contents(model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor))
+def _rank_groups(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int,
+                 layers: Dict[tuple, List[tuple]]) -> List[List[tuple]]:
+    """One model-parallel rank's optimizer groups: (stage name, shape) of each member in torch's order (the
+    decayed matrices, then the vectors; DeepSpeed drops an empty group). `layers`: as _pipeline_stage_parameters
+    takes it."""
     if checkpoint.layout.pipeline_engine:
         parameters = _pipeline_stage_parameters(checkpoint, pp_rank, tp_rank, layers)
     else:
-        parameters = [(name, tensor.shape) for name, tensor in module_names(state["module"]).items()]
-    adam = state["optimizer"]["state"]
-    return {name: index for index, name in enumerate(decay_groups(parameters)) if index in adam}
+        module = files.contents(model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor))["module"]
+        parameters = [(name, tensor.shape) for name, tensor in module_names(module).items()]
+    shapes = dict(parameters)
+    groups = ([name for name in decay_groups(parameters) if (len(shapes[name]) > 1) == matrix]
+              for matrix in (True, False))
+    return [[(name, shapes[name]) for name in group] for group in groups if group]
 
 
-def _zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, index: Dict[str, int], kind: str,
+def _zero0_places(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int,
+                  layers: Dict[tuple, List[tuple]]) -> Dict[str, dict]:
+    """Stage name -> {kind: its tensor as `files` parsed it (meta)} of one model-parallel rank's parameters that
+    have Adam state (a parameter that never had a gradient, the last stage's position embedding, has none in
+    fp32); 'fp32' too where a wrapper keeps master weights."""
+    mp_rank = model_parallel_rank(pp_rank, tp_rank, checkpoint.layout.tensor)
+    groups = _rank_groups(checkpoint, files, pp_rank, tp_rank, layers)
+    where = f"{checkpoint.directory}: {model_states_file(mp_rank, 0)}"
+    shapes = [[shape for _, shape in group] for group in groups]
+    saved = mixed.per_parameter(files.contents(mp_rank)["optimizer"], shapes, where)
+    adam, masters = mixed.torch_state(saved), mixed.master_weights(saved)
+    order = [name for group in groups for name, _ in group]
+    if masters and (len(masters) != len(order) or sum(len(group["params"]) for group in adam["param_groups"]) !=
+                    len(order)):
+        raise InputError(f"{where} holds the optimizer state of another model than its weights ({len(order)} "
+                         f"parameters on model-parallel rank {mp_rank}); convert it with --weights-only")
+    return {name: {**adam["state"][index], **({"fp32": masters[index]} if masters else {})}
+            for index, name in enumerate(order) if index in adam["state"]}
+
+
+def _bf16_placement(checkpoint: Checkpoint, files: FileSections, pp_rank: int, tp_rank: int,
+                    layers: Dict[tuple, List[tuple]]) -> Dict[str, tuple]:
+    """BF16_Optimizer's slices, as _zero12_read takes them: each group's members flat in torch's order, unpadded
+    (its mp_rank file records no param_shapes)."""
+    placement = {}
+    for group, members in enumerate(_rank_groups(checkpoint, files, pp_rank, tp_rank, layers)):
+        offset = 0
+        for name, shape in members:
+            placement[name] = (group, offset, shape, 0, 1)
+            offset += shape.numel()
+    return placement
+
+
+def _zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, places: Dict[str, dict], kind: str,
                 names: List[str]) -> Dict[str, torch.Tensor]:
-    taken = files.take(mp_rank, [(index[name], kind) for name in names])
-    return {name: taken[index[name], kind] for name in names}
+    """`kind` (a moment, or a wrapper's master weights) of the parameters `names`; `places`: _zero0_places'."""
+    return files.read(mp_rank, {name: places[name][kind] for name in names})
 
 
 def _moe_zero0_read(_checkpoint: Checkpoint, files: FileSections, mp_rank: int, places: Dict[str, dict], kind: str,
@@ -237,7 +276,7 @@ def _moe_places(checkpoint: Checkpoint, files: FileSections, tp_rank: int) -> Di
 
 
 def _zero0_step_and_groups(files: FileSections) -> tuple:
-    adam = files.contents(0)["optimizer"]
+    adam = mixed.adam_state(files.contents(0)["optimizer"])
     step = files.scalar(0, adam["state"][next(iter(adam["state"]))]["step"]) if adam["state"] else 0
     return int(step), adam["param_groups"]
 
@@ -321,19 +360,25 @@ class _RankFiles:
     located: Dict[str, tuple]
     read: Callable  # (checkpoint, files, model-parallel rank, its `where`, kind, stage names) -> their tensors
     mappable: bool  # zip-format files: read one model piece at a time
+    sliced: bool  # ZeRO 0 under BF16_Optimizer: its state in ZeRO 1's files
 
 
 def _rank_files(checkpoint: Checkpoint) -> _RankFiles:
     """The checkpoint's files and places, found once for all kinds."""
     layout, num_layers = checkpoint.layout, int(checkpoint.args["num_layers"])
     moe = layout.zero_stage == 0 and checkpoint.moe is not None
+    zero0_files = _zero0_files(checkpoint) if layout.zero_stage == 0 and not moe else None
+    sliced = zero0_files is not None and mixed.partitioned(zero0_files.contents(0)["optimizer"])
+    layers: Dict[tuple, List[tuple]] = {}
     if moe:
         files = experts.rank_files(checkpoint, layout.tensor)
         place, read = lambda pp, tp: _moe_places(checkpoint, files, tp), _moe_zero0_read
+    elif sliced:  # BF16_Optimizer's, in ZeRO 1's files
+        files = _zero12_files(checkpoint)
+        place, read = lambda pp, tp: _bf16_placement(checkpoint, zero0_files, pp, tp, layers), _zero12_read
     elif layout.zero_stage == 0:
-        files = _zero0_files(checkpoint)
-        layers: Dict[tuple, List[tuple]] = {}
-        place, read = lambda pp, tp: _zero0_index(checkpoint, files, pp, tp, layers), _zero0_read
+        files = zero0_files
+        place, read = lambda pp, tp: _zero0_places(checkpoint, files, pp, tp, layers), _zero0_read
     else:
         files = _zero12_files(checkpoint)
         place, read = lambda pp, tp: _zero12_placement(checkpoint, files, pp, tp), _zero12_read
@@ -344,7 +389,7 @@ def _rank_files(checkpoint: Checkpoint) -> _RankFiles:
         for name in where[pp, 0]:
             located.setdefault(model_name(name, num_layers, checkpoint.old), (pp, name))
     mappable = all_mappable(files.paths()) and not moe  # an MoE model's expp files: joined whole, once per kind
-    return _RankFiles(files, where, located, read, mappable)
+    return _RankFiles(files, where, located, read, mappable, sliced)
 
 
 def _deepspeed_units(checkpoint: Checkpoint, ranks: _RankFiles, kind: str) -> Units:
@@ -381,18 +426,18 @@ def read_optimizer_state(checkpoint: Checkpoint, progress: Progress = quiet) -> 
         return _universal_state(checkpoint, progress)
     if layout.zero_stage == 3:
         return _zero3_state(checkpoint, progress)
-    mixed = bool(args.get("bf16") or args.get("fp16"))
-    if layout.zero_stage == 0 and mixed and checkpoint.moe is None:
-        raise InputError(f"{checkpoint.directory}: the optimizer state of ZeRO stage 0 with --bf16/--fp16 is kept "
-                         "in DeepSpeed's mixed-precision optimizer format, which cannot be reshaped; convert with "
-                         "--weights-only")
+    lower_precision = bool(args.get("bf16") or args.get("fp16"))
     progress("optimizer state: read as each parameter is written")
     ranks = _rank_files(checkpoint)
     kinds = {kind: StreamedWeights(_deepspeed_units(checkpoint, ranks, kind)) for kind in MOMENTS}
-    fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0 and not mixed  # the master weights are the weights
+    fp32 = (_AsFloat(checkpoint.model) if layout.zero_stage == 0 and not lower_precision  # masters = weights
             else StreamedWeights(_deepspeed_units(checkpoint, ranks, "fp32")))
     moe_zero0 = layout.zero_stage == 0 and checkpoint.moe is not None
-    step, groups = (_zero12_step_and_groups if layout.zero_stage else experts.step_and_groups if moe_zero0
-                    else _zero0_step_and_groups)(ranks.files)
-    return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds,
-                          loss_scale=experts.saved_loss_scale(ranks.files) if moe_zero0 else None)
+    step, groups = (_zero12_step_and_groups if layout.zero_stage or ranks.sliced else experts.step_and_groups
+                    if moe_zero0 else _zero0_step_and_groups)(ranks.files)
+    if layout.zero_stage or ranks.sliced:
+        loss_scale = None  # BF16_Optimizer scales nothing
+    else:
+        loss_scale = experts.saved_loss_scale(ranks.files) if moe_zero0 else mixed.loss_scale(
+            ranks.files.contents(0)["optimizer"], lambda value: ranks.files.scalar(0, value))
+    return OptimizerState(step=step, param_groups=_without_params(groups), fp32=fp32, **kinds, loss_scale=loss_scale)
