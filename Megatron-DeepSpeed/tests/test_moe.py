@@ -620,7 +620,8 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
 def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimizer():
     # The converter's fp16 target (--target-fp16) against DeepSpeed's own loader: the master weights, moments and
     # an fp16 source's dynamic loss scale come back as written, in torch's numbering of DeepSpeed's MoE groups.
-    from megatron.checkpoint.expert_optimizer_state import rank_optimizer, state_order, target_loss_scale
+    from megatron.checkpoint.expert_optimizer_state import rank_optimizer, state_order
+    from megatron.checkpoint.mixed_precision_state import target_loss_scale
     from megatron.checkpoint.optimizer_state import OptimizerState
     model = skewed_model("--mlp-type", "residual")
     parameters = dict(model.named_parameters())

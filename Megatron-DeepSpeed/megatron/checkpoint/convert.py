@@ -8,7 +8,7 @@ from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
 from megatron.checkpoint.directory import load_file, read_client_state
-from megatron.checkpoint.expert_optimizer_state import precision_of
+from megatron.checkpoint.mixed_precision_state import precision_of
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.client_state import rng_states, tracker_states
 from megatron.checkpoint.layout import model_parallel_rank, model_states_file
@@ -47,27 +47,39 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
             weights_only: bool = False, force: bool = False, progress: Progress = quiet,
             precision: Optional[str] = None) -> Checkpoint:
     """Write the checkpoint in `load_dir` into `save_dir` at `target` (weights, and unless weights_only or the
-    source has none, the Adam state). A mixture-of-experts model's Adam state is written for a run in
-    `precision` (fp32, fp16, bf16; None: the source's) at ZeRO 0 and, with target.data, for ZeRO 1-2 at that
-    data-parallel size. Returns the source checkpoint."""
+    source has none, the Adam state). Its ZeRO-0 form is written for a run in `precision` (fp32, fp16, bf16;
+    None: a dense model's fp32, a mixture-of-experts model's the source's); a mixture-of-experts model's also,
+    with target.data, for ZeRO 1-2 at that data-parallel size. Returns the source checkpoint."""
     if os.path.exists(save_dir) and not force:  # before reading anything large
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)
-    elif precision is not None or target.data is not None:
-        flag = f"--target-{precision}" if precision else "--target-data-parallel-size"
-        raise InputError(f"{flag} shapes a mixture-of-experts checkpoint's Adam state, and {load_dir} holds a dense "
-                         "model, whose converted state resumes at any data-parallel size, in any precision at ZeRO "
-                         "1-3 (in fp32 at ZeRO 0); drop the flag")
+    else:
+        check_dense_target(load_dir, target, precision)
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(
         directory, source.model, config, state, target, optimizer, progress,
-        precision or precision_of(source.args)), force=force)
+        precision or (precision_of(source.args) if source.moe is not None else "fp32")), force=force)
     return source
+
+
+def check_dense_target(load_dir: str, target: TargetLayout, precision: Optional[str]) -> None:
+    """Raise InputError for a dense model's target flags that shape nothing. Its Adam state resumes at ZeRO 1-3
+    at any data-parallel size and precision (the universal files), and at ZeRO 0 in the precision of its
+    mp_rank files' form: FP16_UnfusedOptimizer's for fp16 and bf16, which the pipeline engine wraps in bf16 in
+    BF16_Optimizer instead (not written)."""
+    if target.data is not None:
+        raise InputError(f"--target-data-parallel-size shapes a mixture-of-experts checkpoint's Adam state, and "
+                         f"{load_dir} holds a dense model, whose converted state resumes at any data-parallel size; "
+                         "drop the flag")
+    if precision == "bf16" and target.pipeline_engine:
+        raise InputError("--target-bf16 with the pipeline engine: DeepSpeed steps bf16 there with its BF16_Optimizer, "
+                         "whose ZeRO-0 state the converter does not write; drop the flag and resume in bf16 at "
+                         "--zero-stage 1 (or higher), or add --target-no-pipeline-parallel at pipeline size 1")
 
 
 def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout, weights_only: bool) -> None:

@@ -51,9 +51,6 @@ from megatron.errors import InputError
 GATE_SUFFIX = ".deepspeed_moe.gate.wg.weight"
 # max_group_size of DeepSpeed's split_params_into_different_moe_groups_for_optimizer (deepspeed/moe/utils.py)
 EXPERT_GROUP_LIMIT = 178_956_971
-# LossScaleConfig's scale_factor (runtime/fp16/loss_scaler.py, both profiles); a fresh dynamic scale has not
-# overflowed yet (last_overflow_iter -1)
-SCALE_FACTOR = 2.0
 
 
 def module_order(names: Sequence[str]) -> List[str]:
@@ -183,32 +180,6 @@ def saved_loss_scale(files: FileSections) -> Optional[dict]:
     return mixed.loss_scale(files.contents((0, 0))["optimizer"], lambda value: files.scalar((0, 0), value))
 
 
-def precision_of(args: Mapping[str, object]) -> str:
-    """The precision recorded flags train in: fp16, bf16 or fp32."""
-    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
-
-
-def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int,
-                      source: Optional[Mapping] = None, source_precision: str = "fp32") -> Optional[dict]:
-    """The loss-scale keys of the target's FP16_UnfusedOptimizer state (None for fp32: no wrapper). An fp16
-    source's scale continues; otherwise the scale an engine of the recorded flags starts with (LossScaleConfig,
-    the unfused profile DeepSpeed gives torch's AdamW; bf16 scales nothing). 'cur_iter' counts the steps taken:
-    the source's count, or its iteration. (It is not AdamW's step: the wrapper's constructor steps AdamW once
-    with zero gradients, so an fp16/bf16 run's AdamW counts one step more than its iterations.)"""
-    if precision == "fp32":
-        return None
-    steps = int(source["cur_iter"]) if source is not None else iteration
-    if precision == "bf16":
-        return {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": steps}
-    if source is not None and source_precision == "fp16":
-        return dict(source)
-    if args.get("loss_scale"):
-        return {"dynamic_loss_scale": False, "cur_scale": float(args["loss_scale"]), "cur_iter": steps}
-    return {"dynamic_loss_scale": True, "cur_scale": float(args.get("initial_loss_scale", 2 ** 32)), "cur_iter": steps,
-            "last_overflow_iter": -1, "scale_factor": SCALE_FACTOR,
-            "scale_window": int(args.get("loss_scale_window", 1000))}
-
-
 def rank_groups(model: Mapping[str, torch.Tensor], param_groups: Sequence[Mapping], expert_groups: bool,
                 expert_parallel_rank: int, expert_parallel_size: int) -> List[tuple]:
     """(hyperparameters, the member names in torch's order) of each optimizer group on expert-parallel rank
@@ -233,8 +204,8 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
                    loss_scale: Optional[Mapping] = None) -> dict:
     """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
     optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
-    fp16/bf16 target, target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer saves it, beside the
-    master weights. Groups as rank_groups makes them; moments and master weights are this tensor-parallel
+    fp16/bf16 target, mixed_precision_state.target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer
+    saves it, beside the master weights (mixed_precision_state.unfused_form). Groups as rank_groups makes them; moments and master weights are this tensor-parallel
     rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP too)."""
     def shard(kind: str, name: str) -> torch.Tensor:
         return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
@@ -247,11 +218,8 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
     for hyper, members in groups:
         torch_groups.append({**hyper, "params": list(range(start, start + len(members)))})
         start += len(members)
-    adam = {"state": state, "param_groups": torch_groups}
-    if loss_scale is None:
-        return {"optimizer": adam}
-    return {"optimizer": {**loss_scale, mixed.WRAPPED_STATE: adam,
-                          mixed.MASTER_WEIGHTS: [[shard("fp32", name) for name in members] for _, members in groups]}}
+    masters = [] if loss_scale is None else [[shard("fp32", name) for name in members] for _, members in groups]
+    return {"optimizer": mixed.unfused_form({"state": state, "param_groups": torch_groups}, masters, loss_scale)}
 
 
 def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:

@@ -18,6 +18,8 @@ engine.py _do_optimizer_sanity_check picks the wrapper from the model and gradie
                    optim_states.pt (engine.py _save_zero_checkpoint, as ZeRO 1's: 'base_optimizer_state',
                    'single_partition_of_fp32_groups'); the mp_rank file's 'optimizer' holds rank 0's again. Its
                    step counts the iterations.
+The converter writes FP16_UnfusedOptimizer's form (unfused_form, target_loss_scale) for a ZeRO-0 run in fp16 or
+bf16 that wraps torch's AdamW in it: any run of the plain engine, and the pipeline engine's in fp16.
 Established with this trainer's bf16 runs (plain and pipeline engine, PP 2 and DP 2) and DeepSpeed's fp16
 classes' own state_dict() (tests/test_checkpoint_mixed_precision.py, tests/test_moe.py).
 """
@@ -34,6 +36,9 @@ FLAT_MASTER_WEIGHTS = "fp32_groups_flat"
 LOSS_SCALE_KEYS = ("dynamic_loss_scale", "cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
                    "scale_window")
 PARTITIONED_STATE = "base_optimizer_state"  # BF16_Optimizer's (and ZeRO 1-2's) torch state of the flat slices
+# LossScaleConfig's scale_factor (runtime/fp16/loss_scaler.py, both profiles); a fresh dynamic scale has not
+# overflowed yet (last_overflow_iter -1)
+SCALE_FACTOR = 2.0
 
 
 def partitioned(saved: Mapping) -> bool:
@@ -88,3 +93,38 @@ def _unflattened(saved: Mapping, shapes: Sequence[Sequence[torch.Size]], where: 
         first += len(sizes)
     return {**{key: saved[key] for key in LOSS_SCALE_KEYS if key in saved},
             WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
+
+
+def precision_of(args: Mapping[str, object]) -> str:
+    """The precision recorded flags train in: fp16, bf16 or fp32."""
+    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
+
+
+def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int,
+                      source: Optional[Mapping] = None, source_precision: str = "fp32") -> Optional[dict]:
+    """The loss-scale keys of the target's FP16_UnfusedOptimizer state (None for fp32: no wrapper). An fp16
+    source's scale continues; otherwise the scale an engine of the recorded flags starts with (LossScaleConfig,
+    the unfused profile DeepSpeed gives torch's AdamW; bf16 scales nothing). 'cur_iter' counts the steps taken:
+    the source's count, or its iteration. (It is not AdamW's step: the wrapper's constructor steps AdamW once
+    with zero gradients, so an fp16/bf16 run's AdamW counts one step more than its iterations.)"""
+    if precision == "fp32":
+        return None
+    steps = int(source["cur_iter"]) if source is not None else iteration
+    if precision == "bf16":
+        return {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": steps}
+    if source is not None and source_precision == "fp16":
+        return dict(source)
+    if args.get("loss_scale"):
+        return {"dynamic_loss_scale": False, "cur_scale": float(args["loss_scale"]), "cur_iter": steps}
+    return {"dynamic_loss_scale": True, "cur_scale": float(args.get("initial_loss_scale", 2 ** 32)), "cur_iter": steps,
+            "last_overflow_iter": -1, "scale_factor": SCALE_FACTOR,
+            "scale_window": int(args.get("loss_scale_window", 1000))}
+
+
+def unfused_form(adam: Mapping, masters: Sequence[Sequence[torch.Tensor]], scale: Optional[Mapping]) -> Mapping:
+    """What a ZeRO-0 engine loads as its 'optimizer': torch's AdamW state_dict `adam` as it is (fp32, `scale`
+    None), or wrapped as FP16_UnfusedOptimizer saves it, beside the master weights (`masters`: per group, in
+    torch's order) and the loss scale (`scale`, target_loss_scale's)."""
+    if scale is None:
+        return adam
+    return {**scale, WRAPPED_STATE: adam, MASTER_WEIGHTS: [list(group) for group in masters]}

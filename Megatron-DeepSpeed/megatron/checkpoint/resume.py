@@ -7,7 +7,8 @@ layout would not fit the model. Loading its weights only (--finetune, --no-load-
 data-parallel size and, between ZeRO stages 0-2, the stage (their weights files do not depend on either).
 A checkpoint written by tools/convert_checkpoint.py (universal) resumes at any data-parallel size and ZeRO
 stage: ZeRO 1-3 load its per-parameter state through DeepSpeed's universal-checkpoint loader, ZeRO 0 its
-torch optimizer state (in fp32). A converted mixture-of-experts checkpoint's Adam state loads at ZeRO 0 in the
+mp_rank files' optimizer state, in the precision it was converted for (fp32 unless the converter's --target-fp16
+or --target-bf16 said; check_zero0_precision). A converted mixture-of-experts checkpoint's Adam state loads at ZeRO 0 in the
 precision it was converted for, and at ZeRO 1-2 at the data-parallel size it was converted for, if any
 (check_expert_optimizer_state). Tensor- and pipeline-parallel sizes and the engine must match in every case; the
 message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
@@ -158,12 +159,24 @@ def check_expert_optimizer_state(load_dir: str, state: Mapping[str, object], run
                              f"none); resume it at data-parallel size {zero_size} or at --zero-stage 0, convert it "
                              f"again with --target-data-parallel-size {run.data}, or pass --no-load-optim")
         return
+    check_zero0_precision(load_dir, state, run, precision, "mixture-of-experts ")
+
+
+def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layout, precision: str,
+                          what: str = "") -> None:
+    """A converted checkpoint's ZeRO-0 Adam state is in the form of one precision (recorded by the converter;
+    fp32 when it records none, as earlier converters wrote): torch's AdamW state_dict, or DeepSpeed's
+    FP16_UnfusedOptimizer's for fp16 and bf16. The pipeline engine wraps bf16 in BF16_Optimizer instead, whose
+    state the converter does not write."""
     written = state.get(OPTIMIZER_PRECISION, "fp32")
-    if precision != written:
-        flags = f"--{written}" if written != "fp32" else "neither --fp16 nor --bf16"
-        raise InputError(f"--load {load_dir}: its mixture-of-experts Adam state was converted for {written} training "
-                         f"and this run trains in {precision}; resume it with {flags}, convert it again with "
-                         f"tools/convert_checkpoint.py --target-{precision}, or pass --no-load-optim")
+    if precision == written:
+        return
+    flags = f"--{written}" if written != "fp32" else "neither --fp16 nor --bf16"
+    again = ("" if precision == "bf16" and run.pipeline_engine else
+             f"convert it again with tools/convert_checkpoint.py --target-{precision}, ")
+    raise InputError(f"--load {load_dir}: its {what}Adam state was converted for {written} training "
+                     f"and this run trains in {precision}; resume it with {flags}, {again}or pass --no-load-optim"
+                     f"{'' if what else ' (or resume it at --zero-stage 1 or higher, in any precision)'}")
 
 
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
@@ -208,9 +221,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                          "shards under ZeRO stage 3; resume it with --zero-stage 1 or 2")
     if expert_state:
         check_expert_optimizer_state(load_dir, state, run, precision)
-    elif layout.universal and load_optimizer and run.zero_stage == 0 and precision != "fp32":
-        raise InputError(f"--load {load_dir}: a converted checkpoint's optimizer state loads into ZeRO stage 0 in "
-                         "fp32 only; resume it with --zero-stage 1 (or higher), or pass --no-load-optim")
+    elif layout.universal and load_optimizer and run.zero_stage == 0:
+        check_zero0_precision(load_dir, state, run, precision)
     args = state[ARGS]
     release = os.path.basename(tag_dir) == RELEASE  # Megatron's: weights to start from, no progress
     return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,

@@ -5,8 +5,10 @@ The data-parallel size and the ZeRO stage are left open by writing what DeepSpee
 them:
   global_step{N}/mp_rank_{mp:02d}_model_states.pt   per model-parallel rank: the client state (iteration,
         consumed samples, flags, RNG) and DeepSpeed's bookkeeping; under the plain engine the rank's weights
-        (`module`); for ZeRO stage 0, torch's AdamW state_dict of the rank's parameters (`optimizer`), which
-        does not depend on the data-parallel size.
+        (`module`); for ZeRO stage 0, the rank's Adam state (`optimizer`), which does not depend on the
+        data-parallel size, in the form of the target's precision (`optimizer_precision` records it): torch's
+        AdamW state_dict for fp32 (a dense model's default), DeepSpeed's FP16_UnfusedOptimizer state (master
+        weights, loss scale; mixed_precision_state.unfused_form) for fp16, and for bf16 on the plain engine.
   global_step{N}/layer_{piece:02d}-model_{tp:02d}-model_states.pt   under the pipeline engine, each piece's
         weights (the files DeepSpeed's PipelineModule reads).
   global_step{N}/zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt + zero/optimizer_state.pt   DeepSpeed's
@@ -37,13 +39,14 @@ import torch
 
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
 from megatron.checkpoint.directory import experts_split
-from megatron.checkpoint.expert_optimizer_state import precision_of, rank_optimizer, target_loss_scale
+from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.expert_zero_partitions import rank_partitions
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
+                                        LATEST_TAG_FILE, MOMENTS, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
                                         OPTIMIZER_PRECISION, UNIVERSAL_MARK, expert_file, expert_optimizer_file,
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
+from megatron.checkpoint.mixed_precision_state import precision_of, target_loss_scale, unfused_form
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
@@ -123,23 +126,25 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
 # ----------------------------------------------------------------------------- files
 
 def _zero0_optimizer(stage_names: List[str], universal: UniversalFiles, optimizer: OptimizerState,
-                     num_layers: int, tp_rank: int, tp_size: int) -> dict:
-    """torch's AdamW state_dict for a rank whose parameters are `stage_names` (module order); their shapes are
+                     num_layers: int, tp_rank: int, tp_size: int, loss_scale: Optional[Mapping]) -> Mapping:
+    """The ZeRO-0 'optimizer' of a rank whose parameters are `stage_names` (module order): torch's AdamW
+    state_dict, wrapped as FP16_UnfusedOptimizer's with `loss_scale` (an fp16/bf16 target). Their shapes are
     the universal files' (written by now), so no piece is read for its shape."""
     shapes = {name: _shard_shape(model_name(name, num_layers), universal, tp_size) for name in stage_names}
     ordered = decay_groups([(name, shapes[name]) for name in stage_names])
     step = torch.tensor(float(optimizer.step))
-    state = {}
-    for index, name in enumerate(ordered):
+
+    def shard(kind: str, name: str) -> torch.Tensor:
         full_name = model_name(name, num_layers)
-        state[index] = {"step": step.clone(),
-                        **{kind: shard_of(full_name, optimizer.tensors(kind)[full_name], tp_rank, tp_size).clone()
-                           for kind in ("exp_avg", "exp_avg_sq")}}
+        return shard_of(full_name, optimizer.tensors(kind)[full_name], tp_rank, tp_size).clone()
+    state = {index: {"step": step.clone(), **{kind: shard(kind, name) for kind in MOMENTS}}
+             for index, name in enumerate(ordered)}
     decayed = sum(1 for name in stage_names if len(shapes[name]) > 1)
-    groups = []
+    groups, masters = [], []
     for group, indices in zip(optimizer.param_groups, (range(decayed), range(decayed, len(ordered)))):
         groups.append({**group, "params": list(indices)})
-    return {"state": state, "param_groups": groups}
+        masters.append([shard("fp32", ordered[index]) for index in indices] if loss_scale is not None else [])
+    return unfused_form({"state": state, "param_groups": groups}, masters, loss_scale)
 
 
 def _shard_shape(name: str, universal: UniversalFiles, tp_size: int) -> torch.Size:
@@ -194,9 +199,9 @@ def _tensor_parallel_rng(state: TrainingState, tp_rank: int) -> Optional[dict]:
 def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GPTConfig, state: TrainingState,
                      target: TargetLayout, optimizer: Optional[OptimizerState] = None,
                      progress: Progress = quiet, precision: str = "fp32") -> str:
-    """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`; a
-    mixture-of-experts model's optimizer files for a run in `precision` (fp32, fp16, bf16) at ZeRO 0. Returns
-    the global_step directory."""
+    """Write `model` (GPTModel's full state dict) and, unless None, `optimizer` into `out_dir` at `target`, its
+    ZeRO-0 form (the mp_rank files' or a mixture-of-experts model's expp_rank files) for a run in `precision`
+    (fp32, fp16, bf16). Returns the global_step directory."""
     check_target(config, target)
     num_layers, tp_size = config.num_layers, target.tensor
     tag = f"global_step{state.iteration}"
@@ -248,7 +253,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             module = None if target.pipeline_engine else nest(  # PR-MoE's dense MLP split as its experts are
                 rank_tensors({name: name for name in dense}, tp, split_experts, held=True))
             zero0 = None if optimizer is None or experts else _zero0_optimizer(
-                stage_names, universal, optimizer, num_layers, tp, tp_size)
+                stage_names, universal, optimizer, num_layers, tp, tp_size, loss_scale)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
@@ -267,7 +272,8 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 for dp in range(target.data or 0) if optimizer is not None else ():
                     save(os.path.join(tag_dir, optimizer_states_file(mp_rank, dp, precision == "bf16")),
                          rank_partitions(model, optimizer, dp, target.data, target.expert, tp, tp_size, split_experts))
-                contents.update({OPTIMIZER_PRECISION: precision, OPTIMIZER_DATA_PARALLEL_SIZE: target.data})
+                contents[OPTIMIZER_DATA_PARALLEL_SIZE] = target.data
+            contents[OPTIMIZER_PRECISION] = precision
             save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
