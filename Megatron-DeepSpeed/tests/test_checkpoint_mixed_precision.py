@@ -1,7 +1,9 @@
 """A dense checkpoint trained at ZeRO stage 0 in bf16 or fp16 converts with its Adam state. DeepSpeed keeps that
 state in its mixed-precision wrappers' forms (megatron/checkpoint/mixed_precision_state.py); read per parameter,
-the converted checkpoint resumes at ZeRO 1 as the source run goes on, which without the moments it does not.
-fp16 does not train on CPU: its forms are DeepSpeed's own classes' state_dict(), read back exactly."""
+the converted checkpoint resumes at ZeRO 1 as the source run goes on, which without the moments it does not, and,
+converted with --target-bf16, at ZeRO 0 too (the wrapper's form written back). fp16 does not train on CPU: its
+forms are DeepSpeed's own classes' state_dict(), read back exactly, and the converter's --target-fp16 form loads
+into DeepSpeed's FP16_UnfusedOptimizer exactly."""
 import os
 import shutil
 
@@ -19,23 +21,27 @@ def run(ranks, data_prefix, *flags):
     return run_on_ranks(train, ranks, [*COMMON, "--data-path", data_prefix, *flags], timeout=600)[0][0]
 
 
-def assert_resumes_with_the_moments(source, target, resume_ranks, straight, data_prefix, tmp_path, rel, *layout):
-    """The conversion of `source` to `target` resumed at ZeRO 1 in bf16 takes the source run's next steps (to
+def assert_resumes_with_the_moments(source, target, resume_ranks, straight, data_prefix, tmp_path, rel, *layout,
+                                    zero_stages=("1",)):
+    """The conversion of `source` to `target` for bf16 (--target-bf16) resumed in bf16 at each of `zero_stages`
+    (ZeRO 1: the universal files; ZeRO 0: the mp_rank files' wrapper form) takes the source run's next steps (to
     `rel`: bf16 sums in another order at another layout, as in the MoE conversion tests); resumed without the
     moments its second step is off by over 100 times as much."""
     from megatron.checkpoint.convert import reshape
-    reshape(str(source), str(tmp_path / "converted"), target, iteration=SAVED_AT)
-    resume = ["--bf16", "--zero-stage", "1", *layout, "--load", str(tmp_path / "converted")]
-    resumed = run(resume_ranks, data_prefix, *resume)
-    fresh_moments = run(resume_ranks, data_prefix, *resume, "--no-load-optim")
-    assert resumed == pytest.approx(straight[SAVED_AT:], rel=rel, abs=0)
-    assert abs(fresh_moments[1] - straight[SAVED_AT + 1]) > 100 * abs(resumed[1] - straight[SAVED_AT + 1])
+    reshape(str(source), str(tmp_path / "converted"), target, iteration=SAVED_AT, precision="bf16")
+    for zero_stage in zero_stages:
+        resume = ["--bf16", "--zero-stage", zero_stage, *layout, "--load", str(tmp_path / "converted")]
+        resumed = run(resume_ranks, data_prefix, *resume)
+        fresh_moments = run(resume_ranks, data_prefix, *resume, "--no-load-optim")
+        assert resumed == pytest.approx(straight[SAVED_AT:], rel=rel, abs=0), f"ZeRO {zero_stage}"
+        assert abs(fresh_moments[1] - straight[SAVED_AT + 1]) > 100 * abs(resumed[1] - straight[SAVED_AT + 1])
     shutil.rmtree(tmp_path / "converted")
 
 
 @pytest.mark.full
-def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero1_with_its_adam_state(data_prefix, tmp_path):
-    # The plain engine wraps our AdamW in FP16_UnfusedOptimizer (torch's state beside the master weights).
+def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero0_and_zero1_with_its_adam_state(data_prefix, tmp_path):
+    # The plain engine wraps our AdamW in FP16_UnfusedOptimizer (torch's state beside the master weights), which
+    # the converter writes back for --target-bf16.
     from megatron.checkpoint.directory import load_file
     plain, tp2 = ["--no-pipeline-parallel"], ["--tensor-model-parallel-size", "2"]
     straight = run(2, data_prefix, *BF16_ZERO0, *plain, *tp2, "--save", str(tmp_path / "source"), "--save-interval",
@@ -46,7 +52,7 @@ def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero1_with_its_adam_sta
     for target, ranks, rel, layout in ((TargetLayout(2, 1, pipeline_engine=False), 2, 0, tp2),  # bit for bit
                                        (TargetLayout(1, 1, pipeline_engine=False), 1, 1e-4, [])):
         assert_resumes_with_the_moments(tmp_path / "source", target, ranks, straight, data_prefix, tmp_path, rel,
-                                        *plain, *layout)
+                                        *plain, *layout, zero_stages=("1", "0"))
 
 
 @pytest.mark.full
@@ -120,22 +126,29 @@ def fp16_model(pipeline_engine):
     return config, GPTModel(config).state_dict(), flags.flags
 
 
-def zero0_checkpoint(directory, config, weights, flags, pipeline_engine, optimizer):
-    """A ZeRO-0 checkpoint as the engine saves it (no universal folder), its mp_rank file holding `optimizer`."""
+def as_the_engine_saves_it(step_dir, optimizer=None):
+    """A checkpoint the writer wrote, made a ZeRO-0 one as the engine saves it: no universal folder or mark, and
+    with `optimizer` the mp_rank file's optimizer replaced (else each mp_rank file's kept)."""
     from megatron.checkpoint.directory import load_file
-    from megatron.checkpoint.layout import UNIVERSAL_DIR, UNIVERSAL_MARK, model_states_file
-    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.layout import UNIVERSAL_DIR, UNIVERSAL_MARK
     from megatron.checkpoint.saving import save
-    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
-    write_checkpoint(str(directory), weights, config, TrainingState(2, 16, flags), TargetLayout(1, 1, pipeline_engine))
-    step_dir = directory / "global_step2"
     shutil.rmtree(step_dir / UNIVERSAL_DIR)
     os.remove(step_dir / "manifest.json")  # checked from its layout instead
-    model_states = os.path.join(step_dir, model_states_file(0, 0))
-    contents = dict(load_file(model_states))  # memory-mapped: written beside it, then moved over it
-    del contents[UNIVERSAL_MARK]
-    save(model_states + ".new", {**contents, "optimizer": optimizer})
-    os.replace(model_states + ".new", model_states)
+    for name in os.listdir(step_dir):
+        if name.startswith("mp_rank_"):
+            model_states = os.path.join(step_dir, name)
+            contents = dict(load_file(model_states))  # memory-mapped: written beside it, then moved over it
+            del contents[UNIVERSAL_MARK]
+            save(model_states + ".new", {**contents, "optimizer": optimizer or contents["optimizer"]})
+            os.replace(model_states + ".new", model_states)
+
+
+def zero0_checkpoint(directory, config, weights, flags, pipeline_engine, optimizer):
+    """A ZeRO-0 checkpoint as the engine saves it (no universal folder), its mp_rank file holding `optimizer`."""
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    write_checkpoint(str(directory), weights, config, TrainingState(2, 16, flags), TargetLayout(1, 1, pipeline_engine))
+    as_the_engine_saves_it(directory / "global_step2", optimizer)
     checkpoint = read_checkpoint(str(directory))
     assert checkpoint.layout.zero_stage == 0 and checkpoint.layout.pipeline_engine == pipeline_engine
     return checkpoint
@@ -175,3 +188,86 @@ def test_a_wrapper_state_of_another_model_is_refused_in_one_line(tmp_path):
                                          r"than its weights \(\d+ parameters on model-parallel rank 0\); convert it "
                                          "with --weights-only"):
         read_optimizer_state(checkpoint)
+
+
+def random_adam_state(weights, loss_scale):
+    """An OptimizerState of the full model `weights` with every tensor random (master weights unlike the weights)."""
+    from megatron.checkpoint.optimizer_state import OptimizerState, default_param_groups
+    generator = torch.Generator().manual_seed(2)
+    kinds = {kind: {name: torch.rand(tensor.shape, generator=generator) for name, tensor in weights.items()}
+             for kind in ("fp32", "exp_avg", "exp_avg_sq")}
+    return OptimizerState(step=3, param_groups=default_param_groups({"lr": 1e-2}), loss_scale=loss_scale, **kinds)
+
+
+def load_into_fp16_unfused_optimizer(config, weights, saved):
+    """DeepSpeed's FP16_UnfusedOptimizer (the plain engine's wrapper of our AdamW at ZeRO 0 in fp16) over a
+    half-precision GPT model in our groups, loading `saved` with its own load_state_dict: per parameter name its
+    master weights and moments, and its loss scale."""
+    import deepspeed
+    from deepspeed.runtime.fp16.loss_scaler import LossScaleConfig, LossScaleProfile
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    from megatron.checkpoint.mixed_precision_state import LOSS_SCALE_KEYS
+    from megatron.model.gpt import GPTModel
+    from megatron.training.optimizer import parameter_groups
+    deepspeed.init_distributed("gloo", verbose=False)
+    model = GPTModel(config)
+    model.load_state_dict(weights)
+    model.half()
+    scale = LossScaleConfig(torch.float16, True, 1.0, None, profile=LossScaleProfile.UNFUSED)
+    optimizer = FP16_UnfusedOptimizer(torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-2),
+                                      loss_scale_config=scale, low_precision_dtype=torch.float16)
+    optimizer.load_state_dict(saved)
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    loaded = {}
+    for halves, masters in zip(optimizer.fp16_groups, optimizer.fp32_groups):
+        for half, master in zip(halves, masters):
+            loaded[names[half]] = {"fp32": master.detach().clone(),
+                                   **{kind: optimizer.optimizer.state[master][kind] for kind in ("exp_avg",
+                                                                                                 "exp_avg_sq")}}
+    return loaded, {key: getattr(optimizer.loss_scale_config, key) for key in LOSS_SCALE_KEYS}
+
+
+def test_a_converted_fp16_target_loads_into_deepspeeds_fp16_unfused_optimizer_exactly(tmp_path):
+    # --target-fp16 for the plain engine: the mp_rank file's 'optimizer' is FP16_UnfusedOptimizer's form, which
+    # DeepSpeed's own loader takes: every parameter's master weights and moments as converted, an fp16 source's
+    # dynamic loss scale continued; the client state records the precision plan_resume checks.
+    from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.mixed_precision_state import target_loss_scale
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    config, weights, flags = fp16_model(pipeline_engine=False)
+    source_scale = {"dynamic_loss_scale": True, "cur_scale": 512.0, "cur_iter": 2, "last_overflow_iter": 1,
+                    "scale_factor": 2.0, "scale_window": 10}
+    state = random_adam_state(weights, source_scale)
+    write_checkpoint(str(tmp_path), weights, config, TrainingState(2, 16, flags), TargetLayout(1, 1, False), state,
+                     precision="fp16")
+    contents = load_file(str(tmp_path / "global_step2" / "mp_rank_00_model_states.pt"))
+    assert contents["optimizer_precision"] == "fp16"
+    loaded, scale = run_on_ranks(load_into_fp16_unfused_optimizer, 1, config, weights, contents["optimizer"])[0]
+    assert loaded.keys() == weights.keys()
+    for name, kinds in loaded.items():
+        for kind, tensor in kinds.items():
+            torch.testing.assert_close(tensor, state.tensors(kind)[name], rtol=0, atol=0, msg=f"{kind} {name}")
+    assert scale == source_scale == target_loss_scale("fp16", flags, 2, source_scale, "fp16")
+
+
+def test_a_converted_fp16_pipeline_target_reads_back_per_parameter(tmp_path):
+    # The pipeline engine wraps our AdamW in FP16_UnfusedOptimizer in fp16 too, over its stage's parameters in
+    # its module order (the tied embedding first): at TP 2 x PP 2 the mp_rank files, read as the engine's own
+    # ZeRO-0 save (zero/ removed), give back every tensor and the loss scale.
+    from megatron.checkpoint.optimizer_state import read_optimizer_state
+    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+    config, weights, flags = fp16_model(pipeline_engine=True)
+    state = random_adam_state(weights, None)
+    write_checkpoint(str(tmp_path), weights, config, TrainingState(2, 16, flags), TargetLayout(2, 2), state,
+                     precision="fp16")
+    as_the_engine_saves_it(tmp_path / "global_step2")
+    read = read_optimizer_state(read_checkpoint(str(tmp_path)))
+    assert read.step == state.step
+    for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+        for name in weights:
+            torch.testing.assert_close(read.tensors(kind)[name], state.tensors(kind)[name], rtol=0, atol=0,
+                                       msg=f"{kind} {name}")
+    assert read.loss_scale == {"dynamic_loss_scale": True, "cur_scale": 2.0 ** 32, "cur_iter": 2,
+                               "last_overflow_iter": -1, "scale_factor": 2.0, "scale_window": 1000}
