@@ -936,8 +936,8 @@ def test_zero_partitions_are_written_only_where_deepspeeds_expert_groups_are_kno
     config = gpt_config(dense.model, 256)
     write_checkpoint(str(tmp_path / "dense"), GPTModel(config).state_dict(), config, TrainingState(2, 8, dense.flags),
                      TargetLayout(1, 1, pipeline_engine=False))
-    with pytest.raises(InputError, match="--target-data-parallel-size shapes a mixture-of-experts checkpoint's "
-                                         "Adam state, and .* holds a dense model"):
+    with pytest.raises(InputError, match="--target-data-parallel-size cuts the Adam state of .*, a dense model, only "
+                                         "for the pipeline engine in bf16"):
         reshape(str(tmp_path / "dense"), str(tmp_path / "out"), TargetLayout(1, 1, False, data=2))
 
 

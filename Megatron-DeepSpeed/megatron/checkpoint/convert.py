@@ -68,18 +68,20 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
 
 
 def check_dense_target(load_dir: str, target: TargetLayout, precision: Optional[str]) -> None:
-    """Raise InputError for a dense model's target flags that shape nothing. Its Adam state resumes at ZeRO 1-3
-    at any data-parallel size and precision (the universal files), and at ZeRO 0 in the precision of its
-    mp_rank files' form: FP16_UnfusedOptimizer's for fp16 and bf16, which the pipeline engine wraps in bf16 in
-    BF16_Optimizer instead (not written)."""
-    if target.data is not None:
-        raise InputError(f"--target-data-parallel-size shapes a mixture-of-experts checkpoint's Adam state, and "
-                         f"{load_dir} holds a dense model, whose converted state resumes at any data-parallel size; "
-                         "drop the flag")
-    if precision == "bf16" and target.pipeline_engine:
-        raise InputError("--target-bf16 with the pipeline engine: DeepSpeed steps bf16 there with its BF16_Optimizer, "
-                         "whose ZeRO-0 state the converter does not write; drop the flag and resume in bf16 at "
-                         "--zero-stage 1 (or higher), or add --target-no-pipeline-parallel at pipeline size 1")
+    """Raise InputError for a dense model's target flags that do not fit. Its Adam state resumes at ZeRO 1-3 at
+    any data-parallel size and precision (the universal files), and at ZeRO 0 in the precision of its ZeRO-0
+    form: FP16_UnfusedOptimizer's for fp16 and bf16, except on the pipeline engine in bf16, where DeepSpeed's
+    BF16_Optimizer keeps it per data-parallel rank (bf16_slices.py), for one data-parallel size."""
+    slices = precision == "bf16" and target.pipeline_engine
+    if target.data is not None and not slices:
+        raise InputError(f"--target-data-parallel-size cuts the Adam state of {load_dir}, a dense model, only for "
+                         "the pipeline engine in bf16 (--target-bf16 without --target-no-pipeline-parallel), whose "
+                         "optimizer keeps it per data-parallel rank; the other forms resume at any data-parallel "
+                         "size: drop the flag")
+    if slices and (target.data is None or target.data < 1):
+        raise InputError("--target-bf16 for the pipeline engine writes DeepSpeed's BF16_Optimizer state, one file per "
+                         "data-parallel rank: add --target-data-parallel-size D, the resumed run's world size / "
+                         f"(TP {target.tensor} x PP {target.pipeline})")
 
 
 def check_expert_target(load_dir: str, source: Checkpoint, target: TargetLayout, weights_only: bool) -> None:

@@ -66,6 +66,9 @@ class ResumePlan:
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
     foreign: bool = False  # a layout the engine cannot load: its weights are read here and copied in
+    # the pipeline engine at ZeRO 0 in bf16: BF16_Optimizer's state is loaded from its per-data-parallel-rank
+    # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/bf16_slices.py)
+    bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
 
 
@@ -166,17 +169,21 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
                           what: str = "") -> None:
     """A converted checkpoint's ZeRO-0 Adam state is in the form of one precision (recorded by the converter;
     fp32 when it records none, as earlier converters wrote): torch's AdamW state_dict, or DeepSpeed's
-    FP16_UnfusedOptimizer's for fp16 and bf16. The pipeline engine wraps bf16 in BF16_Optimizer instead, whose
-    state the converter does not write."""
-    written = state.get(OPTIMIZER_PRECISION, "fp32")
-    if precision == written:
-        return
-    flags = f"--{written}" if written != "fp32" else "neither --fp16 nor --bf16"
-    again = ("" if precision == "bf16" and run.pipeline_engine else
-             f"convert it again with tools/convert_checkpoint.py --target-{precision}, ")
-    raise InputError(f"--load {load_dir}: its {what}Adam state was converted for {written} training "
-                     f"and this run trains in {precision}; resume it with {flags}, {again}or pass --no-load-optim"
-                     f"{'' if what else ' (or resume it at --zero-stage 1 or higher, in any precision)'}")
+    FP16_UnfusedOptimizer's for fp16 and bf16; on the pipeline engine in bf16, BF16_Optimizer's slices for one
+    data-parallel size (checkpoint/bf16_slices.py)."""
+    written, sliced = state.get(OPTIMIZER_PRECISION, "fp32"), precision == "bf16" and run.pipeline_engine
+    again = f"--target-{precision}" + (f" --target-data-parallel-size {run.data}" if sliced else "")
+    anywhere = "" if what else " (or resume it at --zero-stage 1 or higher, in any precision)"
+    if precision != written:
+        flags = f"--{written}" if written != "fp32" else "neither --fp16 nor --bf16"
+        raise InputError(f"--load {load_dir}: its {what}Adam state was converted for {written} training and this "
+                         f"run trains in {precision}; resume it with {flags}, convert it again with "
+                         f"tools/convert_checkpoint.py {again}, or pass --no-load-optim{anywhere}")
+    if sliced and state.get(OPTIMIZER_DATA_PARALLEL_SIZE) != run.data:
+        raise InputError(f"--load {load_dir}: its Adam state was cut into BF16_Optimizer's slices for data-parallel "
+                         f"size {state.get(OPTIMIZER_DATA_PARALLEL_SIZE)}, and this run's is {run.data}; resume it at "
+                         f"that size, convert it again with tools/convert_checkpoint.py {again}, or pass "
+                         f"--no-load-optim{anywhere}")
 
 
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
@@ -225,7 +232,10 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
         check_zero0_precision(load_dir, state, run, precision)
     args = state[ARGS]
     release = os.path.basename(tag_dir) == RELEASE  # Megatron's: weights to start from, no progress
+    bf16_slices = (load_optimizer and not (foreign or universal) and run.pipeline_engine and run.zero_stage == 0
+                   and precision == "bf16")
     return ResumePlan(tag=os.path.basename(tag_dir), universal=universal, load_optimizer=load_optimizer,
+                      bf16_slices=bf16_slices,
                       load_rng=not (options.finetune or options.no_load_rng or foreign) and has_rng(state),
                       restore_progress=not (options.finetune or options.reset_iteration or release),
                       foreign=foreign,

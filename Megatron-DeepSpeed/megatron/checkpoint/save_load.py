@@ -37,7 +37,7 @@ from megatron.checkpoint.directory import Layout, load_file, pipeline_engine_of
 from megatron.checkpoint.guard import latest_tag
 from megatron.checkpoint.layout import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
                                         POINTER_LINK, ITERATION, LANGUAGE_MODEL, UNIVERSAL_CHECKPOINT_INFO,
-                                        model_states_file)
+                                        model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import expert_model_name, flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
@@ -248,6 +248,18 @@ def _unshare_adam_steps(zero_optimizer) -> None:
             parameter_state["step"] = parameter_state["step"].clone()
 
 
+def _load_bf16_slices(engine, tag_dir: str) -> None:
+    """BF16_Optimizer's Adam state and master weights from this rank's bf16_zero_pp_rank file, handed to its own
+    loader as the ZeRO path does (a list indexed by data-parallel rank: this rank's entry is the one read), with
+    the master weights; DeepSpeed's ZeRO-0 path cannot load them (checkpoint/bf16_slices.py)."""
+    import torch.distributed as dist
+    dp_rank = dist.get_rank(group=engine.optimizer.dp_process_group)
+    contents = load_file(os.path.join(tag_dir, optimizer_states_file(engine.checkpoint_mp_rank, dp_rank, True)),
+                         mmap=False)  # torch keeps the loaded tensors as its state
+    entries = [None] * dp_rank + [contents["optimizer_state_dict"]]
+    engine.optimizer.load_state_dict(entries, load_optimizer_states=True, load_from_fp32_weights=True)
+
+
 def _copy_weights_in(engine, load_dir: str, parallel_state) -> Checkpoint:
     """A layout the engine cannot load (plan.foreign): the full weights, read here, cut into this rank's shards
     and copied into its module; the optimizer's master copies refreshed from them, as DeepSpeed does after a
@@ -283,9 +295,11 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     try:
         with trust.trusting(plan.trusted), trust.deepspeed_loads():
             load_path, client_state = engine.load_checkpoint(
-                load_dir, tag=plan.tag, load_optimizer_states=plan.load_optimizer or plan.universal,
-                load_lr_scheduler_states=False, load_module_only=not plan.load_optimizer,
+                load_dir, tag=plan.tag, load_optimizer_states=(plan.load_optimizer or plan.universal)
+                and not plan.bf16_slices, load_lr_scheduler_states=False, load_module_only=not plan.load_optimizer,
                 custom_load_fn=None if pipelined else load_module)
+            if plan.bf16_slices and load_path is not None:
+                _load_bf16_slices(engine, os.path.join(load_dir, plan.tag))
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         if trust.is_refusal(err):
             raise trust.refusal(os.path.join(load_dir, plan.tag), trust.refused_type(err)) from None

@@ -9,6 +9,9 @@ them:
         data-parallel size, in the form of the target's precision (`optimizer_precision` records it): torch's
         AdamW state_dict for fp32 (a dense model's default), DeepSpeed's FP16_UnfusedOptimizer state (master
         weights, loss scale; mixed_precision_state.unfused_form) for fp16, and for bf16 on the plain engine.
+        The pipeline engine in bf16 steps DeepSpeed's BF16_Optimizer instead, whose state is written for the
+        target data-parallel size D only, in global_step{N}/bf16_zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt
+        (checkpoint/bf16_slices.py), `optimizer` then None.
   global_step{N}/layer_{piece:02d}-model_{tp:02d}-model_states.pt   under the pipeline engine, each piece's
         weights (the files DeepSpeed's PipelineModule reads).
   global_step{N}/zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt + zero/optimizer_state.pt   DeepSpeed's
@@ -33,10 +36,11 @@ optimizer fresh. The caller writes into a fresh directory and renames it into pl
 import importlib.metadata
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from megatron.checkpoint.bf16_slices import rank_slices
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
 from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.expert_optimizer_state import rank_optimizer
@@ -65,12 +69,14 @@ class TargetLayout:
     pipeline: int
     pipeline_engine: bool = True  # False: DeepSpeed's plain engine (--no-pipeline-parallel), needs pipeline 1
     expert: int = 1  # expert-parallel size of a mixture-of-experts model (its --moe-expert-parallel-size)
-    data: Optional[int] = None  # a mixture-of-experts model's Adam state also as ZeRO 1-2 partitions for this DP size
+    # the Adam state for this DP size too: a mixture-of-experts model's as ZeRO 1-2 partitions, a dense model's
+    # (pipeline engine, bf16) as BF16_Optimizer's ZeRO-0 slices
+    data: Optional[int] = None
 
     def describe(self) -> str:
         engine = "pipeline engine" if self.pipeline_engine else "plain engine (--no-pipeline-parallel)"
         experts = f" x EP {self.expert}" if self.expert > 1 else ""
-        zero = f" (ZeRO 1-2 optimizer files for DP {self.data})" if self.data else ""
+        zero = f" (optimizer files for DP {self.data})" if self.data else ""
         return f"TP {self.tensor} x PP {self.pipeline}{experts}, any DP and ZeRO stage{zero}, {engine}"
 
 
@@ -125,26 +131,32 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
 
 # ----------------------------------------------------------------------------- files
 
-def _zero0_optimizer(stage_names: List[str], universal: UniversalFiles, optimizer: OptimizerState,
-                     num_layers: int, tp_rank: int, tp_size: int, loss_scale: Optional[Mapping]) -> Mapping:
-    """The ZeRO-0 'optimizer' of a rank whose parameters are `stage_names` (module order): torch's AdamW
-    state_dict, wrapped as FP16_UnfusedOptimizer's with `loss_scale` (an fp16/bf16 target). Their shapes are
+def _zero0_groups(stage_names: List[str], universal: UniversalFiles, optimizer: OptimizerState, num_layers: int,
+                  tp_size: int) -> Tuple[List[tuple], Dict[str, int]]:
+    """The optimizer groups of a rank whose parameters are `stage_names` (module order), as (hyperparameters,
+    members in torch's order: the decayed matrices, then the vectors), and each member's shard size. Shapes are
     the universal files' (written by now), so no piece is read for its shape."""
     shapes = {name: _shard_shape(model_name(name, num_layers), universal, tp_size) for name in stage_names}
     ordered = decay_groups([(name, shapes[name]) for name in stage_names])
-    step = torch.tensor(float(optimizer.step))
-
-    def shard(kind: str, name: str) -> torch.Tensor:
-        full_name = model_name(name, num_layers)
-        return shard_of(full_name, optimizer.tensors(kind)[full_name], tp_rank, tp_size).clone()
-    state = {index: {"step": step.clone(), **{kind: shard(kind, name) for kind in MOMENTS}}
-             for index, name in enumerate(ordered)}
     decayed = sum(1 for name in stage_names if len(shapes[name]) > 1)
-    groups, masters = [], []
-    for group, indices in zip(optimizer.param_groups, (range(decayed), range(decayed, len(ordered)))):
-        groups.append({**group, "params": list(indices)})
-        masters.append([shard("fp32", ordered[index]) for index in indices] if loss_scale is not None else [])
-    return unfused_form({"state": state, "param_groups": groups}, masters, loss_scale)
+    groups = list(zip(optimizer.param_groups, (ordered[:decayed], ordered[decayed:])))
+    return groups, {name: shapes[name].numel() for name in stage_names}
+
+
+def _zero0_optimizer(groups: List[tuple], shard: Callable[[str, str], torch.Tensor], step: int,
+                     loss_scale: Optional[Mapping]) -> Mapping:
+    """The ZeRO-0 'optimizer' of a rank with optimizer `groups` (_zero0_groups'): torch's AdamW state_dict,
+    wrapped as FP16_UnfusedOptimizer's with `loss_scale` (an fp16/bf16 target); shard(kind, name) is the rank's
+    tensor of one kind."""
+    ordered = [name for _, members in groups for name in members]
+    state = {index: {"step": torch.tensor(float(step)), **{kind: shard(kind, name).clone() for kind in MOMENTS}}
+             for index, name in enumerate(ordered)}
+    torch_groups, masters, first = [], [], 0
+    for hyper, members in groups:
+        torch_groups.append({**hyper, "params": list(range(first, first + len(members)))})
+        masters.append([shard("fp32", name).clone() for name in members] if loss_scale is not None else [])
+        first += len(members)
+    return unfused_form({"state": state, "param_groups": torch_groups}, masters, loss_scale)
 
 
 def _shard_shape(name: str, universal: UniversalFiles, tp_size: int) -> torch.Size:
@@ -221,6 +233,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                           int(flags.get("tokenizer_vocab_size") or config.vocab_size), config.vocab_size, split_experts)
 
     universal = UniversalFiles(tag_dir, model, optimizer, num_layers, target.pipeline_engine, split_experts, progress)
+    sliced = not experts and target.pipeline_engine and precision == "bf16"  # BF16_Optimizer's, for target.data
     loss_scale = None if optimizer is None else target_loss_scale(precision, state.args, state.iteration,
                                                                   optimizer.loss_scale, precision_of(state.args))
 
@@ -252,8 +265,19 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
             progress(f"writing model-parallel rank {mp_rank + 1}/{tp_size * target.pipeline}")
             module = None if target.pipeline_engine else nest(  # PR-MoE's dense MLP split as its experts are
                 rank_tensors({name: name for name in dense}, tp, split_experts, held=True))
-            zero0 = None if optimizer is None or experts else _zero0_optimizer(
-                stage_names, universal, optimizer, num_layers, tp, tp_size, loss_scale)
+            zero0 = None
+            if optimizer is not None and not experts:
+                groups, numel = _zero0_groups(stage_names, universal, optimizer, num_layers, tp_size)
+
+                def shard(kind: str, name: str, tp: int = tp) -> torch.Tensor:
+                    full_name = model_name(name, num_layers)
+                    return shard_of(full_name, optimizer.tensors(kind)[full_name], tp, tp_size)
+                if sliced:  # DeepSpeed's BF16_Optimizer: the state is in its per-data-parallel-rank files
+                    for dp in range(target.data):
+                        save(os.path.join(tag_dir, optimizer_states_file(mp_rank, dp, True)),
+                             rank_slices(groups, shard, numel, optimizer.step, dp, target.data))
+                else:
+                    zero0 = _zero0_optimizer(groups, shard, optimizer.step, loss_scale)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
@@ -272,8 +296,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                 for dp in range(target.data or 0) if optimizer is not None else ():
                     save(os.path.join(tag_dir, optimizer_states_file(mp_rank, dp, precision == "bf16")),
                          rank_partitions(model, optimizer, dp, target.data, target.expert, tp, tp_size, split_experts))
-                contents[OPTIMIZER_DATA_PARALLEL_SIZE] = target.data
-            contents[OPTIMIZER_PRECISION] = precision
+            contents.update({OPTIMIZER_PRECISION: precision, OPTIMIZER_DATA_PARALLEL_SIZE: target.data})
             save(os.path.join(tag_dir, model_states_file(mp_rank, 0)), contents)
             if not target.pipeline_engine:  # ZeRO 3 reads the client state under its own file name
                 save(os.path.join(tag_dir, model_states_file(mp_rank, 3)), {**contents, "module": None,
