@@ -21,21 +21,24 @@ def run(ranks, data_prefix, *flags):
     return run_on_ranks(train, ranks, [*COMMON, "--data-path", data_prefix, *flags], timeout=600)[0][0]
 
 
-def assert_resumes_with_the_moments(source, target, resume_ranks, straight, data_prefix, tmp_path, rel, *layout,
-                                    zero_stages=("1",)):
-    """The conversion of `source` to `target` for bf16 (--target-bf16) resumed in bf16 at each of `zero_stages`
-    (ZeRO 1: the universal files; ZeRO 0: the mp_rank files' wrapper form) takes the source run's next steps (to
-    `rel`: bf16 sums in another order at another layout, as in the MoE conversion tests); resumed without the
-    moments its second step is off by over 100 times as much."""
+def converted_for_bf16(source, target, out):
+    """`source`'s checkpoint of iteration SAVED_AT converted to `target` for bf16 (--target-bf16) in `out`."""
     from megatron.checkpoint.convert import reshape
-    reshape(str(source), str(tmp_path / "converted"), target, iteration=SAVED_AT, precision="bf16")
-    for zero_stage in zero_stages:
-        resume = ["--bf16", "--zero-stage", zero_stage, *layout, "--load", str(tmp_path / "converted")]
+    reshape(str(source), str(out), target, iteration=SAVED_AT, precision="bf16")
+    return out
+
+
+def assert_resumes_with_the_moments(checkpoint, resume_ranks, straight, data_prefix, resumes, *layout):
+    """`checkpoint` resumed in bf16 at each ZeRO stage of `resumes`, (stage, rel) pairs (a converted one: ZeRO 1
+    from the universal files, ZeRO 0 from its ZeRO-0 form), takes the source run's next steps (to `rel`: bf16 sums
+    in another order at another layout, as in the MoE conversion tests); resumed without the moments its second
+    step is off by over 100 times as much."""
+    for zero_stage, rel in resumes:
+        resume = ["--bf16", "--zero-stage", zero_stage, *layout, "--load", str(checkpoint)]
         resumed = run(resume_ranks, data_prefix, *resume)
         fresh_moments = run(resume_ranks, data_prefix, *resume, "--no-load-optim")
         assert resumed == pytest.approx(straight[SAVED_AT:], rel=rel, abs=0), f"ZeRO {zero_stage}"
         assert abs(fresh_moments[1] - straight[SAVED_AT + 1]) > 100 * abs(resumed[1] - straight[SAVED_AT + 1])
-    shutil.rmtree(tmp_path / "converted")
 
 
 @pytest.mark.full
@@ -43,22 +46,33 @@ def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero0_and_zero1_with_it
     # The plain engine wraps our AdamW in FP16_UnfusedOptimizer (torch's state beside the master weights), which
     # the converter writes back for --target-bf16.
     from megatron.checkpoint.directory import load_file
+    from megatron.checkpoint.writer import TargetLayout
     plain, tp2 = ["--no-pipeline-parallel"], ["--tensor-model-parallel-size", "2"]
     straight = run(2, data_prefix, *BF16_ZERO0, *plain, *tp2, "--save", str(tmp_path / "source"), "--save-interval",
                    str(SAVED_AT))
     saved = load_file(str(tmp_path / "source" / f"global_step{SAVED_AT}" / "mp_rank_01_model_states.pt"))["optimizer"]
     assert {"optimizer_state_dict", "fp32_groups", "cur_scale"} <= saved.keys()
-    from megatron.checkpoint.writer import TargetLayout
     for target, ranks, rel, layout in ((TargetLayout(2, 1, pipeline_engine=False), 2, 0, tp2),  # bit for bit
                                        (TargetLayout(1, 1, pipeline_engine=False), 1, 1e-4, [])):
-        assert_resumes_with_the_moments(tmp_path / "source", target, ranks, straight, data_prefix, tmp_path, rel,
-                                        *plain, *layout, zero_stages=("1", "0"))
+        checkpoint = converted_for_bf16(tmp_path / "source", target, tmp_path / f"tp{target.tensor}")
+        assert_resumes_with_the_moments(checkpoint, ranks, straight, data_prefix, (("0", rel), ("1", rel)), *plain,
+                                        *layout)
+
+
+def only_checkpoint(source, iteration, out):
+    """A --load directory holding `source`'s checkpoint of `iteration` alone (its `latest`)."""
+    shutil.copytree(source / f"global_step{iteration}", out / f"global_step{iteration}")
+    (out / "latest").write_text(f"global_step{iteration}")
+    (out / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return out
 
 
 @pytest.mark.full
-def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero1_with_its_adam_state(data_prefix, tmp_path):
+def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero0_and_zero1_with_its_adam_state(data_prefix, tmp_path):
     # The pipeline engine in bf16 steps BF16_Optimizer: each flat group cut over the data-parallel ranks
-    # (bf16_zero_pp_rank_* files), here PP 2 x DP 2.
+    # (bf16_zero_pp_rank_* files), here PP 2 x DP 2. DeepSpeed's ZeRO-0 load cannot read them; the trainer does,
+    # so the run's own checkpoint resumes bit for bit, and so does one converted for DP 2 at the same layout, whose
+    # files equal DeepSpeed's.
     from megatron.checkpoint.directory import load_file
     from megatron.checkpoint.writer import TargetLayout
     pp2 = ["--pipeline-model-parallel-size", "2"]
@@ -67,9 +81,20 @@ def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero1_with_its_adam_state(d
     step_dir = tmp_path / "source" / f"global_step{SAVED_AT}"
     partition = load_file(str(step_dir / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt"))["optimizer_state_dict"]
     assert partition["partition_count"] == [2, 2]
-    for target, ranks, layout in ((TargetLayout(1, 2), 2, pp2), (TargetLayout(1, 1), 1, [])):  # resumed at DP 1
-        assert_resumes_with_the_moments(tmp_path / "source", target, ranks, straight, data_prefix, tmp_path, 1e-4,
-                                        *layout)
+    native = only_checkpoint(tmp_path / "source", SAVED_AT, tmp_path / "native")
+    assert run(4, data_prefix, *BF16_ZERO0, *pp2, "--load", str(native)) == straight[SAVED_AT:]
+    same = converted_for_bf16(tmp_path / "source", TargetLayout(1, 2, data=2), tmp_path / "same")
+    for name in ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt"):
+        ours = load_file(str(same / f"global_step{SAVED_AT}" / name))["optimizer_state_dict"]
+        deepspeeds = load_file(str(step_dir / name))["optimizer_state_dict"]
+        for group, tensors in deepspeeds["base_optimizer_state"]["state"].items():
+            for kind, tensor in tensors.items():
+                torch.testing.assert_close(ours["base_optimizer_state"]["state"][group][kind], tensor, rtol=0, atol=0)
+        for key in ("single_partition_of_fp32_groups", "group_paddings", "partition_count"):
+            torch.testing.assert_close(ours[key], deepspeeds[key], rtol=0, atol=0)
+    assert_resumes_with_the_moments(same, 4, straight, data_prefix, (("0", 0), ("1", 1e-4)), *pp2)
+    one = converted_for_bf16(tmp_path / "source", TargetLayout(1, 1, data=1), tmp_path / "one")
+    assert_resumes_with_the_moments(one, 1, straight, data_prefix, (("0", 1e-4), ("1", 1e-4)))
 
 
 def deepspeeds_fp16_state(fused, config, weights):
