@@ -296,3 +296,48 @@ def test_a_converted_fp16_pipeline_target_reads_back_per_parameter(tmp_path):
                                        msg=f"{kind} {name}")
     assert read.loss_scale == {"dynamic_loss_scale": True, "cur_scale": 2.0 ** 32, "cur_iter": 2,
                                "last_overflow_iter": -1, "scale_factor": 2.0, "scale_window": 1000}
+
+
+def test_a_converted_dense_checkpoints_zero0_state_resumes_only_in_its_precision_and_says_how_else():
+    # What plan_resume checks before any engine exists: the precision the converter wrote the ZeRO-0 form for
+    # (fp32 when none is recorded, as earlier converters wrote) and, for BF16_Optimizer's slices, their DP size.
+    from megatron.checkpoint.directory import Layout
+    from megatron.checkpoint.resume import check_zero0_precision
+    from megatron.errors import InputError
+
+    def run(data=2, pipeline_engine=False):
+        return Layout(tensor=1, pipeline=1, data=data, zero_stage=0, pipeline_engine=pipeline_engine)
+    bf16_slices_for_dp2 = {"optimizer_precision": "bf16", "optimizer_data_parallel_size": 2}
+    check_zero0_precision("ckpt", {}, run(), "fp32")
+    check_zero0_precision("ckpt", {"optimizer_precision": "fp16"}, run(data=8, pipeline_engine=True), "fp16")
+    check_zero0_precision("ckpt", bf16_slices_for_dp2, run(pipeline_engine=True), "bf16")
+    for state, layout, precision, message in (
+            ({}, run(), "fp16", "converted for fp32 training and this run trains in fp16; resume it with neither "
+                                "--fp16 nor --bf16, convert it again with tools/convert_checkpoint.py --target-fp16, "
+                                "or pass --no-load-optim (or resume it at --zero-stage 1 or higher"),
+            ({"optimizer_precision": "fp16"}, run(data=4, pipeline_engine=True), "bf16",
+             "resume it with --fp16, convert it again with tools/convert_checkpoint.py --target-bf16 "
+             "--target-data-parallel-size 4, or pass --no-load-optim"),
+            (bf16_slices_for_dp2, run(data=4, pipeline_engine=True), "bf16",
+             "BF16_Optimizer's slices for data-parallel size 2, and this run's is 4; resume it at that size, convert "
+             "it again with tools/convert_checkpoint.py --target-bf16 --target-data-parallel-size 4")):
+        with pytest.raises(InputError) as caught:
+            check_zero0_precision("ckpt", state, layout, precision)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_converters_dense_target_flags_that_do_not_fit_are_refused_in_one_line():
+    from megatron.checkpoint.convert import check_dense_target
+    from megatron.checkpoint.writer import TargetLayout
+    from megatron.errors import InputError
+    check_dense_target("ckpt", TargetLayout(2, 2, data=4), "bf16")
+    check_dense_target("ckpt", TargetLayout(1, 2), "fp16")
+    check_dense_target("ckpt", TargetLayout(2, 1, pipeline_engine=False), "bf16")
+    for target, precision, message in (
+            (TargetLayout(1, 2), "bf16", "add --target-data-parallel-size D, the resumed run's world size / (TP 1 x "
+                                         "PP 2)"),
+            (TargetLayout(1, 1, pipeline_engine=False, data=2), "bf16", "only for the pipeline engine in bf16"),
+            (TargetLayout(1, 2, data=2), "fp16", "only for the pipeline engine in bf16")):
+        with pytest.raises(InputError) as caught:
+            check_dense_target("ckpt", target, precision)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
