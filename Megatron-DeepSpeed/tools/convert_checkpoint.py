@@ -6,14 +6,17 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
                           [--target-expert-parallel-size E]   (a mixture-of-experts model, plain engine)
-                          [--target-fp32 | --target-fp16 | --target-bf16]   (its Adam state's precision)
-                          [--target-data-parallel-size D]   (its Adam state for ZeRO 1-2 at DP D too)
+                          [--target-fp32 | --target-fp16 | --target-bf16]   (its ZeRO-0 Adam state's precision)
+                          [--target-data-parallel-size D]   (MoE: ZeRO 1-2 at DP D too; dense, pipeline engine,
+                                                             bf16: BF16_Optimizer's ZeRO-0 slices for DP D)
     convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
 
 A reshaped checkpoint resumes with `pretrain_gpt.py --load OUT` at the target layout and any data-parallel size
-and ZeRO stage, with its optimizer state (unless --weights-only); a mixture-of-experts one with its optimizer
+and ZeRO stage, with its optimizer state (unless --weights-only), at ZeRO 0 in the precision it was written for
+(fp32 unless --target-fp16/--target-bf16 says; on the pipeline engine bf16 needs --target-data-parallel-size and
+then resumes at that size); a mixture-of-experts one with its optimizer
 state at ZeRO stage 0 only (DeepSpeed keeps that state per expert-parallel rank), in the precision it was written
 for (the source's unless a --target-fp32/fp16/bf16 flag says), and at ZeRO 1-2 at the data-parallel size
 --target-data-parallel-size names, its expert files keyed by
@@ -49,12 +52,14 @@ def parse_args(argv):
                         help="for a run with --no-pipeline-parallel (DeepSpeed's plain engine; needs PP 1)")
     parser.add_argument("--target-data-parallel-size", type=int,
                         help="a mixture-of-experts model's Adam state also as ZeRO 1-2 partitions for a run at this "
-                             "data-parallel size (world size / TP), which then loads at ZeRO 1-2 at this size only")
+                             "data-parallel size (world size / TP), which then loads at ZeRO 1-2 at this size only; "
+                             "a dense model's with --target-bf16 on the pipeline engine, as BF16_Optimizer's ZeRO-0 "
+                             "slices for a run at this data-parallel size (world size / (TP x PP))")
     precision = parser.add_mutually_exclusive_group()
     for name in PRECISIONS:
         precision.add_argument(f"--target-{name}", dest="target_precision", action="store_const", const=name,
-                               help=f"a mixture-of-experts model's Adam state for a run in {name} at --zero-stage 0 "
-                                    "(default: the precision the source trained in)")
+                               help=f"the Adam state for a run in {name} at --zero-stage 0 (default: a dense model's "
+                                    "fp32, a mixture-of-experts model's the precision the source trained in)")
     parser.add_argument("--weights-only", action="store_true",
                         help="leave the optimizer state out (a resumed run starts it fresh)")
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,

@@ -7,10 +7,11 @@ layout would not fit the model. Loading its weights only (--finetune, --no-load-
 data-parallel size and, between ZeRO stages 0-2, the stage (their weights files do not depend on either).
 A checkpoint written by tools/convert_checkpoint.py (universal) resumes at any data-parallel size and ZeRO
 stage: ZeRO 1-3 load its per-parameter state through DeepSpeed's universal-checkpoint loader, ZeRO 0 its
-mp_rank files' optimizer state, in the precision it was converted for (fp32 unless the converter's --target-fp16
-or --target-bf16 said; check_zero0_precision). A converted mixture-of-experts checkpoint's Adam state loads at ZeRO 0 in the
-precision it was converted for, and at ZeRO 1-2 at the data-parallel size it was converted for, if any
-(check_expert_optimizer_state). Tensor- and pipeline-parallel sizes and the engine must match in every case; the
+ZeRO-0 form, in the precision it was converted for (fp32 unless the converter's --target-fp16 or --target-bf16
+said) and, for the pipeline engine's BF16_Optimizer slices, at the data-parallel size it was cut for
+(check_zero0_precision; ResumePlan.bf16_slices: the trainer loads those itself). A converted mixture-of-experts
+checkpoint's Adam state loads at ZeRO 0 in the precision it was converted for, and at ZeRO 1-2 at the
+data-parallel size it was converted for, if any (check_expert_optimizer_state). Tensor- and pipeline-parallel sizes and the engine must match in every case; the
 message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
 output, named by `latest_universal`; --universal-checkpoint) hold no engine weight files and resume through
 that loader alone, at any layout.
