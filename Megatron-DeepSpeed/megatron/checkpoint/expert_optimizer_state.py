@@ -205,8 +205,9 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
     """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
     optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
     fp16/bf16 target, mixed_precision_state.target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer
-    saves it, beside the master weights (mixed_precision_state.unfused_form). Groups as rank_groups makes them; moments and master weights are this tensor-parallel
-    rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP too)."""
+    saves it, beside the master weights (mixed_precision_state.unfused_form). Groups as rank_groups makes them;
+    moments and master weights are this tensor-parallel rank's shards, cut as its weights are (`split_experts`:
+    the experts and PR-MoE's dense MLP too)."""
     def shard(kind: str, name: str) -> torch.Tensor:
         return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
     groups = rank_groups(model, optimizer.param_groups, expert_groups, expert_parallel_rank, expert_parallel_size)

@@ -11,8 +11,8 @@ ZeRO-0 form, in the precision it was converted for (fp32 unless the converter's 
 said) and, for the pipeline engine's BF16_Optimizer slices, at the data-parallel size it was cut for
 (check_zero0_precision; ResumePlan.bf16_slices: the trainer loads those itself). A converted mixture-of-experts
 checkpoint's Adam state loads at ZeRO 0 in the precision it was converted for, and at ZeRO 1-2 at the
-data-parallel size it was converted for, if any (check_expert_optimizer_state). Tensor- and pipeline-parallel sizes and the engine must match in every case; the
-message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
+data-parallel size it was converted for, if any (check_expert_optimizer_state). Tensor- and pipeline-parallel
+sizes and the engine must match in every case; the message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
 output, named by `latest_universal`; --universal-checkpoint) hold no engine weight files and resume through
 that loader alone, at any layout.
 
