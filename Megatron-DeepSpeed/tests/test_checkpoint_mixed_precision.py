@@ -31,14 +31,15 @@ def converted_for_bf16(source, target, out):
 def assert_resumes_with_the_moments(checkpoint, resume_ranks, straight, data_prefix, resumes, *layout):
     """`checkpoint` resumed in bf16 at each ZeRO stage of `resumes`, (stage, rel) pairs (a converted one: ZeRO 1
     from the universal files, ZeRO 0 from its ZeRO-0 form), takes the source run's next steps (to `rel`: bf16 sums
-    in another order at another layout, as in the MoE conversion tests); resumed without the moments its second
-    step is off by over 100 times as much."""
+    in another order at another layout, as in the MoE conversion tests); resumed without the moments (at the
+    first stage) its second step is off by over 100 times as much."""
     for zero_stage, rel in resumes:
         resume = ["--bf16", "--zero-stage", zero_stage, *layout, "--load", str(checkpoint)]
         resumed = run(resume_ranks, data_prefix, *resume)
-        fresh_moments = run(resume_ranks, data_prefix, *resume, "--no-load-optim")
         assert resumed == pytest.approx(straight[SAVED_AT:], rel=rel, abs=0), f"ZeRO {zero_stage}"
-        assert abs(fresh_moments[1] - straight[SAVED_AT + 1]) > 100 * abs(resumed[1] - straight[SAVED_AT + 1])
+        if zero_stage == resumes[0][0]:
+            fresh_moments = run(resume_ranks, data_prefix, *resume, "--no-load-optim")
+            assert abs(fresh_moments[1] - straight[SAVED_AT + 1]) > 100 * abs(resumed[1] - straight[SAVED_AT + 1])
 
 
 @pytest.mark.full
@@ -92,7 +93,7 @@ def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero0_and_zero1_with_its_ad
                 torch.testing.assert_close(ours["base_optimizer_state"]["state"][group][kind], tensor, rtol=0, atol=0)
         for key in ("single_partition_of_fp32_groups", "group_paddings", "partition_count"):
             torch.testing.assert_close(ours[key], deepspeeds[key], rtol=0, atol=0)
-    assert_resumes_with_the_moments(same, 4, straight, data_prefix, (("0", 0), ("1", 1e-4)), *pp2)
+    assert_resumes_with_the_moments(same, 4, straight, data_prefix, (("0", 0),), *pp2)  # ZeRO 1 at PP 2: test_checkpoint_reshape.py
     one = converted_for_bf16(tmp_path / "source", TargetLayout(1, 1, data=1), tmp_path / "one")
     assert_resumes_with_the_moments(one, 1, straight, data_prefix, (("0", 1e-4), ("1", 1e-4)))
 
