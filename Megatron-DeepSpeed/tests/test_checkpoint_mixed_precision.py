@@ -93,7 +93,8 @@ def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero0_and_zero1_with_its_ad
                 torch.testing.assert_close(ours["base_optimizer_state"]["state"][group][kind], tensor, rtol=0, atol=0)
         for key in ("single_partition_of_fp32_groups", "group_paddings", "partition_count"):
             torch.testing.assert_close(ours[key], deepspeeds[key], rtol=0, atol=0)
-    assert_resumes_with_the_moments(same, 4, straight, data_prefix, (("0", 0),), *pp2)  # ZeRO 1 at PP 2: test_checkpoint_reshape.py
+    # (ZeRO 1 from the universal files at PP 2: test_checkpoint_reshape.py)
+    assert_resumes_with_the_moments(same, 4, straight, data_prefix, (("0", 0),), *pp2)
     one = converted_for_bf16(tmp_path / "source", TargetLayout(1, 1, data=1), tmp_path / "one")
     assert_resumes_with_the_moments(one, 1, straight, data_prefix, (("0", 1e-4), ("1", 1e-4)))
 
