@@ -12,9 +12,9 @@ said) and, for the pipeline engine's BF16_Optimizer slices, at the data-parallel
 (check_zero0_precision; ResumePlan.bf16_slices: the trainer loads those itself). A converted mixture-of-experts
 checkpoint's Adam state loads at ZeRO 0 in the precision it was converted for, and at ZeRO 1-2 at the
 data-parallel size it was converted for, if any (check_expert_optimizer_state). Tensor- and pipeline-parallel
-sizes and the engine must match in every case; the message names the conversion that makes them match. DeepSpeed's own universal checkpoints (ds_to_universal's
-output, named by `latest_universal`; --universal-checkpoint) hold no engine weight files and resume through
-that loader alone, at any layout.
+sizes and the engine must match in every case; the message names the conversion that makes them match.
+DeepSpeed's own universal checkpoints (ds_to_universal's output, named by `latest_universal`;
+--universal-checkpoint) hold no engine weight files and resume through that loader alone, at any layout.
 
 Checkpoints the engine cannot load as they are (the Megatron layout; pipeline or universal checkpoints of
 earlier versions of this project, numbered differently) load their weights only (--finetune, --no-load-optim:
