@@ -335,6 +335,7 @@ def test_the_converters_dense_target_flags_that_do_not_fit_are_refused_in_one_li
     check_dense_target("ckpt", TargetLayout(2, 2, data=4), "bf16")
     check_dense_target("ckpt", TargetLayout(1, 2), "fp16")
     check_dense_target("ckpt", TargetLayout(2, 1, pipeline_engine=False), "bf16")
+    check_dense_target("ckpt", TargetLayout(1, 2), "bf16", with_adam=False)  # weights only: no slices to cut
     for target, precision, message in (
             (TargetLayout(1, 2), "bf16", "add --target-data-parallel-size D, the resumed run's world size / (TP 1 x "
                                          "PP 2)"),

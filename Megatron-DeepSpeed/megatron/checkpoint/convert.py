@@ -57,7 +57,7 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     if source.moe is not None:
         check_expert_target(load_dir, source, target, weights_only)
     else:
-        check_dense_target(load_dir, target, precision)
+        check_dense_target(load_dir, target, precision, with_adam=source.has_optimizer_state and not weights_only)
     check_target(config, target)
     optimizer = read_optimizer_state(source, progress) if source.has_optimizer_state and not weights_only else None
     state = training_state(source)
@@ -67,18 +67,20 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     return source
 
 
-def check_dense_target(load_dir: str, target: TargetLayout, precision: Optional[str]) -> None:
+def check_dense_target(load_dir: str, target: TargetLayout, precision: Optional[str],
+                       with_adam: bool = True) -> None:
     """Raise InputError for a dense model's target flags that do not fit. Its Adam state resumes at ZeRO 1-3 at
     any data-parallel size and precision (the universal files), and at ZeRO 0 in the precision of its ZeRO-0
     form: FP16_UnfusedOptimizer's for fp16 and bf16, except on the pipeline engine in bf16, where DeepSpeed's
-    BF16_Optimizer keeps it per data-parallel rank (bf16_slices.py), for one data-parallel size."""
+    BF16_Optimizer keeps it per data-parallel rank (bf16_slices.py), for one data-parallel size, which only a
+    conversion `with_adam` (not --weights-only, from a source that has the state) needs."""
     slices = precision == "bf16" and target.pipeline_engine
     if target.data is not None and not slices:
         raise InputError(f"--target-data-parallel-size cuts the Adam state of {load_dir}, a dense model, only for "
                          "the pipeline engine in bf16 (--target-bf16 without --target-no-pipeline-parallel), whose "
                          "optimizer keeps it per data-parallel rank; the other forms resume at any data-parallel "
                          "size: drop the flag")
-    if slices and (target.data is None or target.data < 1):
+    if slices and with_adam and (target.data is None or target.data < 1):
         raise InputError("--target-bf16 for the pipeline engine writes DeepSpeed's BF16_Optimizer state, one file per "
                          "data-parallel rank: add --target-data-parallel-size D, the resumed run's world size / "
                          f"(TP {target.tensor} x PP {target.pipeline})")
