@@ -204,23 +204,14 @@ def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: 
                    loss_scale: Optional[Mapping] = None) -> dict:
     """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
     optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
-    fp16/bf16 target, mixed_precision_state.target_loss_scale) that state_dict wrapped as FP16_UnfusedOptimizer
-    saves it, beside the master weights (mixed_precision_state.unfused_form). Groups as rank_groups makes them;
-    moments and master weights are this tensor-parallel rank's shards, cut as its weights are (`split_experts`:
-    the experts and PR-MoE's dense MLP too)."""
+    fp16/bf16 target, mixed_precision_state.target_loss_scale) FP16_UnfusedOptimizer's form
+    (mixed_precision_state.zero0_state). Groups as rank_groups makes them; moments and master weights are this
+    tensor-parallel rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP
+    too)."""
     def shard(kind: str, name: str) -> torch.Tensor:
-        return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts).clone()
+        return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts)
     groups = rank_groups(model, optimizer.param_groups, expert_groups, expert_parallel_rank, expert_parallel_size)
-    order = [name for _, members in groups for name in members]
-    step = torch.tensor(float(optimizer.step))
-    state = {index: {"step": step.clone(), **{kind: shard(kind, name) for kind in MOMENTS}}
-             for index, name in enumerate(order)}
-    torch_groups, start = [], 0
-    for hyper, members in groups:
-        torch_groups.append({**hyper, "params": list(range(start, start + len(members)))})
-        start += len(members)
-    masters = [] if loss_scale is None else [[shard("fp32", name) for name in members] for _, members in groups]
-    return {"optimizer": mixed.unfused_form({"state": state, "param_groups": torch_groups}, masters, loss_scale)}
+    return {"optimizer": mixed.zero0_state(groups, shard, optimizer.step, loss_scale)}
 
 
 def _chunks(names: List[str], model: Mapping[str, torch.Tensor], limit) -> List[List[str]]:

@@ -18,10 +18,10 @@ engine.py _do_optimizer_sanity_check picks the wrapper from the model and gradie
                    optim_states.pt (engine.py _save_zero_checkpoint, as ZeRO 1's: 'base_optimizer_state',
                    'single_partition_of_fp32_groups'); the mp_rank file's 'optimizer' holds rank 0's again. Its
                    step counts the iterations.
-The converter writes FP16_UnfusedOptimizer's form (unfused_form, target_loss_scale) for a ZeRO-0 run in fp16 or
+The converter writes FP16_UnfusedOptimizer's form (zero0_state, target_loss_scale) for a ZeRO-0 run in fp16 or
 bf16 that wraps torch's AdamW in it: any run of the plain engine, and the pipeline engine's in fp16.
 Established with this trainer's bf16 runs (plain and pipeline engine, PP 2 and DP 2) and DeepSpeed's fp16
-classes' own state_dict() (tests/test_checkpoint_mixed_precision.py, tests/test_moe.py).
+classes' own state_dict() (tests/test_checkpoint_mixed_precision.py, tests/test_moe_checkpoints.py).
 """
 from typing import Callable, List, Mapping, Optional, Sequence
 
@@ -121,10 +121,21 @@ def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int
             "scale_window": int(args.get("loss_scale_window", 1000))}
 
 
-def unfused_form(adam: Mapping, masters: Sequence[Sequence[torch.Tensor]], scale: Optional[Mapping]) -> Mapping:
-    """What a ZeRO-0 engine loads as its 'optimizer': torch's AdamW state_dict `adam` as it is (fp32, `scale`
-    None), or wrapped as FP16_UnfusedOptimizer saves it, beside the master weights (`masters`: per group, in
-    torch's order) and the loss scale (`scale`, target_loss_scale's)."""
+def zero0_state(groups: Sequence[tuple], shard: Callable[[str, str], torch.Tensor], step: int,
+                scale: Optional[Mapping]) -> Mapping:
+    """What a ZeRO-0 engine loads as its 'optimizer', for a rank with optimizer `groups` ((hyperparameters,
+    member names in torch's order) each): torch's AdamW state_dict (fp32, `scale` None), or that state_dict
+    wrapped as FP16_UnfusedOptimizer saves it, beside the master weights and the loss scale (`scale`,
+    target_loss_scale's). shard(kind, name) is the rank's tensor of one kind (fp32, exp_avg, exp_avg_sq)."""
+    ordered = [name for _, members in groups for name in members]
+    state = {index: {"step": torch.tensor(float(step)), **{kind: shard(kind, name).clone() for kind in MOMENTS}}
+             for index, name in enumerate(ordered)}
+    torch_groups, first = [], 0
+    for hyper, members in groups:
+        torch_groups.append({**hyper, "params": list(range(first, first + len(members)))})
+        first += len(members)
+    adam = {"state": state, "param_groups": torch_groups}
     if scale is None:
         return adam
-    return {**scale, WRAPPED_STATE: adam, MASTER_WEIGHTS: [list(group) for group in masters]}
+    return {**scale, WRAPPED_STATE: adam,
+            MASTER_WEIGHTS: [[shard("fp32", name).clone() for name in members] for _, members in groups]}

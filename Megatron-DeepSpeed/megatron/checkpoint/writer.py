@@ -8,7 +8,7 @@ them:
         (`module`); for ZeRO stage 0, the rank's Adam state (`optimizer`), which does not depend on the
         data-parallel size, in the form of the target's precision (`optimizer_precision` records it): torch's
         AdamW state_dict for fp32 (a dense model's default), DeepSpeed's FP16_UnfusedOptimizer state (master
-        weights, loss scale; mixed_precision_state.unfused_form) for fp16, and for bf16 on the plain engine.
+        weights, loss scale; mixed_precision_state.zero0_state) for fp16, and for bf16 on the plain engine.
         The pipeline engine in bf16 steps DeepSpeed's BF16_Optimizer instead, whose state is written for the
         target data-parallel size D only, in global_step{N}/bf16_zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt
         (checkpoint/bf16_slices.py), `optimizer` then None.
@@ -36,7 +36,7 @@ optimizer fresh. The caller writes into a fresh directory and renames it into pl
 import importlib.metadata
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -46,11 +46,11 @@ from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.expert_zero_partitions import rank_partitions
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, MOMENTS, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
+                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
                                         OPTIMIZER_PRECISION, UNIVERSAL_MARK, expert_file, expert_optimizer_file,
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
-from megatron.checkpoint.mixed_precision_state import precision_of, target_loss_scale, unfused_form
+from megatron.checkpoint.mixed_precision_state import precision_of, target_loss_scale, zero0_state
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
@@ -141,22 +141,6 @@ def _zero0_groups(stage_names: List[str], universal: UniversalFiles, optimizer: 
     decayed = sum(1 for name in stage_names if len(shapes[name]) > 1)
     groups = list(zip(optimizer.param_groups, (ordered[:decayed], ordered[decayed:])))
     return groups, {name: shapes[name].numel() for name in stage_names}
-
-
-def _zero0_optimizer(groups: List[tuple], shard: Callable[[str, str], torch.Tensor], step: int,
-                     loss_scale: Optional[Mapping]) -> Mapping:
-    """The ZeRO-0 'optimizer' of a rank with optimizer `groups` (_zero0_groups'): torch's AdamW state_dict,
-    wrapped as FP16_UnfusedOptimizer's with `loss_scale` (an fp16/bf16 target); shard(kind, name) is the rank's
-    tensor of one kind."""
-    ordered = [name for _, members in groups for name in members]
-    state = {index: {"step": torch.tensor(float(step)), **{kind: shard(kind, name).clone() for kind in MOMENTS}}
-             for index, name in enumerate(ordered)}
-    torch_groups, masters, first = [], [], 0
-    for hyper, members in groups:
-        torch_groups.append({**hyper, "params": list(range(first, first + len(members)))})
-        masters.append([shard("fp32", name).clone() for name in members] if loss_scale is not None else [])
-        first += len(members)
-    return unfused_form({"state": state, "param_groups": torch_groups}, masters, loss_scale)
 
 
 def _shard_shape(name: str, universal: UniversalFiles, tp_size: int) -> torch.Size:
@@ -277,7 +261,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
                         save(os.path.join(tag_dir, optimizer_states_file(mp_rank, dp, True)),
                              rank_slices(groups, shard, numel, optimizer.step, dp, target.data))
                 else:
-                    zero0 = _zero0_optimizer(groups, shard, optimizer.step, loss_scale)
+                    zero0 = zero0_state(groups, shard, optimizer.step, loss_scale)
             client = build_client_state(args, state.iteration, state.rng_state,
                                   _tensor_parallel_rng(state, tp) if state.rng_state is not None else None, info)
             client[UNIVERSAL_MARK] = True
