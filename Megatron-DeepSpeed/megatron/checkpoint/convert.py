@@ -7,8 +7,7 @@ import shutil
 from typing import Mapping, Optional
 
 from megatron.checkpoint import hf
-from megatron.checkpoint.directory import load_file, read_client_state
-from megatron.checkpoint.mixed_precision_state import precision_of
+from megatron.checkpoint.directory import load_file, precision_of, read_client_state
 from megatron.checkpoint.optimizer_state import read_optimizer_state
 from megatron.checkpoint.client_state import rng_states, tracker_states
 from megatron.checkpoint.layout import model_parallel_rank, model_states_file

@@ -286,8 +286,13 @@ def layout_of(state: Mapping[str, object], tag_dir: Optional[str] = None) -> Lay
                   pipeline_engine=pipeline_engine_of(args), megatron=megatron)
 
 
+def precision_of(args: Mapping[str, object]) -> str:
+    """The precision recorded flags train in: fp16, bf16 or fp32."""
+    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
+
+
 def training_dtype(args: Mapping[str, object]) -> torch.dtype:
-    return torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision_of(args)]
 
 
 def experts_split(args: Mapping[str, object]) -> bool:

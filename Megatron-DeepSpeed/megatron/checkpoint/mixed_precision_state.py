@@ -95,11 +95,6 @@ def _unflattened(saved: Mapping, shapes: Sequence[Sequence[torch.Size]], where: 
             WRAPPED_STATE: {"state": state, "param_groups": param_groups}, MASTER_WEIGHTS: masters}
 
 
-def precision_of(args: Mapping[str, object]) -> str:
-    """The precision recorded flags train in: fp16, bf16 or fp32."""
-    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
-
-
 def target_loss_scale(precision: str, args: Mapping[str, object], iteration: int,
                       source: Optional[Mapping] = None, source_precision: str = "fp32") -> Optional[dict]:
     """The loss-scale keys of the target's FP16_UnfusedOptimizer state (None for fp32: no wrapper). An fp16

@@ -42,7 +42,7 @@ import torch
 
 from megatron.checkpoint.bf16_slices import rank_slices
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
-from megatron.checkpoint.directory import experts_split
+from megatron.checkpoint.directory import experts_split, precision_of
 from megatron.checkpoint.expert_optimizer_state import rank_optimizer
 from megatron.checkpoint.expert_zero_partitions import rank_partitions
 from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
@@ -50,7 +50,7 @@ from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTE
                                         OPTIMIZER_PRECISION, UNIVERSAL_MARK, expert_file, expert_optimizer_file,
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
-from megatron.checkpoint.mixed_precision_state import precision_of, target_loss_scale, zero0_state
+from megatron.checkpoint.mixed_precision_state import target_loss_scale, zero0_state
 from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
                                        spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
