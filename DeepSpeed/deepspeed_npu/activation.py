@@ -7,16 +7,46 @@ from dataclasses import dataclass
 from typing import Optional
 
 from deepspeed_npu import accelerator_choice
-from deepspeed_npu.environment import NOT_INSTALLED, NpuSetupError, find_devices, import_torch_npu, installed_version
+from deepspeed_npu.environment import (NOT_INSTALLED, NpuSetupError, chip_name, count_devices, import_torch_npu,
+                                      installed_version)
 
 
 @dataclass(frozen=True)
 class Activation:
     active: bool  # True: DeepSpeed and the trainer run on the NPUs with the NPU kernels
     summary: str  # one line that says what was done, or why NPU support stays off
-    # The NPU's fused kernels (attention attributes, None where torch_npu documents none for this chip) for the
-    # trainer's megatron.model.kernels.select_kernels; None when NPU support is off.
+    # The NPU's fused kernels (ChipKernels: attention attributes, None where torch_npu documents none for this
+    # chip) for the trainer's megatron.model.kernels.select_kernels; None when NPU support is off.
     kernels: Optional[object] = None
+
+
+class ChipKernels:
+    """The fused kernels torch_npu documents for this rank's chip, chosen when the trainer first asks for them.
+
+    Naming the chip initialises torch_npu's runtime on the current device, so it waits until the rank has bound
+    its own NPU (the trainer does that before joining its process group); asked at activation, every rank of a
+    node would first initialise device 0."""
+
+    def __init__(self, torch_npu):
+        self._torch_npu = torch_npu
+        self._chosen = None
+
+    def _kernels(self):
+        if self._chosen is None:
+            from deepspeed_npu.fused_kernels import npu_kernels  # needs torch: imported once torch_npu loaded
+            self._chosen = npu_kernels(self._torch_npu, chip_name(self._torch_npu))
+        return self._chosen
+
+    @property
+    def attention(self):
+        return self._kernels().attention
+
+    @property
+    def inference_attention(self):
+        return self._kernels().inference_attention
+
+    def description(self) -> str:
+        return self._kernels().description()
 
 
 def activate() -> Activation:
@@ -35,16 +65,12 @@ def activate() -> Activation:
                                 f"{installed_version('torch')} (on a host with the CANN toolkit), or unset "
                                 f"{accelerator_choice.ACCELERATOR_VARIABLE}")
         return Activation(False, NOT_INSTALLED)
-    devices = find_devices(torch_npu)
+    count = count_devices(torch_npu)
     already_chosen = accelerator_choice.accelerator_already_chosen()
     if already_chosen not in (None, "npu"):
         raise NpuSetupError(f"DeepSpeed already chose its '{already_chosen}' accelerator before "
                             "deepspeed_npu.activate() ran, so it would not use the NPUs: call activate() "
                             "before the first `import deepspeed` (first thing in the entry script)")
     accelerator_choice.choose_npu()
-    # Imported only now: it needs torch, and `import torch` is what fails on a host with a broken torch_npu.
-    from deepspeed_npu.fused_kernels import npu_kernels
-    kernels = npu_kernels(torch_npu, devices.chip_name)
-    chip = devices.chip_name or "unnamed NPU"
-    return Activation(True, f"NPU support active: {devices.count} x {chip}, DeepSpeed accelerator npu (hccl "
-                            f"backend), kernels: {kernels.description()}", kernels)
+    return Activation(True, f"NPU support active: {count} NPUs, DeepSpeed accelerator npu (hccl backend); "
+                            "kernels chosen for the chip once each rank has bound its NPU", ChipKernels(torch_npu))

@@ -8,7 +8,6 @@ import importlib
 import importlib.metadata
 import os
 import re
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Iterator, Optional
 
@@ -23,12 +22,6 @@ SHARED_LIBRARY = re.compile(r"\b(lib[\w+\-.]*?\.so(?:\.[\d.]+)?)\b")
 
 class NpuSetupError(InputError):
     """The machine is meant to train on NPUs but its software set-up is incomplete; says what to fix."""
-
-
-@dataclass(frozen=True)
-class NpuDevices:
-    count: int
-    chip_name: str  # e.g. "Ascend910B3"; "" when torch_npu cannot tell
 
 
 def installed_version(distribution: str) -> str:
@@ -92,8 +85,10 @@ def explain_import_failure(err: BaseException) -> str:
             f"{installed_version('torch-npu')} is the release built for torch {torch_version}")
 
 
-def find_devices(torch_npu: ModuleType) -> NpuDevices:
-    """The NPUs this process can use; none (or a failing driver query) raises NpuSetupError."""
+def count_devices(torch_npu: ModuleType) -> int:
+    """How many NPUs this process can use, asked without initialising torch_npu's runtime (which would bind the
+    current device, device 0, before the rank binds its own); none, or a failing driver query, raises
+    NpuSetupError."""
     try:
         count = torch_npu.npu.device_count() if torch_npu.npu.is_available() else 0
     except Exception as err:  # the driver query itself failed: report it like a missing device
@@ -101,11 +96,16 @@ def find_devices(torch_npu: ModuleType) -> NpuDevices:
             from err
     if count < 1:
         raise NpuSetupError(_no_device_message(""))
+    return count
+
+
+def chip_name(torch_npu: ModuleType) -> str:
+    """The SoC name of the current NPU (e.g. "Ascend910B3"), "" when torch_npu cannot tell. Asking initialises
+    torch_npu's runtime on the current device: in a rank, only once its own device is bound."""
     try:
-        chip_name = str(torch_npu.npu.get_device_name(0))
+        return str(torch_npu.npu.get_device_name(torch_npu.npu.current_device()))
     except Exception:  # the name only picks kernels: an unnamed chip keeps the portable ones
-        chip_name = ""
-    return NpuDevices(count=count, chip_name=chip_name)
+        return ""
 
 
 def _no_device_message(detail: str) -> str:

@@ -33,7 +33,8 @@ class StandInFusedAdamW(torch.optim.AdamW):
 def stand_in_torch_npu(device_count=8, chip_name="Ascend910B3", with_fusion_attention=True):
     module = types.ModuleType("torch_npu")
     module.npu = types.SimpleNamespace(is_available=lambda: device_count > 0, device_count=lambda: device_count,
-                                       get_device_name=lambda index=0: chip_name)
+                                       get_device_name=lambda index=0: chip_name,
+                                       current_device=lambda: 0)
     module.optim = types.SimpleNamespace(NpuFusedAdamW=StandInFusedAdamW)
     if with_fusion_attention:
         module.npu_fusion_attention = NpuFusionAttentionStandIn()
@@ -131,8 +132,9 @@ def test_working_npu_selects_deepspeed_npu_and_offers_fused_attention_for_traini
     module = install(stand_in_torch_npu(device_count=8, chip_name="Ascend910B3"))
     result = activate()
     assert result.active
-    assert result.summary == ("NPU support active: 8 x Ascend910B3, DeepSpeed accelerator npu (hccl backend), "
-                              "kernels: torch_npu fused attention for training, PyTorch SDPA for inference")
+    assert result.summary == ("NPU support active: 8 NPUs, DeepSpeed accelerator npu (hccl backend); kernels "
+                              "chosen for the chip once each rank has bound its NPU")
+    assert result.kernels.description() == "torch_npu fused attention for training, PyTorch SDPA for inference"
     assert os.environ["DS_ACCELERATOR"] == "npu"
     npu = select_kernels("npu", result.kernels)  # what the trainer builds the model and optimizer with
     assert isinstance(npu.attention, FusionAttention)
@@ -159,7 +161,7 @@ def test_chips_outside_the_documented_list_keep_portable_attention_and_say_why(i
     install(stand_in_torch_npu(chip_name=chip_name))
     result = activate()
     assert select_kernels("npu", result.kernels).attention is sdpa_attention
-    assert result.summary.endswith("kernels: PyTorch SDPA attention (torch_npu documents npu_fusion_attention for "
+    assert result.kernels.description() == ("PyTorch SDPA attention (torch_npu documents npu_fusion_attention for "
                                    f"Atlas A2 training chips (Ascend910B1-B4), not for {chip_name!r})")
 
 
@@ -168,7 +170,7 @@ def test_torch_npu_without_fusion_attention_keeps_portable_attention(install):
     result = activate()
     assert result.active
     assert select_kernels("npu", result.kernels).attention is sdpa_attention
-    assert result.summary.endswith("kernels: PyTorch SDPA attention (this torch_npu has no npu_fusion_attention)")
+    assert result.kernels.description() == "PyTorch SDPA attention (this torch_npu has no npu_fusion_attention)"
 
 
 def test_deepspeed_that_already_chose_another_accelerator_is_reported(install, monkeypatch):
@@ -294,3 +296,15 @@ def test_env_script_run_instead_of_sourced_says_how_to_use_it():
     result = subprocess.run(["bash", str(REPO / "test" / "env_npu.sh")], capture_output=True, text=True)
     assert result.returncode == 2
     assert "run 'source" in result.stderr
+
+
+def test_activation_names_no_chip_until_the_kernels_are_asked_for(install):
+    """Naming the chip initialises torch_npu's runtime on the current device: at activation that is device 0 in
+    every rank of a node, so the name waits until the trainer, its NPU bound, asks for the kernels."""
+    module = install(stand_in_torch_npu(chip_name="Ascend910B3"))
+    asked = []
+    module.npu.get_device_name = lambda index=0: asked.append(index) or "Ascend910B3"
+    result = activate()
+    assert asked == []
+    assert isinstance(select_kernels("npu", result.kernels).attention, FusionAttention)
+    assert asked == [0]  # the current device, which the rank has bound by then

@@ -56,6 +56,14 @@ def use_local_rank_flag(flag_value) -> None:
     os.environ["LOCAL_RANK"] = str(flag_value)
 
 
+def bind_local_device() -> None:
+    """Make accelerator LOCAL_RANK this process's current device. Must run before the first collective and before
+    any tensor is made on the accelerator: nccl and hccl build a rank's communicator on the current device, and
+    torch.distributed puts object collectives (broadcast_object_list) there, which is device 0 in every rank until
+    something binds it; DeepSpeed's engine binds LOCAL_RANK only when it is built, long after. A no-op on CPU."""
+    accelerator().set_device(local_rank())
+
+
 def device_count() -> int:
     """Accelerators visible to this process (DeepSpeed's count; not meaningful on CPU)."""
     return accelerator().device_count()
@@ -131,6 +139,26 @@ def refuse_bf16_if_unsupported() -> None:
     if not bf16_supported():
         raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below "
                          "Ascend910B1); use --fp16 (dynamic loss scaling) or neither flag for fp32")
+
+
+def fp16_overflow_visible() -> bool:
+    """Whether an fp16 overflow shows up as inf/NaN, the only sign DeepSpeed's loss scaler looks for. NPUs in
+    saturation mode (torch_npu's is_support_inf_nan() False: chips below Ascend910B1) clamp an overflow to the
+    largest finite value instead, so an overflowing step would look finite and the loss scale would never drop.
+    A torch_npu without the query is judged by the chip generation, which bf16 support also marks."""
+    if device_name() != "npu":
+        return True
+    is_support_inf_nan = getattr(torch.npu.utils, "is_support_inf_nan", None)
+    return bool(is_support_inf_nan()) if is_support_inf_nan is not None else bf16_supported()
+
+
+def refuse_fp16_if_overflow_invisible() -> None:
+    """--fp16 on an NPU in saturation mode: one line, instead of loss scaling that cannot see an overflow."""
+    if not fp16_overflow_visible():
+        raise InputError(f"--fp16: this {device_name()} saturates on fp16 overflow instead of producing inf/NaN "
+                         "(torch_npu is_support_inf_nan() is False, chips below Ascend910B1), so dynamic loss "
+                         "scaling cannot see an overflow; train in fp32 (leave --fp16 off) or on an Ascend910B chip "
+                         "with --bf16")
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:

@@ -16,6 +16,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch.distributed as dist
 
+from megatron import device
 from megatron.errors import EXIT_BAD_INPUT, InputError
 
 
@@ -207,8 +208,8 @@ def hccl_environment(timeout_minutes: float, environment) -> dict:
 
 
 def initialize_distributed(backend: str, timeout_minutes: float) -> None:
-    """Join the process group set up by torchrun / the deepspeed launcher; a plain `python pretrain_gpt.py`
-    becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails; on hccl
+    """Bind this rank's own accelerator (device.bind_local_device), then join the process group set up by torchrun /
+    the deepspeed launcher; a plain `python pretrain_gpt.py` becomes a group of one. A collective that waits for a peer longer than `timeout_minutes` fails; on hccl
     HCCL's own timeouts are set from the same value (hccl_timeouts) unless the environment has them."""
     if "RANK" not in os.environ:
         with socket.socket() as probe:
@@ -218,6 +219,7 @@ def initialize_distributed(backend: str, timeout_minutes: float) -> None:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port)))
     if backend == "hccl":
         os.environ.update(hccl_environment(timeout_minutes, os.environ))
+    device.bind_local_device()
     import deepspeed  # the engine only where a process group is joined: the rank arithmetic stays light
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
 

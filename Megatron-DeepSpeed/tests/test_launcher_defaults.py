@@ -1,7 +1,8 @@
-"""The launcher's defaults: precision from the device's own bf16 answer (bf16, else fp16 with dynamic loss scaling)
-unless the user chose one; one --distributed-timeout-minutes from which HCCL's timeouts follow; where the ranks meet
+"""The launcher's defaults: precision from the device's own answers (bf16, else fp16 with dynamic loss scaling where
+an overflow shows as inf/NaN, else fp32) unless the user chose one, asked in a child so the launcher holds no device; one --distributed-timeout-minutes from which HCCL's timeouts follow; where the ranks meet
 and which node reports."""
 from argparse import Namespace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,8 +11,13 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 from megatron import device
 from megatron.errors import InputError
-from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_nodes, device_bf16_supported, precision_flags,
+from megatron.device_probe import DeviceFacts, read_device_facts
+from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_memory, check_nodes, detect_device, precision_flags,
                                   rendezvous_flags, timeout_flags)
+
+
+def facts(name, bf16, fp16_overflow_visible=True):
+    return DeviceFacts(name, 0 if name == "cpu" else 8, bf16, fp16_overflow_visible, None)
 
 
 @pytest.mark.parametrize("device_name, bf16_supported, passthrough, expected", [
@@ -26,14 +32,14 @@ from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_nodes, device_
     ("cpu", True, [], []),  # CPU runs stay fp32
 ])
 def test_precision_default(device_name, bf16_supported, passthrough, expected):
-    assert precision_flags(device_name, bf16_supported, passthrough)[0] == expected
+    assert precision_flags(facts(device_name, bf16_supported), passthrough)[0] == expected
 
 
 def test_the_precision_line_says_which_and_why():
-    assert precision_flags("npu", False, [])[1] == ("precision: fp16 with dynamic loss scaling (this npu reports no "
+    assert precision_flags(facts("npu", False), [])[1] == ("precision: fp16 with dynamic loss scaling (this npu reports no "
                                                     "bf16 support)")
-    assert precision_flags("npu", True, [])[1] == "precision: bf16 (this npu reports bf16 support)"
-    assert precision_flags("cuda", True, ["--deepspeed_config=ds.json"])[1] == "precision: as --deepspeed_config says"
+    assert precision_flags(facts("npu", True), [])[1] == "precision: bf16 (this npu reports bf16 support)"
+    assert precision_flags(facts("cuda", True), ["--deepspeed_config=ds.json"])[1] == "precision: as --deepspeed_config says"
 
 
 class FirstGenerationNpu(CPU_Accelerator):
@@ -50,21 +56,81 @@ class FirstGenerationNpu(CPU_Accelerator):
     def supported_dtypes(self):
         return [torch.float, torch.half, torch.bfloat16]
 
+    def device_count(self):
+        return 8
+
+    def total_memory(self, device_index=None):
+        return 32 << 30
+
+
+def stand_in_torch_npu_utils(inf_nan_mode):
+    """torch_npu.npu.utils as far as the trainer reads it: is_support_inf_nan() (torch_npu docs, (beta)
+    torch_npu.npu.utils.is_support_inf_nan: True = INF_NAN mode, False = saturation mode)."""
+    return SimpleNamespace(utils=SimpleNamespace(is_support_inf_nan=lambda: inf_nan_mode))
+
 
 @pytest.fixture
-def first_generation_npu():
+def first_generation_npu(monkeypatch):
     previous = get_accelerator()
     set_accelerator(FirstGenerationNpu())
+    monkeypatch.setattr(torch, "npu", stand_in_torch_npu_utils(inf_nan_mode=False), raising=False)
     yield
     set_accelerator(previous)
 
 
-def test_a_device_without_bf16_gets_fp16_though_deepspeed_lists_bf16(first_generation_npu):
-    assert device_bf16_supported() is False
+def test_a_device_without_bf16_or_visible_fp16_overflow_gets_fp32_though_deepspeed_lists_bf16(first_generation_npu):
+    answers = read_device_facts()
+    assert answers == DeviceFacts("npu", 8, False, False, 32 << 30)
     assert device.supports_dtype(torch.bfloat16) is False
-    assert precision_flags("npu", device_bf16_supported(), [])[0] == ["--fp16"]
+    assert precision_flags(answers, []) == ([], "precision: fp32 (this npu reports no bf16 support, and its fp16 "
+                                                "saturates on overflow instead of producing inf/NaN, which loss "
+                                                "scaling needs to see)")
     with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .* use --fp16"):
         device.refuse_bf16_if_unsupported()  # what pretrain() says to a --bf16 given by hand
+    with pytest.raises(InputError, match=r"--fp16: this npu saturates on fp16 overflow .* train in fp32"):
+        device.refuse_fp16_if_overflow_invisible()  # and to a --fp16
+
+
+def test_an_npu_in_inf_nan_mode_trains_fp16_where_it_lacks_bf16(first_generation_npu, monkeypatch):
+    monkeypatch.setattr(torch, "npu", stand_in_torch_npu_utils(inf_nan_mode=True))
+    assert precision_flags(read_device_facts(), [])[0] == ["--fp16"]
+    device.refuse_fp16_if_overflow_invisible()
+
+
+class UntouchableAccelerator(CPU_Accelerator):
+    """Records every question put to it: in the launcher's process there must be none."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def __getattribute__(self, name):
+        if not name.startswith("_") and name != "asked":
+            object.__getattribute__(self, "asked").append(name)
+        return object.__getattribute__(self, name)
+
+
+def test_the_launcher_asks_its_devices_in_a_child_and_holds_none(monkeypatch, capsys):
+    """Any question to the device creates a device context (device 0) that would live as long as the launcher, i.e.
+    the whole run; the child that answers instead uses the real accelerator of this machine (the CPU)."""
+    previous = get_accelerator()
+    untouchable = UntouchableAccelerator()
+    set_accelerator(untouchable)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    try:
+        answers = detect_device("auto")
+        precision_flags(answers, [])
+        check_memory(validated_tiny_flags(), 200, answers.total_memory, skip=False)
+    finally:
+        set_accelerator(previous)
+    assert answers == DeviceFacts("cpu", 0, False, True, None)
+    assert untouchable.asked == []
+
+
+def validated_tiny_flags():
+    from megatron.config.arguments import parse_args, validate_args
+    return validate_args(parse_args(["--model-size", "tiny", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                     "200", "--mock-data"]), 8, "cpu")
 
 
 @pytest.mark.parametrize("passthrough, expected", [

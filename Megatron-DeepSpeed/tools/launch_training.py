@@ -29,12 +29,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 
 from megatron.config.presets import get_preset, preset_names
+from megatron.device_probe import DeviceFacts, probe_device_facts
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
 from megatron.parallel_state import hccl_environment
@@ -94,47 +96,41 @@ def parse_args(argv):
     return args, passthrough
 
 
-def device_bf16_supported() -> bool:
-    from megatron import device
-    return device.bf16_supported()
-
-
-def detect_device(requested: str) -> tuple[str, int]:
-    """(device name, devices on this node) — NPU when torch_npu and devices are present, else CUDA, else CPU."""
+def detect_device(requested: str) -> DeviceFacts:
+    """This node's accelerator facts (NPU when torch_npu and devices are present, else CUDA, else CPU), asked in a
+    child process (megatron/device_probe.py) so that the launcher holds no device for the length of the run."""
     if requested == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     elif requested in ("cuda", "npu"):
         os.environ["DS_ACCELERATOR"] = requested
-    from deepspeed_npu import activate
-    print(activate().summary, flush=True)  # explains a missing or broken torch_npu / CANN in plain words
-    from megatron import device
-    name = device.device_name()
-    if requested != "auto" and name != requested:
-        raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{name}' here; check the "
+    facts = probe_device_facts(os.path.join(TOOLS, "device_facts.py"))
+    if requested != "auto" and facts.name != requested:
+        raise InputError(f"--device={requested} was asked for, but DeepSpeed found '{facts.name}' here; check the "
                          f"drivers (and for npu: source test/env_npu.sh), or use --device=auto")
-    if name == "cpu":
-        return name, 0
-    count = device.device_count()
-    if count == 0:
-        raise InputError(f"--device={requested}: DeepSpeed selected '{name}' but sees no {name} device here; check "
-                         f"the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use --device=cpu")
-    return name, count
+    if facts.name != "cpu" and facts.count == 0:
+        raise InputError(f"--device={requested}: DeepSpeed selected '{facts.name}' but sees no {facts.name} device "
+                         f"here; check the drivers and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, or use "
+                         f"--device=cpu")
+    return facts
 
 
-def precision_flags(device_name: str, bf16_supported: bool, passthrough: list[str]) -> tuple[list[str], str]:
+def precision_flags(facts: DeviceFacts, passthrough: list[str]) -> tuple[list[str], str]:
     """(flags, the line that says which precision and why). On an accelerator: --bf16 where the device itself
-    says it has bf16 (tensor-core bf16 with fp32 master weights), else --fp16 with dynamic loss scaling; unless
-    the user chose a precision with --fp16, --bf16 or a --deepspeed_config (whose fp16 / bf16 sections decide).
-    CPU runs stay fp32 unless asked."""
+    says it has bf16 (tensor-core bf16 with fp32 master weights), else --fp16 with dynamic loss scaling where an
+    fp16 overflow is visible to it, else fp32; unless the user chose a precision with --fp16, --bf16 or a
+    --deepspeed_config (whose fp16 / bf16 sections decide). CPU runs stay fp32 unless asked."""
     chosen = {"--fp16", "--bf16", "--deepspeed_config", "--deepscale_config"}
     given = [arg.split("=")[0] for arg in passthrough if arg.split("=")[0] in chosen]
     if given:
         return [], f"precision: as {given[0]} says"
-    if device_name == "cpu":
+    if facts.name == "cpu":
         return [], "precision: fp32 (the CPU default; --bf16 to change it)"
-    if bf16_supported:
-        return ["--bf16"], f"precision: bf16 (this {device_name} reports bf16 support)"
-    return ["--fp16"], f"precision: fp16 with dynamic loss scaling (this {device_name} reports no bf16 support)"
+    if facts.bf16:
+        return ["--bf16"], f"precision: bf16 (this {facts.name} reports bf16 support)"
+    if facts.fp16_overflow_visible:
+        return ["--fp16"], f"precision: fp16 with dynamic loss scaling (this {facts.name} reports no bf16 support)"
+    return [], (f"precision: fp32 (this {facts.name} reports no bf16 support, and its fp16 saturates on overflow "
+                "instead of producing inf/NaN, which loss scaling needs to see)")
 
 
 def timeout_flags(passthrough: list[str]) -> tuple[list[str], float]:
@@ -212,16 +208,14 @@ def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) ->
     return shape, flags, tokenizer.vocab_size
 
 
-def check_memory(flags, vocab_size: int, skip: bool) -> None:
+def check_memory(flags, vocab_size: int, capacity: Optional[int], skip: bool) -> None:
     """Print the layout planner's memory estimate for this job's layout; refuse it when it cannot fit a device
-    (where the device's memory is known) unless `skip`."""
-    from megatron import device
+    of `capacity` bytes (None: unknown, as on the CPU) unless `skip`."""
     from megatron.planning.memory import estimate_memory
     from megatron.planning.search import describe, require_fit
     from megatron.planning.shape import from_flags
 
     memory = estimate_memory(*from_flags(flags, vocab_size))
-    capacity = device.total_memory()
     print(f"Memory estimate (tools/plan_layout.py): {describe(memory)}"
           + ("" if capacity is None else f"; a device has {capacity / (1 << 30):.1f} GiB"), flush=True)
     if capacity is not None and not skip:
@@ -248,7 +242,8 @@ def schedule_flags(run: str, train_iters: int) -> list[str]:
 
 def main(argv=None):
     args, passthrough = parse_args(argv)
-    device_name, device_count = detect_device(args.device)
+    facts = detect_device(args.device)
+    device_name, device_count = facts.name, facts.count
     model_size = args.model_size or ("tiny" if device_name == "cpu" else "345M")
     preset = get_preset(model_size, args.run)  # InputError listing the valid names
     train_iters = args.train_iters or preset["train_iters"]
@@ -267,8 +262,7 @@ def main(argv=None):
 
     run_name = f"{model_size}_{device_name}_{args.run}_{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.output_dir or os.path.join(REPO_ROOT, "test", "output", run_name))
-    precision, precision_line = precision_flags(device_name, device_name != "cpu" and device_bf16_supported(),
-                                                passthrough)
+    precision, precision_line = precision_flags(facts, passthrough)
     print(precision_line, flush=True)
     timeout, timeout_minutes = timeout_flags(passthrough)
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
@@ -285,7 +279,7 @@ def main(argv=None):
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     shape, pretrain_flags, vocab_size = model_shape(flags + passthrough, world_size, device_name)
-    check_memory(pretrain_flags, vocab_size, args.skip_memory_check)
+    check_memory(pretrain_flags, vocab_size, facts.total_memory, args.skip_memory_check)
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
                 "run": args.run, "nproc_per_node": nproc, "nnodes": args.nnodes, "world_size": world_size,
                 **shape, "command": shlex.join(command), "start_time": time.time()}

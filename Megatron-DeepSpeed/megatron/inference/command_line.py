@@ -71,8 +71,8 @@ def load_from_flags(args, tokenizer, adaptor_kernels: Optional[object] = None) -
     only those documented for inference are used."""
     from megatron.parallel_state import initialize_distributed  # imports DeepSpeed: only once the flags are checked
 
-    dtype = _dtype(args)
     initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
+    dtype = _dtype(args)  # asks the device (on CUDA it may make a tensor there): after this rank's device is bound
     parallel = ParallelState(args.tensor_model_parallel_size, 1)
     model, checkpoint = load_model(args.load, iteration=args.iteration, tokenizer_vocab_size=tokenizer.vocab_size,
                                    parallel_state=parallel, dtype=dtype, device=device.current_device(),

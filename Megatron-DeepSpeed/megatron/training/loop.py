@@ -304,6 +304,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     config = job_config(validate_args(args, dist.get_world_size(), device.device_name()))
     if config.precision.bf16:
         device.refuse_bf16_if_unsupported()
+    if config.precision.fp16:
+        device.refuse_fp16_if_overflow_invisible()
     loads_optimizer = not (config.checkpoint.finetune or config.checkpoint.no_load_optim or config.logging.skip_train)
     first_rank_checks(functools.partial(start_up_checks, config.checkpoint, loads_optimizer))  # before slow work
     resume = plan_load(config)
