@@ -20,7 +20,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 fi
 
 _env_npu_setup() {
-  local root ascend_root set_env candidate directory restore_nounset=""
+  local root ascend_root set_env candidate directory caller_flags=$- caller_pipefail="" status
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   ascend_root=${ASCEND_ROOT:-/usr/local/Ascend}
 
@@ -33,11 +33,22 @@ _env_npu_setup() {
       if [ -f "$candidate" ]; then set_env=$candidate; break; fi
     done
     if [ -n "$set_env" ]; then
-      # CANN's script reads variables that may be unset; the calling script may run with `set -u`.
-      case $- in *u*) restore_nounset=1; set +u ;; esac
+      # CANN's script reads variables that may be unset and runs commands that may fail; the calling script may
+      # run with `set -euo pipefail`, which would end it there without a word. So CANN's script runs with the
+      # caller's options off, they are restored after, and a failure is one line.
+      if shopt -qo pipefail; then caller_pipefail=1; fi
+      set +euo pipefail
       # shellcheck disable=SC1090
       source "$set_env"
-      if [ -n "$restore_nounset" ]; then set -u; fi
+      status=$?
+      if [ -n "$caller_pipefail" ]; then set -o pipefail; fi
+      case $caller_flags in *u*) set -u ;; esac
+      case $caller_flags in *e*) set -e ;; esac
+      if [ "$status" -ne 0 ]; then
+        echo "env_npu.sh: CANN's $set_env failed (exit status $status); run 'source $set_env' by hand to see" \
+             "why, or set ASCEND_ROOT to a working CANN installation" >&2
+        return 1
+      fi
     elif compgen -G "/dev/davinci[0-9]*" >/dev/null; then
       echo "env_npu.sh: this machine has NPUs but no CANN toolkit under $ascend_root or ~/Ascend;" \
            "install CANN or set ASCEND_ROOT to where it is installed" >&2
@@ -57,8 +68,11 @@ _env_npu_setup() {
     fi
   done
 }
-_env_npu_setup
+_env_npu_setup  # a caller under `set -e` stops here when CANN's script failed; its line is already printed
+_env_npu_status=$?
 unset -f _env_npu_setup
+if [ "$_env_npu_status" -ne 0 ]; then unset _env_npu_status; return 1; fi
+unset _env_npu_status
 
 # No trust-list file for HCCL's inter-node connections: the launcher already names the nodes.
 export HCCL_WHITELIST_DISABLE=${HCCL_WHITELIST_DISABLE:-1}

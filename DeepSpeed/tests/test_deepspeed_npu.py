@@ -278,6 +278,36 @@ def test_env_script_loads_cann_and_keeps_user_settings(tmp_path):
     assert exec_timeout == ""  # HCCL's timeouts follow --distributed-timeout-minutes (megatron.parallel_state)
 
 
+def test_env_script_runs_cann_without_the_callers_options_and_restores_them(tmp_path):
+    """CANN's script may read unset variables and run failing commands; under the caller's `set -euo pipefail` that
+    would end the caller silently. Inside, the options are off; after, the caller has them back."""
+    toolkit = tmp_path / "ascend-toolkit"
+    toolkit.mkdir()
+    (toolkit / "set_env.sh").write_text(f"false | true; grep -q nothing /nonexistent; echo $UNSET_IN_CANN >/dev/null\n"
+                                        f"export ASCEND_HOME_PATH={toolkit}/latest\n")
+    home, options = source_env_script({"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)},
+                                      ["ASCEND_HOME_PATH", "-"])
+    assert home == f"{toolkit}/latest"
+    assert {"e", "u"} <= set(options)
+    pipefail = subprocess.run(["bash", "-c", f'set -euo pipefail; source {REPO / "test" / "env_npu.sh"}; '
+                               'shopt -qo pipefail && echo on'], capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)})
+    assert pipefail.stdout.strip() == "on"
+
+
+def test_a_failing_cann_script_is_one_line_and_stops_the_caller(tmp_path):
+    toolkit = tmp_path / "ascend-toolkit"
+    toolkit.mkdir()
+    (toolkit / "set_env.sh").write_text("return 3\n")
+    result = subprocess.run(["bash", "-c", f'set -euo pipefail; source {REPO / "test" / "env_npu.sh"}; echo went on'],
+                            capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)})
+    assert result.returncode != 0 and "went on" not in result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"env_npu.sh: CANN's {toolkit}/set_env.sh failed (exit status 3); run 'source {toolkit}/set_env.sh' by hand "
+        "to see why, or set ASCEND_ROOT to a working CANN installation"]
+
+
 def test_env_script_finds_nnae(tmp_path):
     nnae = fake_cann(tmp_path, "nnae", home_variable="ASCEND_HOME_PATH")
     [home] = source_env_script({"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)}, ["ASCEND_HOME_PATH"])
