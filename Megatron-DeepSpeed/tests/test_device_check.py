@@ -8,7 +8,8 @@ import pytest
 
 from megatron.errors import InputError
 from megatron.model.kernels import sdpa_attention
-from megatron.reports.device_check import (SpeedRow, TrainingFailed, attention_kernel, report, speed_row, speed_table,
+from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
+                                           check_layouts, node_layouts, report, speed_row, speed_table,
                                            train_in_fresh_process)
 from megatron.training.log_lines import iteration_line, memory_line
 
@@ -30,7 +31,7 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     text = report.read_text()
-    assert "device: cpu (cpu)" in text
+    assert "device: cpu (cpu), 1 used" in text
     assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
     recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
     assert recompute < 1e-6  # recomputation repeats the same arithmetic
@@ -112,3 +113,19 @@ def test_an_existing_report_file_is_refused_untouched(tmp_path):
     assert done.stderr.strip() == (f"error: --output {report_file} already exists; choose another file, or remove "
                                    "it first")
     assert report_file.read_text() == "the user's report"
+
+
+def test_a_node_checks_the_layouts_its_devices_allow():
+    assert [layout.name for layout in node_layouts(8)] == ["DP2", "TP2", "PP2", "TP2xPP2xDP2"]
+    assert [layout.name for layout in node_layouts(2)] == ["DP2", "TP2", "PP2"]
+    assert node_layouts(1) == [] and Layout(1, 1, 1).name == "one device"
+
+
+@pytest.mark.full  # four training jobs, three of them over two processes
+def test_each_layout_on_several_processes_trains_as_one_device():
+    said = []
+    check_layouts(CPU_SHAPES[0], 2, False, 2, said.append)
+    assert [line.split(" vs one")[0] for line in said] == [
+        "[toy] DP2 on 2 devices", "[toy] TP2 on 2 devices", "[toy] PP2 on 2 devices"]
+    gaps = [float(line.rsplit(" ", 1)[1]) for line in said]
+    assert max(gaps) < 1e-5, said

@@ -1,7 +1,11 @@
 """Correctness and speed report for the accelerator of this host (see megatron/reports/device_check.py).
 
     bash Megatron-DeepSpeed/tools/device_check.sh [--cpu] [--iterations N] [--output report.md]
-        [--only correctness|speed] [--shapes 345M,1.3B,345M-MoE8]
+        [--only correctness|speed] [--shapes 345M,1.3B,345M-MoE8] [--nproc N]
+
+--nproc N (default: every device of this node; 1 on the CPU) also checks the parallel layouts N devices allow
+(DP2, TP2, PP2, TP2xPP2xDP2) against one device, and times the first speed cell at each: run it on a new node
+before a long job.
 """
 import argparse
 import os
@@ -19,7 +23,11 @@ def main(argv=None):
     parser.add_argument("--only", choices=CHECKS, help="run only the correctness or only the speed checks")
     parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B,345M-MoE8; tiny, toy, "
                                          "toy-MoE4 on CPU); default all")
+    parser.add_argument("--nproc", type=int, help="devices to check the parallel layouts on (default: all of this "
+                                                   "node's; 1 on the CPU, where each is a process)")
     options = parser.parse_args(argv)
+    if options.nproc is not None and options.nproc < 1:
+        raise InputError(f"--nproc {options.nproc}: give a number of devices of at least 1")
     if options.output and os.path.exists(options.output):
         raise InputError(f"--output {options.output} already exists; choose another file, or remove it first")
     if options.cpu:
@@ -34,6 +42,7 @@ def main(argv=None):
 
     on_accelerator = device.device_name() != "cpu"
     iterations = options.iterations or (50 if on_accelerator else 4)
+    nproc = options.nproc or (device.device_count() if on_accelerator else 1)
     lines = []
 
     def say(text):
@@ -44,7 +53,7 @@ def main(argv=None):
     report(on_accelerator, lambda argv: pretrain(model_provider, argv, adaptor_kernels=npu.kernels), iterations,
            say, select_kernels(device.device_name(), npu.kernels).attention,
            checks=[options.only] if options.only else CHECKS,
-           shapes=options.shapes.split(",") if options.shapes else None)
+           shapes=options.shapes.split(",") if options.shapes else None, nproc=nproc)
     if options.output:
         write_text_atomically(options.output, "\n".join(lines) + "\n")
 

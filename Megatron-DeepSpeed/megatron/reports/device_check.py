@@ -12,6 +12,7 @@ training.pretrain in this process, each speed cell as pretrain_gpt.py in a proce
 On a CPU the same report runs at toy sizes: that is how CI keeps this code working.
 """
 import copy
+import functools
 import io
 import logging
 import os
@@ -116,13 +117,13 @@ def max_relative_gap(curve: Sequence[float], reference: Sequence[float]) -> floa
 
 
 def speed_row(shape, settings: str, flags: Sequence[str], iterations: int,
-              train: Callable[[Sequence[str]], str]) -> SpeedRow:
-    """One grid cell, trained by `train` (argv -> log). A run that fails (out of device memory, a kernel the
+              train: Callable[[Sequence[str]], str], devices: int = 1) -> SpeedRow:
+    """One grid cell on `devices` devices, trained by `train` (argv -> log). A run that fails (out of device memory, a kernel the
     device lacks) becomes a row that says why, so one bad setting does not cost the rest of the report."""
     name, layers, hidden, heads, seq = shape
     argv = [*shape_flags(layers, hidden, heads, seq), *SHAPE_FLAGS.get(name, ()), *flags, "--train-iters",
             str(iterations)]
-    planned = planned_memory(argv, 1, device.device_name(), fragmentation=0.0).total / GIB
+    planned = planned_memory(argv, devices, device.device_name(), fragmentation=0.0).total / GIB
     try:
         log = parse_log(train(argv))
     except TrainingFailed as failure:
@@ -142,19 +143,71 @@ class TrainingFailed(Exception):
 _PROCESS_GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def train_in_fresh_process(argv: Sequence[str]) -> str:
-    """The log of `pretrain_gpt.py argv` run as its own process, as a real job runs: one cell's memory (or its
-    running out of it) and compiled kernels cannot touch the next."""
+def train_in_fresh_process(argv: Sequence[str], nproc: int = 1) -> str:
+    """The log of `pretrain_gpt.py argv` run as its own process (`nproc` > 1: that many under torchrun, one per
+    device, as a real job runs): one cell's memory (or its running out of it) and compiled kernels cannot touch
+    the next."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "pretrain_gpt.py")
     environment = {key: value for key, value in os.environ.items() if key not in _PROCESS_GROUP_VARIABLES}
-    done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=environment)
+    launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    done = subprocess.run([sys.executable, *launcher, script, *argv], capture_output=True, text=True,
+                          env=environment)
     output = done.stdout + done.stderr
     if done.returncode == 0:
         return output
     if "out of memory" in output.lower():
         raise TrainingFailed("out of device memory")
-    last = [line.strip() for line in output.splitlines() if line.strip()][-1:] or [f"exit status {done.returncode}"]
+    errors = [line.strip() for line in output.splitlines() if line.strip().startswith("error:")]
+    last = errors[:1] or [line.strip() for line in output.splitlines() if line.strip()][-1:] or [
+        f"exit status {done.returncode}"]
     raise TrainingFailed(last[0][:160])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout of the whole-node check: tensor x pipeline x data parallel sizes."""
+    tensor: int
+    pipeline: int
+    data: int
+
+    @property
+    def devices(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def name(self) -> str:
+        sizes = (("TP", self.tensor), ("PP", self.pipeline), ("DP", self.data))
+        return "x".join(f"{axis}{size}" for axis, size in sizes if size > 1) or "one device"
+
+    def flags(self) -> List[str]:
+        return ["--tensor-model-parallel-size", str(self.tensor), "--pipeline-model-parallel-size",
+                str(self.pipeline)]
+
+
+NODE_LAYOUTS = (Layout(1, 1, 2), Layout(2, 1, 1), Layout(1, 2, 1), Layout(2, 2, 2))
+LAYOUT_GLOBAL_BATCH = 8  # every layout's micro-batches add up to the same global batch, so the losses compare
+
+
+def node_layouts(nproc: int) -> List[Layout]:
+    """The layouts of NODE_LAYOUTS that `nproc` devices can run."""
+    return [layout for layout in NODE_LAYOUTS if layout.devices <= nproc]
+
+
+def check_layouts(shape, nproc: int, on_accelerator: bool, iterations: int, say: Callable[[str], None]) -> None:
+    """Each layout `nproc` devices allow, trained in fp32 on its own devices (torchrun), against one device: the
+    same global batch, so the loss curves must agree to rounding."""
+    # The vocabulary padded alike at TP 1 and 2 (64 x TP divides 50304): the same model at every layout.
+    base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--global-batch-size", str(LAYOUT_GLOBAL_BATCH),
+            "--train-iters", str(iterations), "--zero-stage", "1", "--make-vocab-size-divisible-by", "64"]
+    reference = losses_of(train_in_fresh_process([*base, *Layout(1, 1, 1).flags()]))
+    for layout in node_layouts(nproc):
+        try:
+            curve = losses_of(train_in_fresh_process([*base, *layout.flags()], layout.devices))
+        except TrainingFailed as failure:
+            say(f"[{shape[0]}] {layout.name} on {layout.devices} devices: failed, {failure}")
+            continue
+        say(f"[{shape[0]}] {layout.name} on {layout.devices} devices vs one, fp32: max relative loss gap "
+            f"{max_relative_gap(curve, reference):.2e}")
 
 
 # Speed grid cells per shape: (micro batch, recompute, ZeRO stage, torch.compile, pipeline engine). 1.3B at micro
@@ -189,10 +242,11 @@ CHECKS = ("correctness", "speed")
 
 def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None],
            attention: Callable = sdpa_attention, checks: Sequence[str] = CHECKS,
-           shapes: Optional[Sequence[str]] = None) -> List[SpeedRow]:
+           shapes: Optional[Sequence[str]] = None, nproc: int = 1) -> List[SpeedRow]:
     """Run the `checks` (correctness, speed) on the `shapes` (by name; None = all), saying each result as it
     comes; returns the speed rows (best first per shape). `attention` is the kernel training uses on this device
-    (select_kernels')."""
+    (select_kernels'). With `nproc` > 1 devices, correctness also compares each parallel layout they allow with
+    one device, and the speed grid's first cell runs at each of those layouts."""
     speed_candidates = ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES
     correctness_candidates = CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU
     known = {shape[0] for shape in (*speed_candidates, *correctness_candidates)}
@@ -203,20 +257,37 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
     def chosen(candidates):
         return [shape for shape in candidates if shapes is None or shape[0] in shapes]
 
-    say(f"device: {device.device_model_name()} ({device.device_name()})")
+    say(f"device: {device.device_model_name()} ({device.device_name()}), {nproc} used")
     speed_shapes = chosen(speed_candidates)
     for name, layers, hidden, heads, seq in speed_shapes:
         say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
     if "correctness" in checks:
         for shape in chosen(correctness_candidates):
             check_correctness(shape, on_accelerator, pretrain, iterations, say)
+            if nproc > 1:
+                check_layouts(shape, nproc, on_accelerator, iterations, say)
     rows = []
     if "speed" in checks:
         for shape in speed_shapes:
             shape_rows = [speed_row(shape, label, flags, iterations, train_in_fresh_process)
                           for label, flags in speed_grid(shape[0], on_accelerator)]
+            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations)
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
         say(speed_table(rows, allocator_peaks=on_accelerator))
+    return rows
+
+
+def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int) -> List[SpeedRow]:
+    """The shape's first grid cell at each layout `nproc` devices allow (samples/s of the whole job; memory and
+    the planner's estimate per device)."""
+    label, flags = speed_grid(shape[0], on_accelerator)[0]
+    rows = []
+    for layout in node_layouts(nproc):
+        engine = [flag for flag in flags if flag != "--no-pipeline-parallel" or layout.pipeline == 1]
+        cell_flags = [*engine, *layout.flags(), "--global-batch-size",
+                      str(int(flags[flags.index("--micro-batch-size") + 1]) * layout.data)]
+        rows.append(speed_row(shape, f"{label}, {layout.name} on {layout.devices} devices", cell_flags, iterations,
+                              functools.partial(train_in_fresh_process, nproc=layout.devices), layout.devices))
     return rows
 
 
