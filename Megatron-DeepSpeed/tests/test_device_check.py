@@ -9,7 +9,7 @@ import pytest
 from megatron.errors import InputError
 from megatron.model.kernels import sdpa_attention
 from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
-                                           check_layouts, node_layouts, report, speed_row, speed_table,
+                                           check_layouts, node_layouts, report, speed_grid, speed_row, speed_table,
                                            train_in_fresh_process)
 from megatron.training.log_lines import iteration_line, memory_line
 
@@ -129,3 +129,18 @@ def test_each_layout_on_several_processes_trains_as_one_device():
         "[toy] DP2 on 2 devices", "[toy] TP2 on 2 devices", "[toy] PP2 on 2 devices"]
     gaps = [float(line.rsplit(" ", 1)[1]) for line in said]
     assert max(gaps) < 1e-5, said
+
+
+def flag_value(flags, name):
+    return flags[len(flags) - 1 - flags[::-1].index(name) + 1]  # the last one given, as argparse takes it
+
+
+def test_accelerator_speed_cells_accumulate_half_a_million_tokens_and_log_every_ten_iterations():
+    for label, flags in speed_grid("345M", on_accelerator=True, seq=1024):
+        assert flag_value(flags, "--global-batch-size") == "512", label
+        assert flag_value(flags, "--log-interval") == "10"
+        assert "--bf16" in flags
+    micro_batches = [int(flag_value(flags, "--micro-batch-size")) for _, flags in speed_grid("345M", True, 1024)]
+    assert max(micro_batches) == 32
+    [(_, cpu_flags)] = speed_grid("toy", on_accelerator=False, seq=64)[:1]
+    assert flag_value(cpu_flags, "--global-batch-size") == "2" and flag_value(cpu_flags, "--log-interval") == "1"

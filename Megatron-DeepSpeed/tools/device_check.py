@@ -12,13 +12,14 @@ import os
 
 from megatron.errors import InputError, run_cli
 from megatron.files.atomic import write_text_atomically
-from megatron.reports.device_check import CHECKS, report
+from megatron.reports.device_check import CHECKS, SPEED_LOG_INTERVAL, report
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="run the reduced CPU check even beside an accelerator")
-    parser.add_argument("--iterations", type=int, help="training iterations per run (default 50; 4 on CPU)")
+    parser.add_argument("--iterations", type=int, help="training iterations per run (default 20, two windows of 10 of "
+                                                       "which the second is timed; 4 on CPU)")
     parser.add_argument("--output", help="also write the report to this file")
     parser.add_argument("--only", choices=CHECKS, help="run only the correctness or only the speed checks")
     parser.add_argument("--shapes", help="comma-separated shape names to run (e.g. 345M,1.3B,345M-MoE8; tiny, toy, "
@@ -41,7 +42,7 @@ def main(argv=None):
     from megatron.training.loop import pretrain
 
     on_accelerator = device.device_name() != "cpu"
-    iterations = options.iterations or (50 if on_accelerator else 4)
+    iterations = options.iterations or (2 * SPEED_LOG_INTERVAL if on_accelerator else 4)
     nproc = options.nproc or (device.device_count() if on_accelerator else 1)
     lines = []
 
