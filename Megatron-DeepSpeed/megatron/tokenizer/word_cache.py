@@ -49,9 +49,6 @@ def _byte_classes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return ascii_whitespace, ascii_non_whitespace, starts_non_whitespace
 
 
-_BYTES_STARTING_NON_WHITESPACE = frozenset(np.flatnonzero(_byte_classes(np.arange(256, dtype=np.uint8))[2]).tolist())
-
-
 def word_starts(data: np.ndarray, text_starts: np.ndarray, text_ends: np.ndarray) -> np.ndarray:
     """Sorted byte offsets where a piece starts: every non-empty text's start and the cuts (a) and (b) of the
     module docstring that lie inside one text."""

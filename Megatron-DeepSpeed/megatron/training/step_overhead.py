@@ -21,7 +21,6 @@ from megatron.training.log_lines import parse_log
 
 HOST_READS = "host reads of tensor values"
 GARBAGE_COLLECTOR = "Python garbage collector (inside the others)"
-MODEL_WORK = ("model forward+backward", "optimizer math")  # what a bare loop does too
 
 # (category, path fragments or function-name suffixes); the first match wins, so the specific come first.
 _FILE_RULES = (
