@@ -1,5 +1,5 @@
 """Write the generated reference pages of docs/ (docs/flags.md: every flag from the parsers; docs/errors.md: every
-one-line error from the source). Run from the repository root after changing a flag or an error message:
+one-line error from the source; the presets table in docs/training.md). Run from the repository root after changing a flag or an error message:
 
     .venv/bin/python Megatron-DeepSpeed/tools/write_reference.py          # rewrite the pages
     .venv/bin/python Megatron-DeepSpeed/tools/write_reference.py --check  # exit 1 naming the pages that differ
@@ -10,7 +10,7 @@ import sys
 
 from megatron.errors import run_cli
 from megatron.files.atomic import write_text_atomically
-from megatron.reference.pages import PAGES, stale_pages
+from megatron.reference.pages import current_texts, stale_pages
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,8 +24,8 @@ def main(argv=None):
         for page in stale:
             print(f"{page} differs from the code", file=sys.stderr)
         return 1 if stale else 0
-    for page, make in PAGES.items():
-        write_text_atomically(os.path.join(REPO_ROOT, page), make(REPO_ROOT))
+    for page, text in current_texts(REPO_ROOT).items():
+        write_text_atomically(os.path.join(REPO_ROOT, page), text)
         print(f"wrote {page}")
     return 0
 

@@ -6,6 +6,7 @@ import runpy
 from typing import Callable, Mapping
 
 from megatron.config.arguments import _build_parser
+from megatron.config.presets import get_preset, preset_names
 from megatron.reference import error_index, flag_table, tool_help
 
 REGENERATE = ".venv/bin/python Megatron-DeepSpeed/tools/write_reference.py"
@@ -62,15 +63,57 @@ def errors_page(root: str) -> str:
     return "".join(parts)
 
 
+def presets_table(root: str) -> str:
+    """The presets of megatron/config/presets.py as one markdown table (what --model-size NAME sets)."""
+    lines = ["| preset | layers | hidden | heads | seq | TP | PP | DP on 8 devices | micro batch | global batch | lr "
+             "| min lr | engine | experts (EP) | full-run iterations | LR decay iterations |",
+             "|" + "---|" * 16]
+    for name in preset_names():
+        p = get_preset(name)
+        experts = f"{p['num_experts'][0]} every 2nd layer (EP {p['moe_expert_parallel_size']})" \
+            if "num_experts" in p else "-"
+        dp = 8 // (p["tensor_model_parallel_size"] * p["pipeline_model_parallel_size"])
+        engine = "plain" if p["no_pipeline_parallel"] else "pipeline"
+        cells = [f"`{name}`", p["num_layers"], p["hidden_size"], p["num_attention_heads"], p["seq_length"],
+                 p["tensor_model_parallel_size"], p["pipeline_model_parallel_size"], dp, p["micro_batch_size"],
+                 p["global_batch_size"], p["lr"], p["min_lr"], engine, experts, f"{p['train_iters']:,}",
+                 f"{p['lr_decay_iters']:,}"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 PAGES: Mapping[str, Callable[[str], str]] = {"docs/flags.md": flags_page, "docs/errors.md": errors_page}
+# Generated blocks inside hand-written pages: (page, name) -> text between the markers below.
+BLOCKS: Mapping[tuple, Callable[[str], str]] = {("docs/training.md", "presets"): presets_table}
+_BEGIN, _END = "<!-- generated: {name} ({command}) -->\n", "<!-- end of generated: {name} -->\n"
+
+
+def with_block(text: str, name: str, block: str) -> str:
+    """`text` with the generated block `name` replaced by `block`; ValueError if its markers are missing."""
+    begin, end = _BEGIN.format(name=name, command=REGENERATE), _END.format(name=name)
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"the page has no {begin.strip()} ... {end.strip()} markers")
+    return text[:start + len(begin)] + block + text[stop:]
+
+
+def current_texts(root: str) -> dict:
+    """page -> its text as the code gives it now (generated pages whole, hand-written pages with fresh blocks)."""
+    texts = {page: make(root) for page, make in PAGES.items()}
+    for (page, name), make in BLOCKS.items():
+        if page not in texts:
+            with open(os.path.join(root, page), encoding="utf-8") as committed:
+                texts[page] = committed.read()
+        texts[page] = with_block(texts[page], name, make(root))
+    return texts
 
 
 def stale_pages(root: str) -> list:
-    """The generated pages whose committed text differs from what the code gives now."""
+    """The pages whose committed text differs from what the code gives now."""
     stale = []
-    for page, make in PAGES.items():
+    for page, text in current_texts(root).items():
         path = os.path.join(root, page)
         committed = open(path, encoding="utf-8").read() if os.path.exists(path) else None
-        if committed != make(root):
+        if committed != text:
             stale.append(page)
     return stale
