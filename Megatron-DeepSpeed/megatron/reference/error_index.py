@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-ERROR_TYPES = ("InputError", "RunError")
+ERROR_TYPES = ("InputError", "RunError", "NpuSetupError")  # NpuSetupError: deepspeed_npu's InputError
 PLACEHOLDER = "<...>"
 
 # Where the errors come from (paths from the repository root) and which section of docs/troubleshooting.md covers
@@ -42,7 +42,7 @@ SOURCE_ROOTS = ("Megatron-DeepSpeed/megatron", "Megatron-DeepSpeed/tools", "Mega
 class ErrorSite:
     path: str        # from the repository root
     function: str    # the enclosing function, or "module"
-    kind: str        # InputError or RunError
+    kind: str        # one of ERROR_TYPES
     message: str
 
 
