@@ -47,7 +47,7 @@ def _effect(action: argparse.Action, group: argparse._ArgumentGroup) -> str:
 
 
 def _origin(action: argparse.Action, upstream: frozenset) -> str:
-    return "upstream b4d4a0e" if any(name in upstream for name in action.option_strings) else "this trainer"
+    return "upstream b4d4a0e" if any(name in upstream for name in action.option_strings) else "added"
 
 
 def rows(parser: argparse.ArgumentParser, with_status: bool) -> Iterator[FlagRow]:
@@ -59,7 +59,8 @@ def rows(parser: argparse.ArgumentParser, with_status: bool) -> Iterator[FlagRow
                 continue
             status = f"{_origin(action, upstream)}; {_effect(action, group)}" if with_status else ""
             yield FlagRow(group=group.title, flag=action.option_strings[0], aliases=tuple(action.option_strings[1:]),
-                          default=_default(action), status=status, help=" ".join((action.help or "").split()))
+                          default=_default(action), status=status,
+                          help=" ".join((action.help or group.description or "").split()))
 
 
 def markdown_table(table_rows, with_status: bool) -> str:

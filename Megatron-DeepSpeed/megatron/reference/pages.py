@@ -28,8 +28,9 @@ def flags_page(root: str) -> str:
         "Every flag of `pretrain_gpt.py`, of the entry scripts and of each tool, read from their parsers. How to "
         "use them: [training](training.md); upstream's scripts: [upstream compatibility](upstream-compatibility.md)."
         "\n\n## pretrain_gpt.py\n\n",
-        "Status: *upstream b4d4a0e* flags are Megatron-DeepSpeed's (same name, default and meaning); *this trainer* "
-        "flags are additions. *works*: the flag does what its help says; *accepted without effect*: kept so "
+        "Status: *upstream b4d4a0e* flags are Megatron-DeepSpeed's (same name, default and meaning); *added* flags "
+        "are not among them (later upstream versions' flags, see [upstream main](upstream-main.md), and this "
+        "trainer's own). *works*: the flag does what its help says; *accepted without effect*: kept so "
         "upstream scripts run; *refused*: a value that turns on a feature this trainer does not have stops the run "
         "in one line ([troubleshooting](troubleshooting.md#a-flag-is-refused-at-start)). Aliases are other "
         "spellings of the same flag. `--model-size NAME` fills the flags whose help says so from a "
