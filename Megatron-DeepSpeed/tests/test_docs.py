@@ -81,12 +81,8 @@ def test_readme_is_a_front_page_with_the_two_commands_unchanged():
     readme = read("README.md")
     assert len(readme.encode("utf-8")) < 15_000
     two_commands = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    assert [line for line in code_lines_of(two_commands)] == ["bash test/train_full_8p.sh",
-                                                              "bash Megatron-DeepSpeed/tools/run_tests.sh"]
-
-
-def code_lines_of(section):
-    return [line.strip() for line in section.splitlines() if line.startswith("    ") and line.strip()]
+    commands = [line.strip() for line in two_commands.splitlines() if line.startswith("    ") and line.strip()]
+    assert commands == ["bash test/train_full_8p.sh", "bash Megatron-DeepSpeed/tools/run_tests.sh"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -150,3 +146,42 @@ def test_documented_tool_answers_help(tool):
     done = subprocess.run([sys.executable, *tool, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+# --- the generators themselves -----------------------------------------------------------------------------
+
+def test_error_index_reads_messages_as_written_at_the_call(tmp_path):
+    module = tmp_path / "Megatron-DeepSpeed" / "megatron" / "example.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from megatron.errors import InputError, RunError\n"
+                      "def check(value, message):\n"
+                      "    if value:\n"
+                      "        raise InputError(f'--x {value} is too   large;'\n"
+                      "                         ' give less')\n"
+                      "    def inner():\n"
+                      "        return RunError('stopped: ' + f'{value}')\n"
+                      "    raise InputError(message)\n")
+    sites = error_index.error_sites(str(tmp_path))
+    assert [(site.function, site.kind, site.message) for site in sites] == [
+        ("check", "InputError", "--x <...> is too large; give less"), ("check", "RunError", "stopped: <...>")]
+    assert error_index.section_of(sites[0].path) == "a-tool-refuses-its-input"
+
+
+@pytest.mark.parametrize("flag, status", [
+    ("--num-layers", "upstream b4d4a0e; works"),
+    ("--model-size", "added; works"),
+    ("--onnx-safe", "upstream b4d4a0e; accepted without effect"),
+    ("--DDP-impl", "upstream b4d4a0e; accepted without effect"),
+    ("--kd", "upstream b4d4a0e; refused at a value that turns it on (not supported)"),
+    ("--kd-temp", "upstream b4d4a0e; accepted without effect (knowledge distillation is not supported)"),
+    ("--batch-size", "upstream b4d4a0e; refused (upstream removed it)"),
+])
+def test_flag_statuses_come_from_the_upstream_list_and_the_unsupported_table(flag, status):
+    from megatron.reference.flag_table import rows
+    assert {row.flag: row.status for row in rows(_build_parser(), with_status=True)}[flag] == status
+
+
+def test_a_generated_block_needs_its_markers():
+    from megatron.reference.pages import with_block
+    with pytest.raises(ValueError):
+        with_block("no markers here\n", "presets", "| table |\n")
