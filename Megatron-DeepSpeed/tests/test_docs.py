@@ -62,7 +62,8 @@ def code_lines(page):
 
 def documented_commands():
     """(page, command) of every code line that runs a script or a tool."""
-    return [(page, line) for page in PAGES for line in code_lines(page) if line and COMMAND_WORD.fullmatch(line.split()[0])]
+    return [(page, line) for page in PAGES for line in code_lines(page)
+            if line and COMMAND_WORD.fullmatch(line.split()[0])]
 
 
 def test_generated_pages_are_current():

@@ -1,5 +1,6 @@
 """Write the generated reference pages of docs/ (docs/flags.md: every flag from the parsers; docs/errors.md: every
-one-line error from the source; the presets table in docs/training.md). Run from the repository root after changing a flag or an error message:
+one-line error from the source; the presets table in docs/training.md). Run from the repository root after
+changing a flag, a preset or an error message:
 
     .venv/bin/python Megatron-DeepSpeed/tools/write_reference.py          # rewrite the pages
     .venv/bin/python Megatron-DeepSpeed/tools/write_reference.py --check  # exit 1 naming the pages that differ

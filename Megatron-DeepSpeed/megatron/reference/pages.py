@@ -16,8 +16,9 @@ _TOOL_GLOBS = ("Megatron-DeepSpeed/tools/*.py", "Megatron-DeepSpeed/tasks/*/*.py
 
 
 def _tools(root: str) -> list:
-    found = sorted(os.path.relpath(path, root) for pattern in _TOOL_GLOBS for path in glob.glob(os.path.join(root, pattern)))
-    return [path.replace(os.sep, "/") for path in found if path.replace(os.sep, "/") != _ENTRY_SCRIPT]
+    found = sorted(os.path.relpath(path, root).replace(os.sep, "/")
+                   for pattern in _TOOL_GLOBS for path in glob.glob(os.path.join(root, pattern)))
+    return [path for path in found if path != _ENTRY_SCRIPT]
 
 
 def flags_page(root: str) -> str:
