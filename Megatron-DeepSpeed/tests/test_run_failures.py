@@ -1,5 +1,5 @@
 """Real training processes that fail or are stopped: each says so in one line, with the right exit status,
-and nothing a user has is lost (README, "What survives a failure")."""
+and nothing a user has is lost (docs/troubleshooting.md)."""
 import os
 import re
 import resource

@@ -63,7 +63,8 @@ def positive_int(flag):
     return parse
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
+    """The entry scripts' own options (the flag reference is generated from this parser)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("--run", choices=("full", "performance"), required=True)
@@ -87,6 +88,11 @@ def parse_args(argv):
                         help="start even when the layout planner's estimate exceeds a device's memory")
     parser.add_argument("--output_dir", help="the run directory (default: a new one under test/output/); a full "
                                              "run started again with the same one resumes from its checkpoints")
+    return parser
+
+
+def parse_args(argv):
+    parser = build_parser()
     args, passthrough = parser.parse_known_args(argv)
     unknown = [arg for arg in passthrough if arg.startswith("--") and "_" in arg.split("=")[0]
                and arg.split("=")[0] != "--deepspeed_config"]

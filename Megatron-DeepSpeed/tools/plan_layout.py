@@ -8,7 +8,7 @@
 Prints one row per layout (TP, PP, DP, ZeRO stage, micro-batch, recompute, sequence parallelism, and for a
 mixture-of-experts model (the MoE presets or pretrain_gpt.py's MoE flags) expert parallelism EP) with the
 estimated memory per device by term (GiB) and the estimated step time; layouts that fit come first, fastest
-first. The estimates are megatron/planning's (docs/ARCHITECTURE.md, Layout planner, and README compare them
+first. The estimates are megatron/planning's (docs/ARCHITECTURE.md, Layout planner, and docs/benchmarks.md compares them
 with measured peaks). `--json` prints every layout with all figures in bytes and seconds.
 """
 import argparse

@@ -41,7 +41,7 @@ has_accelerator() {
 if "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   say "reusing torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
 elif has_accelerator; then
-  say "installing torch 2.13.0 (accelerator found; for Ascend install torch_npu yourself, see README)"
+  say "installing torch 2.13.0 (accelerator found; for Ascend install torch_npu yourself, see docs/ascend.md)"
   pip_install "torch==2.13.0"
 else
   say "installing torch 2.13.0, CPU build (no accelerator found)"

@@ -1,5 +1,5 @@
-"""Result figures of finished training runs: what the entry scripts print at the end, the README's
-results table (the seed project's columns) and loss-curve plots.
+"""Result figures of finished training runs: what the entry scripts print at the end, the results
+tables of docs/benchmarks.md (the seed project's columns) and loss-curve plots.
 
 A run directory (test/output/<run>/, made by test/train_full_8p.sh or test/train_performance_8p.sh)
 holds the training log `train.log` (docs/ARCHITECTURE.md, Log lines lines) and `run.json`, one JSON object describing the

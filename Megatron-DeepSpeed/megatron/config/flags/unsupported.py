@@ -129,7 +129,7 @@ UNSUPPORTED_FLAGS = (
 
 def add_flags(parser) -> None:
     group = parser.add_argument_group(
-        "upstream flags not supported here", "Accepted at values that leave their feature off; see README.md.")
+        "upstream flags not supported here", "Accepted at values that leave their feature off; see docs/upstream-compatibility.md.")
     for entry in UNSUPPORTED_FLAGS:
         spec = dict(entry.spec)
         spec.setdefault("default", entry.default)
