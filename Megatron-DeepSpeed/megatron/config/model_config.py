@@ -43,10 +43,22 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = _flag(True)
     attention_softmax_in_fp32: bool = _flag(False)
     torch_compile: bool = _flag(False)  # each transformer layer through torch.compile
+    # Architecture variants (upstream main's flags; the defaults are GPT-2's, so older checkpoints read as it):
+    normalization: str = _flag("layernorm", architecture=True)  # or "rmsnorm"
+    add_position_embedding: bool = _flag(True, architecture=True)  # learned absolute positions
+    use_rotary_position_embeddings: bool = _flag(False, architecture=True)
+    rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
+    rope_theta: int = _flag(10000, architecture=True)  # the rotary base
+    swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
+    num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
+    add_bias_linear: bool = _flag(True, architecture=True)
+    untie_embeddings_and_output_weights: bool = _flag(False, architecture=True)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, object], source: str = "the command line") -> "ModelConfig":
@@ -66,6 +78,14 @@ class ModelConfig:
         """The flags, as a checkpoint records them."""
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
+    def variants(self) -> list:
+        """The architecture-variant flags set away from GPT-2 (e.g. ['--swiglu', '--normalization rmsnorm'])."""
+        gpt2 = {"normalization": "layernorm", "add_position_embedding": True, "use_rotary_position_embeddings": False,
+                "swiglu": False, "num_key_value_heads": self.num_attention_heads, "add_bias_linear": True,
+                "untie_embeddings_and_output_weights": False}
+        return [f"--{_dashed(name)} {getattr(self, name)}" for name, value in gpt2.items()
+                if getattr(self, name) != value]
+
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
 
@@ -75,9 +95,10 @@ def _dashed(name: str) -> str:
 
 
 def _typed(spec, value, source: str):
-    """`value` as the field's type (bool, int or float), or an InputError naming the flag and where it came from."""
+    """`value` as the field's type (bool, int, float or str), or an InputError naming the flag and where it came
+    from."""
     kind = next(arg for arg in typing.get_args(spec.type) or (spec.type,) if arg is not type(None))
-    wrong = (not isinstance(value, (bool, int)) if kind is bool else
+    wrong = (not isinstance(value, str) if kind is str else not isinstance(value, (bool, int)) if kind is bool else
              isinstance(value, bool) or not isinstance(value, (int, float)) or
              (kind is int and not float(value).is_integer()))
     if wrong:

@@ -9,7 +9,8 @@ Kernel contracts:
   [batch, heads, seq, head_dim]; attention_mask is None for plain causal attention, or a bool tensor
   [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
   cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq].
-- layer_norm: a module class built as layer_norm(hidden_size, eps=epsilon).
+- layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
+  an RMSNorm has a `weight` and no `bias`.
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
@@ -48,6 +49,7 @@ class Kernels:
     attention: Callable
     layer_norm: type
     adam: Callable
+    rms_norm: type = torch.nn.RMSNorm
     loss_chunk_bytes: int = CHUNK_BYTES
 
     def description(self) -> str:
@@ -89,14 +91,15 @@ CPU_LOSS_CHUNK_BYTES = 1 << 22  # 4 MiB: of 256 KiB-256 MiB, 1-4 MiB ran fastest
 
 def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, training: bool = True) -> Kernels:
     """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
-    attention / layer_norm kernels that `adaptor_kernels` provides (attributes; None = keep ours) taking
-    precedence. With `training` False the adaptor's `inference_attention` replaces its training attention. On a
-    CPU the loss works in cache-sized chunks."""
+    attention / layer_norm / rms_norm kernels that `adaptor_kernels` provides (attributes; None = keep ours)
+    taking precedence. With `training` False the adaptor's `inference_attention` replaces its training attention.
+    On a CPU the loss works in cache-sized chunks."""
     kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused_adamw_available(device_name) else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
     if adaptor_kernels is not None:
         attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
-        chosen = {"attention": attention, "layer_norm": getattr(adaptor_kernels, "layer_norm", None)}
+        chosen = {"attention": attention, **{norm: getattr(adaptor_kernels, norm, None)
+                                             for norm in ("layer_norm", "rms_norm")}}
         kernels = replace(kernels, **{name: kernel for name, kernel in chosen.items() if kernel is not None})
     return kernels

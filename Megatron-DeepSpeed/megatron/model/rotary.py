@@ -1,0 +1,45 @@
+"""Rotary position embeddings (Su et al., RoFormer), as upstream Megatron-DeepSpeed main applies them.
+
+The first `dim` channels of each query and key head rotate by an angle proportional to the token's position
+(`--rotary-percent` of the head; the rest pass through). Channel i of the first half pairs with channel i of the
+second half (the "rotate half" form of GPT-NeoX, Megatron and Hugging Face Llama, not the interleaved pairs of
+the original paper), with frequency theta^(-2i / dim). Positions count from 0 along the sequence, whatever the
+batch's position ids say (upstream's rule); while generating with a KV cache they continue from the cached length.
+The angles are worked out in fp32 on the fly: the model holds no table that a cast to half precision would round.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from megatron.errors import InputError
+
+
+@dataclass(frozen=True)
+class RotaryEmbedding:
+    dim: int  # rotating channels per head, even
+    theta: float
+
+    @classmethod
+    def for_heads(cls, head_dim: int, percent: float, theta: float) -> "RotaryEmbedding":
+        dim = int(head_dim * percent)
+        if dim == 0 or dim % 2:
+            raise InputError(f"--rotary-percent {percent} of the head size {head_dim} is {dim} channels; rotary "
+                             "embeddings rotate channel pairs, so choose a percent that gives an even, non-zero "
+                             "count")
+        return cls(dim, float(theta))
+
+    def angles(self, length: int, offset: int, device) -> torch.Tensor:
+        """[length, dim] angles of positions offset .. offset + length - 1, each frequency twice (both halves)."""
+        positions = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
+        frequencies = self.theta ** (-torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+        angles = torch.outer(positions, frequencies)
+        return torch.cat((angles, angles), dim=-1)
+
+    def __call__(self, heads: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """`heads` [batch, heads, seq, head_dim] rotated by their positions (offset + 0 .. seq - 1)."""
+        angles = self.angles(heads.shape[-2], offset, heads.device)
+        cos, sin = angles.cos().to(heads.dtype), angles.sin().to(heads.dtype)
+        rotating, passing = heads[..., :self.dim], heads[..., self.dim:]
+        first, second = rotating.chunk(2, dim=-1)
+        rotated = rotating * cos + torch.cat((-second, first), dim=-1) * sin
+        return torch.cat((rotated, passing), dim=-1) if passing.shape[-1] else rotated
