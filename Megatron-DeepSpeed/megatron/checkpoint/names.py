@@ -16,8 +16,8 @@ EMBEDDING_PREFIX = "embedding."
 LAYERS_PREFIX = "layers."
 FINAL_NORM_PREFIX = "final_layernorm."
 OUTPUT_LAYER_WEIGHT = "lm_head.weight"  # an untied head's; the pipeline's OutputLayerPipe keeps the same key
-VOCABULARY_ROWS = (WORD_EMBEDDINGS, OUTPUT_LAYER_WEIGHT)  # a row per (padded) vocabulary entry
 WORD_EMBEDDINGS = EMBEDDING_PREFIX + "word_embeddings.weight"
+VOCABULARY_ROWS = (WORD_EMBEDDINGS, OUTPUT_LAYER_WEIGHT)  # a row per (padded) vocabulary entry
 TIED_PREFIX = f"tied_modules.{TIED_EMBEDDING}."
 OLD_TIED_PREFIX = "tied_modules.embedding."
 

@@ -14,7 +14,9 @@ LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "s
                 non_negative=("init_method_std",),
                 fractions=("hidden_dropout", "attention_dropout"))
 # Defaults of the flags a --model-size preset may fill, when neither it nor the user set them.
-PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1, "normalization": "layernorm",
+                   "use_rotary_position_embeddings": False, "rope_theta": 10000, "add_position_embedding": True,
+                   "swiglu": False, "add_bias_linear": True, "untie_embeddings_and_output_weights": False}
 
 
 def add_flags(parser) -> None:
@@ -50,27 +52,29 @@ def _add_architecture_variants(parser) -> None:
     group = parser.add_argument_group(
         "architecture variants", "Upstream Megatron-DeepSpeed main's switches from GPT-2 towards Llama "
         "(docs/llama.md); the defaults are GPT-2's.")
-    group.add_argument("--normalization", choices=("layernorm", "rmsnorm"), default="layernorm",
+    group.add_argument("--normalization", choices=("layernorm", "rmsnorm"),
                        help="The norm before attention, before the MLP and at the end: LayerNorm (weight and "
-                            "bias) or RMSNorm (weight only). --layernorm-epsilon is its epsilon either way.")
-    group.add_argument("--use-rotary-position-embeddings", action="store_true",
+                            "bias) or RMSNorm (weight only). --layernorm-epsilon is its epsilon either way. "
+                            + after_preset(PRESET_DEFAULTS["normalization"]))
+    group.add_argument("--use-rotary-position-embeddings", action="store_true", default=None,
                        help="Rotary position embeddings on queries and keys (and, as upstream, no learned "
                             "absolute position table).")
     group.add_argument("--rotary-percent", type=float, default=1.0,
                        help="Fraction of each head's channels that rotate (upstream: 1.0; GPT-NeoX 0.25).")
-    group.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=int, default=10000,
-                       dest="rope_theta", help="The rotary base theta (Llama 2: 10000, Llama 3: 500000).")
-    group.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+    group.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=int, dest="rope_theta",
+                       help="The rotary base theta (Llama 2: 10000, Llama 3: 500000). "
+                            + after_preset(PRESET_DEFAULTS["rope_theta"]))
+    group.add_argument("--no-position-embedding", action="store_false", default=None, dest="add_position_embedding",
                        help="No learned absolute position table.")
-    group.add_argument("--swiglu", action="store_true",
+    group.add_argument("--swiglu", action="store_true", default=None,
                        help="SiLU-gated MLP (SwiGLU): two input branches of --ffn-hidden-size each, one output "
                             "projection.")
     group.add_argument("--num-key-value-heads", type=int,
                        help="Key/value heads (grouped-query attention; 1: multi-query). Default "
                             "--num-attention-heads.")
-    group.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
+    group.add_argument("--disable-bias-linear", action="store_false", default=None, dest="add_bias_linear",
                        help="No biases in the attention and MLP linears (norms keep theirs).")
-    group.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
                        help="An output layer of its own instead of scoring against the word embeddings.")
 
 
