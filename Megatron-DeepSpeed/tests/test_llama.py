@@ -3,9 +3,13 @@ rotary embeddings rotate only their share of each head, the parameter count of t
 formula in the built model and in the planner, the FLOPs count the built layer's matrices, and upstream's flags
 reach the model or are refused in one line. Every parallel layout trains as one process does
 (test_llama_layouts_equal_single_process)."""
+import os
+
 import pytest
 import torch
 
+from megatron.checkpoint.convert import reshape
+from megatron.checkpoint.writer import TargetLayout
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.model_config import ModelConfig
 from megatron.config.presets import get_preset
@@ -169,12 +173,44 @@ def llama_single_process(data_prefix):
     return run_on_ranks(train, 1, [*COMMON, *LLAMA_FLAGS, "--data-path", data_prefix])[0]
 
 
+THREE_D = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+           "--zero-stage", "1", "--checkpoint-activations"]
+SAVED_AT = 3
+
+
+def llama_run(ranks, data_prefix, *flags):
+    return run_on_ranks(train, ranks, [*COMMON, *LLAMA_FLAGS, "--data-path", data_prefix, *flags], timeout=600)[0]
+
+
+@pytest.fixture(scope="module")
+def llama_3d(data_prefix, tmp_path_factory):
+    """TP2 x PP2 x DP2 with SP, ZeRO 1 and recomputation (8 processes), saving at iteration 3."""
+    save = tmp_path_factory.mktemp("llama_3d")
+    return llama_run(8, data_prefix, *THREE_D, "--save", str(save), "--save-interval", str(SAVED_AT)), str(save)
+
+
 @pytest.mark.full
-@pytest.mark.parametrize("ranks, flags", [
-    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--no-pipeline-parallel", "--zero-stage", "0"]),
-    (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
-         "--zero-stage", "1", "--checkpoint-activations"]),
-], ids=["tp2-sp-plain-engine", "tp2-pp2-dp2-sp-zero1-recompute"])
-def test_llama_layouts_equal_single_process(ranks, flags, data_prefix, llama_single_process):
-    result = run_on_ranks(train, ranks, [*COMMON, *LLAMA_FLAGS, "--data-path", data_prefix, *flags])[0]
-    assert_same_training(result, llama_single_process)
+def test_llama_layouts_equal_single_process(data_prefix, llama_single_process, llama_3d):
+    names = llama_single_process[1].keys()
+    assert "lm_head.weight" in names and not any("position_embeddings" in name or "bias" in name for name in names)
+    assert_same_training(llama_3d[0], llama_single_process)
+    plain_tp2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--no-pipeline-parallel",
+                 "--zero-stage", "0"]
+    assert_same_training(llama_run(2, data_prefix, *plain_tp2), llama_single_process)
+
+
+@pytest.mark.full
+def test_llama_3d_checkpoint_resumes_exactly_and_reshaped_continues_on_one_process(data_prefix, llama_3d, tmp_path):
+    (straight_losses, straight_weights), save = llama_3d
+    with open(os.path.join(save, "latest"), "w") as latest:
+        latest.write(f"global_step{SAVED_AT}")
+    resumed_losses, resumed_weights = llama_run(8, data_prefix, *THREE_D, "--load", save)
+    assert resumed_losses == straight_losses[SAVED_AT:]
+    for name, tensor in resumed_weights.items():
+        torch.testing.assert_close(tensor, straight_weights[name], rtol=0, atol=0, msg=name)
+    # Grouped QKV rows, interleaved gate|up rows, the untied head's vocabulary rows and their Adam state joined
+    # from TP 2 x PP 2 into one process.
+    copy = str(tmp_path / "tp1pp1")
+    reshape(save, copy, TargetLayout(1, 1), iteration=SAVED_AT)
+    continued, _ = llama_run(1, data_prefix, "--load", copy, "--zero-stage", "0")
+    assert continued == pytest.approx(straight_losses[SAVED_AT:], rel=1e-5)
