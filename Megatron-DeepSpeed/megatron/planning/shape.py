@@ -41,6 +41,7 @@ class ModelShape:
     # model/gpt.py's architecture variants (config/model_config.py's names and defaults)
     normalization: str = "layernorm"
     add_position_embedding: bool = True
+    use_rotary_position_embeddings: bool = False
     swiglu: bool = False
     num_key_value_heads: int = 0  # 0: num_attention_heads
     add_bias_linear: bool = True
@@ -121,8 +122,8 @@ def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Mod
                                    pipeline_engine=not preset["no_pipeline_parallel"])
 
 
-ARCHITECTURE_VARIANTS = ("normalization", "add_position_embedding", "swiglu", "num_key_value_heads",
-                         "add_bias_linear", "untie_embeddings_and_output_weights")
+ARCHITECTURE_VARIANTS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "swiglu",
+                         "num_key_value_heads", "add_bias_linear", "untie_embeddings_and_output_weights")
 
 
 def architecture_variants(values) -> dict:
