@@ -18,7 +18,8 @@ SHAPE = ModelShape(num_layers=4, hidden_size=32, num_attention_heads=4, seq_leng
                    vocab_size=200, make_vocab_size_divisible_by=64)
 # Llama-style: RMSNorm, no position table (rotary), SwiGLU, 2 key/value heads, no linear biases, untied head.
 LLAMA_SHAPE = ModelShape(**{**vars(SHAPE), "ffn_hidden_size": 48, "normalization": "rmsnorm",
-                            "add_position_embedding": False, "swiglu": True, "num_key_value_heads": 2,
+                            "add_position_embedding": False, "use_rotary_position_embeddings": True,
+                            "swiglu": True, "num_key_value_heads": 2,
                             "add_bias_linear": False, "untie_embeddings_and_output_weights": True})
 FP32 = TrainingSettings(global_batch_size=4, dtype="fp32", pipeline_engine=False)
 
@@ -30,7 +31,7 @@ def gpt_config(tensor: int, shape: ModelShape = SHAPE):
                      num_attention_heads=shape.num_attention_heads, hidden_dropout=0.0, attention_dropout=0.0,
                      ffn_hidden_size=shape.ffn, normalization=shape.normalization,
                      add_position_embedding=shape.add_position_embedding,
-                     use_rotary_position_embeddings=not shape.add_position_embedding, swiglu=shape.swiglu,
+                     use_rotary_position_embeddings=shape.use_rotary_position_embeddings, swiglu=shape.swiglu,
                      num_key_value_heads=shape.key_value_heads, add_bias_linear=shape.add_bias_linear,
                      untie_embeddings_and_output_weights=shape.untie_embeddings_and_output_weights)
 
@@ -348,8 +349,8 @@ def test_moe_layer_activations_match_what_autograd_keeps(mlp_type, topk, experts
 @pytest.mark.parametrize("shape", [SHAPE, LLAMA_SHAPE, ModelShape(**{**vars(LLAMA_SHAPE), "num_key_value_heads": 4})],
                          ids=["gpt2", "llama", "llama-without-gqa"])
 def test_a_layers_activations_match_what_autograd_keeps(shape):
-    """bf16, one transformer layer (fused attention, no dropout): the planner's kept values within 10% of what
-    autograd saves (SDPA's own small log-sum-exp and RMSNorm's per-token statistics are left out)."""
+    """bf16, one transformer layer (fused attention, no dropout): the planner's kept values within 5% of what
+    autograd saves (SDPA's small log-sum-exp, the norms' per-token statistics and the rotary angles are left out)."""
     from megatron.model.gpt import TransformerLayer
 
     shape = ModelShape(**{**vars(shape), "hidden_size": 64, "ffn_hidden_size": 2 * shape.ffn, "seq_length": 128,
@@ -359,4 +360,4 @@ def test_a_layers_activations_match_what_autograd_keeps(shape):
     measured = saved_activation_bytes(layer, torch.randn(2, 128, 64, dtype=torch.bfloat16, requires_grad=True))
     settings = TrainingSettings(8, dtype="bf16", hidden_dropout=0.0)
     estimate = layer_activation_bytes(shape, Layout(1, 1, 1, 0, 2, False, False), settings)
-    assert estimate == pytest.approx(measured, rel=0.1)
+    assert estimate == pytest.approx(measured, rel=0.05)
