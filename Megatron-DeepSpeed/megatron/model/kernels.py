@@ -111,9 +111,9 @@ CPU_LOSS_CHUNK_BYTES = 1 << 22  # 4 MiB: of 256 KiB-256 MiB, 1-4 MiB ran fastest
 
 def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, training: bool = True) -> Kernels:
     """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
-    attention / layer_norm / rms_norm / rotary_mul / swiglu kernels that `adaptor_kernels` provides (attributes; None = keep ours)
-    taking precedence. With `training` False the adaptor's `inference_attention` replaces its training attention.
-    On a CPU the loss works in cache-sized chunks."""
+    attention / layer_norm / rms_norm / rotary_mul / swiglu kernels that `adaptor_kernels` provides (attributes;
+    None = keep ours) taking precedence. With `training` False the adaptor's `inference_attention` replaces its
+    training attention. On a CPU the loss works in cache-sized chunks."""
     kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused_adamw_available(device_name) else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
