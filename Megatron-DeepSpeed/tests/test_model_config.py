@@ -16,7 +16,7 @@ from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import check_model_flags
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
-from megatron.config.model_config import ARCHITECTURE_FLAGS, ModelConfig
+from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
 from megatron.errors import InputError
 from megatron.inference.loading import load_model
 from megatron.model.gpt import GPTModel
@@ -34,9 +34,6 @@ EVERY_FLAG_CHANGED = ModelConfig(
     fp32_residual_connection=True, masked_softmax_fusion=False, apply_query_key_layer_scaling=False,
     attention_softmax_in_fp32=True, torch_compile=True)
 # The architecture variants (a Llama-style model), which transformers' GPT-2 cannot hold: every one off GPT-2's.
-VARIANTS = frozenset({"normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                      "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
-                      "untie_embeddings_and_output_weights"})
 EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
@@ -59,7 +56,7 @@ RUN = ["--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "-
 def test_every_model_flag_is_off_its_default_here():
     """So that a flag added to ModelConfig without a place in these tests fails them."""
     for spec in fields(ModelConfig):
-        changed = EVERY_VARIANT_CHANGED if spec.name in VARIANTS else EVERY_FLAG_CHANGED
+        changed = EVERY_VARIANT_CHANGED if spec.name in VARIANT_FLAGS else EVERY_FLAG_CHANGED
         assert getattr(changed, spec.name) != spec.default, spec.name
     for config in (EVERY_FLAG_CHANGED, EVERY_VARIANT_CHANGED):
         assert ModelConfig.from_flags(config.to_flags()) == config
