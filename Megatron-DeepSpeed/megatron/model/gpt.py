@@ -172,11 +172,13 @@ class Embedding(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        init_weight(self.word_embeddings.weight, config.init_method_std, config)
         self.position_embeddings = None
         if config.add_position_embedding:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-            init_weight(self.position_embeddings.weight, config.init_method_std, config)
+        # Both tables are built before either is initialised: the random draws, and so the weights of a seed,
+        # stay those of every earlier version.
+        for table in filter(None, (self.word_embeddings, self.position_embeddings)):
+            init_weight(table.weight, config.init_method_std, config)
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.fp32_residual_connection = config.fp32_residual_connection
 
