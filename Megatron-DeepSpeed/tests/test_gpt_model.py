@@ -269,3 +269,17 @@ def test_sdpa_attention_matches_softmax_by_hand():
     causal = kernels.sdpa_attention(query, key, value, None, 0.0)
     expected_causal = torch.softmax(scores.masked_fill(causal_mask(1, 4), float("-inf")), dim=-1) @ value
     assert torch.allclose(causal, expected_causal, atol=1e-6)
+
+
+def test_a_seeds_embedding_is_drawn_as_earlier_versions_drew_it():
+    """Both tables are built (torch's own initialisation draws) before either is initialised, so a seed's
+    initial weights, and the runs and checkpoints made from them, stay those of earlier versions."""
+    config = GPTConfig(vocab_size=8, max_position_embeddings=4, num_layers=1, hidden_size=4, num_attention_heads=1)
+    with gpt.seeded_init(config, gpt.EMBEDDING_PIECE):
+        built = gpt.Embedding(config)
+    with gpt.seeded_init(config, gpt.EMBEDDING_PIECE):
+        tables = torch.nn.Embedding(8, 4), torch.nn.Embedding(4, 4)
+        for table in tables:
+            torch.nn.init.normal_(table.weight, std=config.init_method_std)
+    assert torch.equal(built.word_embeddings.weight, tables[0].weight)
+    assert torch.equal(built.position_embeddings.weight, tables[1].weight)

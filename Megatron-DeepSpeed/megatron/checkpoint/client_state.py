@@ -12,7 +12,7 @@ from megatron.checkpoint.layout import (ARGS, CHECKPOINT_VERSION, CHECKPOINT_VER
                                         CUDA_RNG_STATE, ITERATION, NP_RNG_STATE, OLD_RNG_STATE, OLD_TRACKER_STATES,
                                         RANDOM_RNG_STATE, RNG_TRACKER_STATES, TOKENS, TORCH_RNG_STATE,
                                         UNIVERSAL_CHECKPOINT_INFO)
-from megatron.checkpoint.names import LAYERS_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, stage_name
+from megatron.checkpoint.names import LAYERS_PREFIX, TIED_PREFIX, VOCABULARY_ROWS, stage_name
 from megatron.checkpoint.shards import split_dim
 
 
@@ -98,7 +98,7 @@ def universal_info(names: List[str], num_layers: int, pipeline_engine: bool, tok
         engine_name = stage_name(name, num_layers) if pipeline_engine else name
         pattern = _pattern(name, engine_name, pipeline_engine)
         dim = split_dim(name, experts)
-        target = (vocabulary if name == WORD_EMBEDDINGS else row_parallel if dim == 1
+        target = (vocabulary if name in VOCABULARY_ROWS else row_parallel if dim == 1
                   else replicated if dim is None else None)
         if target is not None and pattern not in target:
             target.append(pattern)

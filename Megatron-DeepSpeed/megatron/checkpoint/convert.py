@@ -137,6 +137,9 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     if source.moe is not None:
         raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and transformers' GPT-2 has no "
                          "experts; it cannot be exported")
+    if model_config.variants():
+        raise InputError(f"--to-hf: {load_dir} holds a model with {', '.join(model_config.variants())}, which "
+                         "transformers' GPT-2 cannot hold; only GPT-2-shaped checkpoints are exported")
     vocab_size = unpadded_vocab_size(args)
     weights = hf.to_hf_state_dict(source.model, config, vocab_size)
     dtype = next(iter(source.model.values())).dtype

@@ -39,7 +39,7 @@ from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LA
                                         OPTIMIZER_SAVED, RELEASE, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK,
                                         layer_file, megatron_iteration_dir, megatron_rank_dir, model_states_file,
                                         optimizer_states_file)
-from megatron.checkpoint.names import positions_with_parameters
+from megatron.checkpoint.names import positions_with_parameters, untied
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.errors import InputError
@@ -234,7 +234,7 @@ def layout_files(state: Mapping[str, object], tag_dir: str) -> Dict[str, Optiona
     num_layers = int(args["num_layers"])
     old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))  # earlier versions numbered pieces from 0
     if layout.pipeline_engine:
-        positions = range(num_layers + 2) if old else positions_with_parameters(num_layers)
+        positions = range(num_layers + 2) if old else positions_with_parameters(num_layers, untied(args))
         files.update({layer_file(position, tp): None for position in positions for tp in range(layout.tensor)})
     moe = any(EXPERT_FILE_PATTERN.fullmatch(name) for name in os.listdir(tag_dir))  # DeepSpeed names its files
     if not (layout.universal or moe) and state.get(OPTIMIZER_SAVED, True) and (layout.zero_stage or args.get("bf16")):

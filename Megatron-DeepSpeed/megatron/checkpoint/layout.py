@@ -58,6 +58,7 @@ OLD_ATTENTION = ".attention."
 LANGUAGE_MODEL = "language_model"
 EMBEDDING = "embedding"
 ENCODER = "encoder"
+OUTPUT_LAYER = "output_layer"  # an untied LM head's (upstream's TransformerLanguageModel.output_layer)
 MEGATRON_MODEL = "model"
 MEGATRON_FILE = "model_optim_rng.pt"
 MEGATRON_ITER_PATTERN = re.compile(r"iter_(\d{7})")

@@ -1,18 +1,23 @@
-"""Parameter names across layouts: GPTModel's ('embedding.x', 'layers.N.y', 'final_layernorm.z'), the pipeline's
+"""Parameter names across layouts: GPTModel's ('embedding.x', 'layers.N.y', 'final_layernorm.z', an untied head's
+'lm_head.weight'), the pipeline's
 spec positions and engine names (upstream's numbering, model/pipe.py), upstream's nested module dicts, and the
 names earlier versions of this project wrote."""
 from typing import Dict, Mapping, Tuple
 
 import torch
 
-from megatron.checkpoint.layout import EMBEDDING, ENCODER, LANGUAGE_MODEL, OLD_ATTENTION
-from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.model.pipe import EMBEDDING_SPEC, TIED_EMBEDDING, final_norm_spec, layer_spec
+from megatron.checkpoint.layout import EMBEDDING, ENCODER, LANGUAGE_MODEL, OLD_ATTENTION, OUTPUT_LAYER
+from megatron.config.model_config import ModelConfig
+from megatron.model.gpt import GPTModel
+from megatron.model.gpt_config import gpt_config
+from megatron.model.pipe import EMBEDDING_SPEC, TIED_EMBEDDING, final_norm_spec, layer_spec, output_layer_spec
 
 EMBEDDING_PREFIX = "embedding."
 LAYERS_PREFIX = "layers."
 FINAL_NORM_PREFIX = "final_layernorm."
+OUTPUT_LAYER_WEIGHT = "lm_head.weight"  # an untied head's; the pipeline's OutputLayerPipe keeps the same key
 WORD_EMBEDDINGS = EMBEDDING_PREFIX + "word_embeddings.weight"
+VOCABULARY_ROWS = (WORD_EMBEDDINGS, OUTPUT_LAYER_WEIGHT)  # a row per (padded) vocabulary entry
 TIED_PREFIX = f"tied_modules.{TIED_EMBEDDING}."
 OLD_TIED_PREFIX = "tied_modules.embedding."
 
@@ -24,11 +29,23 @@ def spec_position(name: str, num_layers: int) -> Tuple[int, str]:
     if name.startswith(LAYERS_PREFIX):
         _, number, rest = name.split(".", 2)
         return layer_spec(int(number)), rest
+    if name == OUTPUT_LAYER_WEIGHT:
+        return output_layer_spec(num_layers), name
     return final_norm_spec(num_layers), name[len(FINAL_NORM_PREFIX):]
 
 
-def positions_with_parameters(num_layers: int) -> list:
-    return [EMBEDDING_SPEC, *(layer_spec(i) for i in range(num_layers)), final_norm_spec(num_layers)]
+UNTIED_FLAG = "untie_embeddings_and_output_weights"
+
+
+def untied(flags: Mapping[str, object]) -> bool:
+    """Whether recorded `flags` describe a model with an output layer of its own."""
+    return bool(flags.get(UNTIED_FLAG))
+
+
+def positions_with_parameters(num_layers: int, untied: bool = False) -> list:
+    """The spec positions whose files hold parameters (`untied`: the output layer's too)."""
+    return [EMBEDDING_SPEC, *(layer_spec(i) for i in range(num_layers)), final_norm_spec(num_layers),
+            *([output_layer_spec(num_layers)] if untied else [])]
 
 
 def name_at_position(position: int, key: str, num_layers: int) -> str:
@@ -37,6 +54,8 @@ def name_at_position(position: int, key: str, num_layers: int) -> str:
         return EMBEDDING_PREFIX + key
     if position == final_norm_spec(num_layers):
         return FINAL_NORM_PREFIX + key
+    if position == output_layer_spec(num_layers):
+        return key
     return f"{LAYERS_PREFIX}{position - layer_spec(0)}.{key}"
 
 
@@ -81,16 +100,19 @@ def old_position_name(position: int, key: str, num_layers: int) -> str:
 def nest(model: Mapping[str, torch.Tensor]) -> dict:
     """GPTModel's state dict as upstream's GPTModel.state_dict_for_save_checkpoint nests it: language_model ->
     embedding -> word_embeddings / position_embeddings -> {weight}; language_model -> encoder -> flat
-    'layers.N.*' and 'final_layernorm.*' keys. Only the parts present in `model` appear."""
+    'layers.N.*' and 'final_layernorm.*' keys; an untied head at language_model -> output_layer -> {weight}.
+    Only the parts present in `model` appear."""
     embedding: Dict[str, dict] = {}
     encoder: Dict[str, torch.Tensor] = {}
+    language_model = {}
     for name, tensor in model.items():
-        if name.startswith(EMBEDDING_PREFIX):
+        if name == OUTPUT_LAYER_WEIGHT:
+            language_model[OUTPUT_LAYER] = {"weight": tensor}
+        elif name.startswith(EMBEDDING_PREFIX):
             module, key = name[len(EMBEDDING_PREFIX):].split(".", 1)
             embedding.setdefault(module, {})[key] = tensor
         else:
             encoder[name] = tensor
-    language_model = {}
     if embedding:
         language_model[EMBEDDING] = embedding
     if encoder:
@@ -108,6 +130,8 @@ def flatten(nested: Mapping[str, object]) -> Dict[str, torch.Tensor]:
             flat[f"{EMBEDDING_PREFIX}{module}.{key}"] = tensor
     for name, tensor in language_model.get(ENCODER, {}).items():
         flat[current_name(name)] = tensor
+    if OUTPUT_LAYER in language_model:
+        flat[OUTPUT_LAYER_WEIGHT] = language_model[OUTPUT_LAYER]["weight"]
     return flat
 
 
@@ -131,9 +155,8 @@ def is_nested(module: Mapping[str, object]) -> bool:
     return LANGUAGE_MODEL in module
 
 
-def parameter_names(num_layers: int) -> list:
-    """GPTModel's parameter names for `num_layers` layers (built on the meta device: nothing is allocated)."""
-    shape = GPTConfig(vocab_size=1, max_position_embeddings=1, num_layers=num_layers, hidden_size=1,
-                      num_attention_heads=1, ffn_hidden_size=1)
+def parameter_names(model: ModelConfig) -> list:
+    """GPTModel's parameter names for the model `model` describes (built on the meta device: nothing is
+    allocated), so each architecture variant's are its own."""
     with torch.device("meta"):
-        return [name for name, _ in GPTModel(shape).named_parameters()]
+        return [name for name, _ in GPTModel(gpt_config(model, padded_vocab_size=1)).named_parameters()]

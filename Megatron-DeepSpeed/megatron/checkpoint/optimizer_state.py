@@ -38,8 +38,8 @@ from megatron.checkpoint import mixed_precision_state as mixed
 from megatron.checkpoint.directory import load_file
 from megatron.checkpoint.layout import (MOMENTS, UNIVERSAL_DIR, layer_file, model_parallel_rank, model_states_file,
                                         optimizer_states_file)
-from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, WORD_EMBEDDINGS, model_name,
-                                       positions_with_parameters, stage_name)
+from megatron.checkpoint.names import (OLD_TIED_PREFIX, TIED_PREFIX, VOCABULARY_ROWS, model_name,
+                                       positions_with_parameters, stage_name, untied)
 from megatron.checkpoint.reader import (Checkpoint, adam_tensors, flat_range, module_names, padded_rows, zero3_files,
                                         zero3_units)
 from megatron.checkpoint.shards import join_shards
@@ -170,9 +170,10 @@ def _pipeline_stage_parameters(checkpoint: Checkpoint, stage: int, tp_rank: int,
     the layer files already read (the embedding's serves two stages)."""
     num_layers, old = int(checkpoint.args["num_layers"]), checkpoint.old
     stage_pieces = pipeline_stage_pieces(num_layers, checkpoint.layout.pipeline, old)
-    tied_piece = stage_pieces[-1][-1]
+    separate_head = untied(checkpoint.args)  # the last piece is the output layer, not the tied embedding
+    tied_piece = None if separate_head else stage_pieces[-1][-1]
     embedding_piece = 0 if old else EMBEDDING_SPEC
-    with_parameters = range(num_layers + 2) if old else positions_with_parameters(num_layers)
+    with_parameters = range(num_layers + 2) if old else positions_with_parameters(num_layers, separate_head)
 
     def keys_and_shapes(piece: int) -> List[tuple]:
         if (piece, tp_rank) not in read:
@@ -298,7 +299,7 @@ class _UniversalKind(abc.Mapping):
             raise KeyError(name)
         tensor = self._files.take(name, ["param"])["param"]
         # ds_to_universal strips the vocabulary padding; the other tensors are whole
-        return padded_rows(tensor, self._checkpoint.padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+        return padded_rows(tensor, self._checkpoint.padded_vocab_size) if name in VOCABULARY_ROWS else tensor
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._checkpoint.model)

@@ -17,7 +17,7 @@ from megatron.checkpoint.directory import (Layout, checkpoint_directory, experts
                                            megatron_rank_file, read_client_state, training_dtype, whole_model_moe)
 from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, MEGATRON_MODEL, UNIVERSAL_DIR, layer_file,
                                         model_states_file, optimizer_states_file)
-from megatron.checkpoint.names import (LAYERS_PREFIX, WORD_EMBEDDINGS, current_name, expert_model_name, flatten,
+from megatron.checkpoint.names import (LAYERS_PREFIX, VOCABULARY_ROWS, current_name, expert_model_name, flatten,
                                        is_nested, model_name, name_at_position, nest, old_position_name,
                                        positions_with_parameters)
 from megatron.checkpoint.shards import join_shards, split_dim
@@ -27,6 +27,7 @@ from megatron.checkpoint.weight_units import (WHOLE, Progress, StreamedWeights, 
 from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
+from megatron.model.pipe import output_layer_spec
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def _pipeline_positions(tag_dir: str, num_layers: int) -> Tuple[bool, Sequence[i
     """Whether the layer files are numbered as earlier versions of this project numbered them (embedding
     layer_00), and the spec positions that have a file."""
     old = os.path.isfile(os.path.join(tag_dir, layer_file(0, 0)))
-    return old, range(num_layers + 2) if old else positions_with_parameters(num_layers)
+    untied = os.path.isfile(os.path.join(tag_dir, layer_file(output_layer_spec(num_layers), 0)))
+    return old, range(num_layers + 2) if old else positions_with_parameters(num_layers, untied)
 
 
 def _piece_weights(tag_dir: str, layout: Layout, num_layers: int, old: bool, position: int,
@@ -178,7 +180,7 @@ def _universal_units(tag_dir: str, num_layers: int, padded_vocab_size: int, part
 
     def read(entry: str) -> dict:
         name, tensor = model_name(entry, num_layers), load_file(os.path.join(universal, entry, "fp32.pt"))["param"]
-        whole = padded_rows(tensor, padded_vocab_size) if name == WORD_EMBEDDINGS else tensor
+        whole = padded_rows(tensor, padded_vocab_size) if name in VOCABULARY_ROWS else tensor
         return {name: part.assemble(name, {0: whole}, 1)}
     return Units(of, read)
 

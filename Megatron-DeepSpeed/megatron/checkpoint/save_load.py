@@ -45,6 +45,7 @@ from megatron.checkpoint.reader import Checkpoint, read_checkpoint
 from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
 from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
+from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError, RunError
 from megatron.files.atomic import write_atomically
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
@@ -143,8 +144,9 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
         return step_dir
     args = recorded_args(flags, consumed_train_samples, padded_vocab_size, tokenizer_vocab_size)
     pipeline_engine = pipeline_engine_of(flags)
-    info = universal_info(parameter_names(flags["num_layers"]), flags["num_layers"], pipeline_engine,
-                          tokenizer_vocab_size or padded_vocab_size, padded_vocab_size)
+    names = parameter_names(ModelConfig.from_flags(flags, "the run's flags"))
+    info = universal_info(names, flags["num_layers"], pipeline_engine, tokenizer_vocab_size or padded_vocab_size,
+                          padded_vocab_size)
     state = build_client_state(args, iteration, _rng_state() if save_rng else None,
                          rng_tracker.get_states() if save_rng else None, info)
     state[OPTIMIZER_SAVED] = save_optimizer

@@ -51,8 +51,8 @@ from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTE
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.mixed_precision_state import target_loss_scale, zero0_state
-from megatron.checkpoint.names import (EMBEDDING_PREFIX, model_name, nest, positions_with_parameters,
-                                       spec_position, stage_name, upstream_expert_key)
+from megatron.checkpoint.names import (EMBEDDING_PREFIX, OUTPUT_LAYER_WEIGHT, model_name, nest,
+                                       positions_with_parameters, spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
 from megatron.checkpoint.saving import own_storages, save
 from megatron.checkpoint.shards import shard_of
@@ -117,7 +117,7 @@ def engine_parameter_names(names: List[str], num_layers: int, target: TargetLayo
     if not target.pipeline_engine:
         return list(names)
     stage_pieces = pipeline_stage_pieces(num_layers, target.pipeline)[pp_rank]
-    tied_piece = final_norm_spec(num_layers) + 1
+    tied_piece = None if OUTPUT_LAYER_WEIGHT in names else final_norm_spec(num_layers) + 1
     holds_embedding = EMBEDDING_SPEC in stage_pieces or tied_piece in stage_pieces
     stage = ([stage_name(name, num_layers) for name in names if name.startswith(EMBEDDING_PREFIX)]
              if holds_embedding else [])
@@ -234,7 +234,7 @@ def write_checkpoint(out_dir: str, model: Mapping[str, torch.Tensor], config: GP
         return tensors if held else own_storages(tensors)
 
     if target.pipeline_engine:
-        positions = positions_with_parameters(num_layers)
+        positions = positions_with_parameters(num_layers, OUTPUT_LAYER_WEIGHT in names)
         for index, position in enumerate(positions):
             piece = {spec_position(name, num_layers)[1]: name for name in names
                      if spec_position(name, num_layers)[0] == position}

@@ -43,10 +43,22 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = _flag(True)
     attention_softmax_in_fp32: bool = _flag(False)
     torch_compile: bool = _flag(False)  # each transformer layer through torch.compile
+    # Architecture variants (upstream main's flags; the defaults are GPT-2's, so older checkpoints read as it):
+    normalization: str = _flag("layernorm", architecture=True)  # or "rmsnorm"
+    add_position_embedding: bool = _flag(True, architecture=True)  # learned absolute positions
+    use_rotary_position_embeddings: bool = _flag(False, architecture=True)
+    rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
+    rope_theta: int = _flag(10000, architecture=True)  # the rotary base
+    swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
+    num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
+    add_bias_linear: bool = _flag(True, architecture=True)
+    untie_embeddings_and_output_weights: bool = _flag(False, architecture=True)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, object], source: str = "the command line") -> "ModelConfig":
@@ -66,8 +78,18 @@ class ModelConfig:
         """The flags, as a checkpoint records them."""
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
+    def variants(self) -> list:
+        """The architecture-variant flags set away from GPT-2's (e.g. ['--swiglu True', '--normalization rmsnorm'])."""
+        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
+        return [f"--{_dashed(name)} {getattr(self, name)}" for name in VARIANT_FLAGS
+                if getattr(self, name) != getattr(gpt2, name)]
+
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
+# The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
+VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
+                 "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                 "untie_embeddings_and_output_weights")
 
 
 def _dashed(name: str) -> str:
@@ -75,9 +97,10 @@ def _dashed(name: str) -> str:
 
 
 def _typed(spec, value, source: str):
-    """`value` as the field's type (bool, int or float), or an InputError naming the flag and where it came from."""
+    """`value` as the field's type (bool, int, float or str), or an InputError naming the flag and where it came
+    from."""
     kind = next(arg for arg in typing.get_args(spec.type) or (spec.type,) if arg is not type(None))
-    wrong = (not isinstance(value, (bool, int)) if kind is bool else
+    wrong = (not isinstance(value, str) if kind is str else not isinstance(value, (bool, int)) if kind is bool else
              isinstance(value, bool) or not isinstance(value, (int, float)) or
              (kind is int and not float(value).is_integer()))
     if wrong:

@@ -11,6 +11,7 @@ import argparse
 import json
 import shlex
 from dataclasses import dataclass
+from typing import Optional
 
 from megatron.errors import InputError, run_cli
 
@@ -40,6 +41,16 @@ class _Size:
     lr_decay_iters: int = FULL_RUN_LR_DECAY_ITERS
     experts: int = 1  # mixture of experts in every second layer (upstream's --expert-interval 2) when above 1
     expert_parallel: int = 1
+    llama: Optional["_Llama"] = None  # a Llama-style decoder (docs/llama.md) instead of GPT-2
+
+
+@dataclass(frozen=True)
+class _Llama:
+    """What a Llama preset sets beyond the shape: RMSNorm, rotary positions, SwiGLU, no linear biases, untied
+    output layer, and these sizes."""
+    ffn: int  # each SwiGLU branch's width
+    kv_heads: int
+    rope_theta: int = 10000
 
 
 # 345M_without_mp: pure data parallel over 8 devices (ZeRO stage 1 is the default), micro batch 8
@@ -54,6 +65,10 @@ class _Size:
 # one), experts spread over one node's 8 ranks (upstream's EP_PARALLEL_SIZE = min(experts, devices) at 8 devices).
 # Upstream runs 1.3B_MoE128 on NUM_GPUS=64 at EP 64: on one node of 80 GiB devices it does not fit (the planner and
 # the entry scripts say so); on 8 nodes add --moe-expert-parallel-size 64.
+# Llama presets: the published shapes (Llama 2 7B / 13B, Llama 3 8B, TinyLlama 1.1B: layers, hidden, heads, key/value
+# heads, FFN width, context, rotary theta) with Llama 2's AdamW schedule peak 3e-4 (TinyLlama's 4e-4) decayed to
+# 10%; layouts sized for one node of 80 GiB devices (the planner's estimate). llama-tiny: the tiny preset's CPU layout
+# with 2 key/value heads for its 4 query heads, so grouped-query attention is split over TP 2.
 _TABLE = (
     #     name               TP PP layers hidden heads  seq  mbs gbs  lr      min lr
     _Size("345M",             1, 2, 24,    1024,  16,   1024, 4,  16, 1.5e-4, 1.5e-5),
@@ -68,6 +83,13 @@ _TABLE = (
           no_pipeline=True, experts=128, expert_parallel=8),
     _Size("tiny",             2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
           full_run_iters=300, lr_decay_iters=300),
+    _Size("llama2-7B",        2, 2, 32,    4096,  32,   4096, 1,  32, 3e-4,   3e-5, llama=_Llama(11008, 32)),
+    _Size("llama2-13B",       4, 2, 40,    5120,  40,   4096, 1,  32, 3e-4,   3e-5, llama=_Llama(13824, 40)),
+    _Size("llama3-8B",        2, 2, 32,    4096,  32,   8192, 1,  32, 3e-4,   3e-5,
+          llama=_Llama(14336, 8, rope_theta=500000)),
+    _Size("tinyllama-1.1B",   1, 1, 22,    2048,  32,   2048, 8,  64, 4e-4,   4e-5, llama=_Llama(5632, 4)),
+    _Size("llama-tiny",       2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
+          full_run_iters=300, lr_decay_iters=300, llama=_Llama(128, 2)),
 )
 
 
@@ -110,7 +132,17 @@ def get_preset(name, run="full"):
         "train_iters": size.full_run_iters if run == "full" else PERFORMANCE_RUN_ITERS,
         "lr_decay_iters": size.lr_decay_iters,
         **_moe_values(size),
+        **_llama_values(size.llama),
     }
+
+
+def _llama_values(llama: Optional[_Llama]) -> dict:
+    if llama is None:
+        return {}
+    return {"normalization": "rmsnorm", "use_rotary_position_embeddings": True, "rope_theta": llama.rope_theta,
+            "add_position_embedding": False, "swiglu": True, "ffn_hidden_size": llama.ffn,
+            "num_key_value_heads": llama.kv_heads, "add_bias_linear": False,
+            "untie_embeddings_and_output_weights": True}
 
 
 def _moe_values(size: _Size) -> dict:
@@ -130,12 +162,21 @@ def format_shell(preset):
     return "".join(f"{key.upper()}={shell_value(value)}\n" for key, value in preset.items())
 
 
+# Destinations whose flag is not the destination's name: written as upstream spells them.
+_SPELLED = {"rope_theta": "--rotary-position-embeddings-theta"}
+_TURNED_OFF_BY = {"add_bias_linear": "--disable-bias-linear", "add_position_embedding": "--no-position-embedding"}
+
+
 def format_flags(preset):
-    """Megatron flags one per line; a false boolean flag is left out, as on a command line."""
+    """Megatron flags one per line; a false boolean flag is left out, as on a command line (a false one whose flag
+    turns it off is written as that flag)."""
     lines = []
     for key, value in preset.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
+        flag = _SPELLED.get(key, "--" + key.replace("_", "-"))
+        if key in _TURNED_OFF_BY:
+            if value is False:
+                lines.append(_TURNED_OFF_BY[key])
+        elif value is True:
             lines.append(flag)
         elif isinstance(value, list):
             lines.append(" ".join([flag, *map(str, value)]))

@@ -41,7 +41,7 @@ def wikitext_perplexity(model: GPTModel, tokenizer, text: str, *, seq_length: in
     """Loss of the detokenized text under the model, window by window (see wikitext.sliding_windows)."""
     tokens = list(tokenizer.tokenize(detokenize_wikitext(text)))
     windows = sliding_windows(tokens, seq_length, overlapping_eval)
-    device = model.embedding.position_embeddings.weight.device
+    device = model.device
     summed_loss = 0.0
     for windows_batch in _batches(windows, batch_size, data_parallel_rank, data_parallel_size):
         inputs, labels, loss_mask = (tensor.to(device) for tensor in window_batch(windows_batch, tokenizer.eod))
@@ -56,7 +56,7 @@ def lambada_accuracy(model: GPTModel, examples: List[ClozeExample], *, vocab_siz
                      batch_size: int, tensor_parallel_group=None, data_parallel_rank: int = 0,
                      data_parallel_size: int = 1, data_parallel_group=None) -> AccuracyResult:
     """How many examples have their whole target as the greedy choice at every target position."""
-    device = model.embedding.position_embeddings.weight.device
+    device = model.device
     correct = 0
     for examples_batch in _batches(examples, batch_size, data_parallel_rank, data_parallel_size):
         inputs, target_mask, labels = (tensor.to(device) for tensor in example_batch(examples_batch, pad_id))

@@ -95,7 +95,7 @@ def generate_batch(model: GPTModel, prompts: Sequence[Sequence[int]], max_new_to
     with the same prompts."""
     if model.training:
         raise ValueError("generate_batch needs the model in eval mode (model.eval()): dropout would randomise it")
-    device = model.embedding.position_embeddings.weight.device
+    device = model.device
     pad_id = 0 if eod is None else eod  # what padding holds never matters: it is masked
     batch = PaddedBatch.left_padded(prompts, max_new_tokens, pad_id, device)
     cache = KVCache(len(model.layers), batch.tokens.shape[1]) if use_kv_cache else None

@@ -13,6 +13,7 @@ from typing import Mapping, Optional
 import torch
 
 from megatron.checkpoint.directory import checkpoint_directory, read_client_state, whole_model_moe
+from megatron.checkpoint.names import VOCABULARY_ROWS, WORD_EMBEDDINGS
 from megatron.checkpoint.reader import Checkpoint, read_checkpoint
 from megatron.checkpoint.shards import shard_state_dict
 from megatron.checkpoint.weight_units import WHOLE, TensorShard
@@ -29,7 +30,6 @@ from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 _log = logging.getLogger(__name__)
 
 TOKENIZER_FLAGS = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size")
-WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
 # Padding never adds this many rows (make-vocab-size-divisible-by x a tensor-parallel size of 64): more padding
 # rows than that mean a tokenizer much smaller than the model's vocabulary.
 LARGEST_PADDING_UNITS = 64
@@ -104,8 +104,10 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     weights, rows = dict(checkpoint.model), checkpoint.padded_vocab_size
     if not shard_local:
         padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
-        weights[WORD_EMBEDDINGS] = fit_vocabulary_rows(weights[WORD_EMBEDDINGS], tensor_parallel_size,
-                                                       tokenizer_vocab_size, padding_unit)
+        for name in VOCABULARY_ROWS:
+            if name in weights:
+                weights[name] = fit_vocabulary_rows(weights[name], tensor_parallel_size, tokenizer_vocab_size,
+                                                    padding_unit)
         rows = weights[WORD_EMBEDDINGS].shape[0]
     inference = dataclasses.replace(checkpoint.model_config, hidden_dropout=0.0, attention_dropout=0.0,
                                     checkpoint_activations=False)

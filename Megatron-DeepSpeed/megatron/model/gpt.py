@@ -1,8 +1,13 @@
-"""The Megatron GPT model (= GPT-2 architecture), readable in one sitting.
+"""The Megatron GPT model (GPT-2, and the Llama family through the config's architecture fields), readable in one
+sitting.
 
-    tokens -> Embedding (word + learned position, dropout)
-           -> num_layers x TransformerLayer (pre-LayerNorm attention and MLP, each added to the residual)
-           -> final LayerNorm -> LMHead (tied to the word embedding) -> LanguageModelLoss
+    tokens -> Embedding (word + learned position unless rotary / none, dropout)
+           -> num_layers x TransformerLayer (pre-norm attention and MLP, each added to the residual)
+           -> final norm -> LMHead (tied to the word embedding, or an output layer of its own) -> LanguageModelLoss
+
+The architecture fields (GPT-2's defaults): `normalization` LayerNorm or RMSNorm; `add_position_embedding`, and
+rotary embeddings on queries and keys (model/rotary.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the
+head count, grouped-query attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
@@ -27,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from megatron.errors import InputError, require_divisible
 from megatron.model.cross_entropy import EAGER_CHUNK_KERNELS, cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
+from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
 
 
@@ -37,7 +43,7 @@ class GPTConfig:
     num_layers: int
     hidden_size: int
     num_attention_heads: int
-    ffn_hidden_size: Optional[int] = None  # None: 4 * hidden_size
+    ffn_hidden_size: Optional[int] = None  # None: 4 * hidden_size; with swiglu the width of each branch
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
@@ -57,23 +63,44 @@ class GPTConfig:
     # Mixture of experts (None: dense): config/job.py's MoEConfig, which model/moe.py reads to build those layers
     # with DeepSpeed's MoE; this file stays dense.
     moe: Optional[object] = None
+    # Architecture variants (the module docstring); the defaults are GPT-2's.
+    normalization: str = "layernorm"  # or "rmsnorm"
+    add_position_embedding: bool = True
+    use_rotary_position_embeddings: bool = False
+    rotary_percent: float = 1.0
+    rope_theta: int = 10000
+    swiglu: bool = False
+    num_key_value_heads: Optional[int] = None  # None: num_attention_heads
+    add_bias_linear: bool = True
+    untie_embeddings_and_output_weights: bool = False
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         for flag, value in (("vocab_size (the padded vocabulary)", self.vocab_size),
                             ("--max-position-embeddings", self.max_position_embeddings),
                             ("--num-layers", self.num_layers), ("--hidden-size", self.hidden_size),
                             ("--num-attention-heads", self.num_attention_heads),
-                            ("--ffn-hidden-size", self.ffn_hidden_size)):
+                            ("--ffn-hidden-size", self.ffn_hidden_size),
+                            ("--num-key-value-heads", self.num_key_value_heads)):
             if value <= 0:
                 raise InputError(f"{flag} is {value}; it must be a positive integer")
         require_divisible("--hidden-size", self.hidden_size, "--num-attention-heads", self.num_attention_heads,
                           "pick a hidden size that is a multiple of the head count")
+        require_divisible("--num-attention-heads", self.num_attention_heads, "--num-key-value-heads",
+                          self.num_key_value_heads, "each key/value head serves a whole group of query heads")
+        if self.normalization not in NORMALIZATIONS:
+            raise InputError(f"--normalization {self.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")
         for flag, value in (("--hidden-dropout", self.hidden_dropout),
                             ("--attention-dropout", self.attention_dropout)):
             if not 0.0 <= value < 1.0:
                 raise InputError(f"{flag} is {value}; a dropout probability must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
 
     @property
     def output_layer_init_std(self) -> float:
@@ -82,11 +109,16 @@ class GPTConfig:
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
 
-EMBEDDING_PIECE = 0  # seed indices (seeded_init): the embedding, then the layers 1..num_layers
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+EMBEDDING_PIECE = 0  # seed indices (seeded_init): the embedding, the layers 1..num_layers, an untied output layer
 
 
 def layer_piece(layer_number: int) -> int:
     return 1 + layer_number
+
+
+def output_layer_piece(config: GPTConfig) -> int:
+    return layer_piece(config.num_layers)
 
 
 @contextlib.contextmanager
@@ -106,14 +138,22 @@ def init_weight(weight: torch.Tensor, std: float, config: GPTConfig) -> None:
         nn.init.normal_(weight, mean=0.0, std=std)
 
 
-def init_linear(linear: nn.Linear, std: float, config: GPTConfig) -> nn.Linear:
-    init_weight(linear.weight, std, config)
-    nn.init.zeros_(linear.bias)
-    return linear
+def init_linear(layer: nn.Linear, std: float, config: GPTConfig) -> nn.Linear:
+    init_weight(layer.weight, std, config)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def linear(config: GPTConfig, in_features: int, out_features: int, std: float) -> nn.Linear:
+    """A linear layer initialised as Megatron does (init_weight, zero bias), with a bias unless disabled."""
+    return init_linear(nn.Linear(in_features, out_features, bias=config.add_bias_linear), std, config)
 
 
 def layer_norm(config: GPTConfig) -> nn.Module:
-    return config.kernels.layer_norm(config.hidden_size, eps=config.layernorm_epsilon)
+    """The norm the config names (the kernels' LayerNorm or RMSNorm), with --layernorm-epsilon."""
+    kind = config.kernels.rms_norm if config.normalization == "rmsnorm" else config.kernels.layer_norm
+    return kind(config.hidden_size, eps=config.layernorm_epsilon)
 
 
 def normalize(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -121,7 +161,10 @@ def normalize(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     fp32 (weights upcast) and only the result is rounded, so the stream itself never loses precision."""
     if hidden.dtype == norm.weight.dtype:
         return norm(hidden)
-    return F.layer_norm(hidden.float(), norm.normalized_shape, norm.weight.float(), norm.bias.float(),
+    bias = getattr(norm, "bias", None)
+    if bias is None:  # RMSNorm
+        return F.rms_norm(hidden.float(), norm.normalized_shape, norm.weight.float(), norm.eps).to(norm.weight.dtype)
+    return F.layer_norm(hidden.float(), norm.normalized_shape, norm.weight.float(), bias.float(),
                         norm.eps).to(norm.weight.dtype)
 
 
@@ -129,36 +172,50 @@ class Embedding(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        init_weight(self.word_embeddings.weight, config.init_method_std, config)
-        init_weight(self.position_embeddings.weight, config.init_method_std, config)
+        self.position_embeddings = None
+        if config.add_position_embedding:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        # Both tables are built before either is initialised: the random draws, and so the weights of a seed,
+        # stay those of every earlier version.
+        for table in filter(None, (self.word_embeddings, self.position_embeddings)):
+            init_weight(table.weight, config.init_method_std, config)
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.fp32_residual_connection = config.fp32_residual_connection
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        embedded = self.word_embeddings(tokens)
+        if self.position_embeddings is not None:
+            embedded = embedded + self.position_embeddings(self.checked_positions(tokens, position_ids))
+        return self.dropout(embedded.float() if self.fp32_residual_connection else embedded)
+
+    def checked_positions(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor]) -> torch.Tensor:
         seq_length, max_positions = tokens.shape[1], self.position_embeddings.num_embeddings
         if seq_length > max_positions:
             raise InputError(f"sequence length {seq_length} exceeds --max-position-embeddings {max_positions}; "
                              "lower --seq-length or raise --max-position-embeddings")
         if position_ids is None:
             position_ids = torch.arange(seq_length, device=tokens.device).unsqueeze(0)
-        embedded = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
-        return self.dropout(embedded.float() if self.fp32_residual_connection else embedded)
+        return position_ids
 
 
 class SelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_number: int = 1):
         """layer_number: 1-based, as Megatron counts (query-key layer scaling divides by it)."""
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.num_heads, self.num_groups = config.num_attention_heads, config.num_key_value_heads
+        self.queries_per_group = config.num_attention_heads // config.num_key_value_heads
+        self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
-        # Output features ordered [heads, (q, k, v), head_dim]: splitting them across tensor-parallel ranks
-        # hands each rank whole heads.
-        self.query_key_value = init_linear(nn.Linear(config.hidden_size, 3 * config.hidden_size),
-                                           config.init_method_std, config)
-        self.dense = init_linear(nn.Linear(config.hidden_size, config.hidden_size), config.output_layer_init_std,
-                                 config)
+        # Output features ordered [query groups, (its queries..., key, value), head_dim] (Megatron's grouped
+        # layout; without grouped-query attention [heads, (q, k, v), head_dim]): splitting them across
+        # tensor-parallel ranks hands each rank whole query groups.
+        qkv_features = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+        self.query_key_value = linear(config, config.hidden_size, qkv_features, config.init_method_std)
+        self.dense = linear(config, config.hidden_size, config.hidden_size, config.output_layer_init_std)
+        self.rotary = None
+        if config.use_rotary_position_embeddings:
+            self.rotary = RotaryEmbedding.for_heads(config.head_dim, config.rotary_percent, config.rope_theta,
+                                                    config.kernels.rotary_mul)
         self.attend = config.kernels.attention if config.masked_softmax_fusion else UnfusedAttention(
             layer_number, config.apply_query_key_layer_scaling, config.attention_softmax_in_fp32)
 
@@ -170,26 +227,39 @@ class SelfAttention(nn.Module):
         # Sizes come from the projection's output: under tensor parallelism it holds only this rank's heads,
         # and under sequence parallelism the whole sequence while `hidden` held only a chunk of it.
         batch, seq_length, _ = qkv.shape
-        qkv = qkv.view(batch, seq_length, -1, 3, self.head_dim)
-        query, key, value = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # [b, heads, s, head_dim]
+        qkv = qkv.view(batch, seq_length, -1, self.queries_per_group + 2, self.head_dim)
+        query = qkv[:, :, :, :-2].flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
+        key, value = (qkv[:, :, :, i].transpose(1, 2) for i in (-2, -1))  # [b, groups, s, head_dim]
+        if self.rotary is not None:
+            cached = 0 if kv_cache is None else kv_cache.length
+            query, key = self.rotary(query, cached), self.rotary(key, cached)
         if kv_cache is not None:
             key, value = kv_cache.extend(key, value)
+        if self.queries_per_group > 1:  # each key/value head serves its group's query heads
+            key, value = (t.repeat_interleave(self.queries_per_group, dim=1) for t in (key, value))
         dropout_p = self.dropout_p if self.training else 0.0
         context = self.attend(query, key, value, attention_mask, dropout_p)
         return self.dense(context.transpose(1, 2).reshape(batch, seq_length, -1))
 
 
 class MLP(nn.Module):
+    """GeLU MLP, or with swiglu SiLU(gate) * up: then dense_h_to_4h holds both branches, its output features
+    ordered [ffn, (gate, up)], so a tensor-parallel rank's contiguous slice holds matching gate and up units."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.dense_h_to_4h = init_linear(nn.Linear(config.hidden_size, config.ffn_hidden_size),
-                                         config.init_method_std, config)
-        self.dense_4h_to_h = init_linear(nn.Linear(config.ffn_hidden_size, config.hidden_size),
-                                         config.output_layer_init_std, config)
+        self.swiglu = config.kernels.swiglu if config.swiglu else None
+        branches = 2 if config.swiglu else 1
+        self.dense_h_to_4h = linear(config, config.hidden_size, branches * config.ffn_hidden_size,
+                                    config.init_method_std)
+        self.dense_4h_to_h = linear(config, config.ffn_hidden_size, config.hidden_size, config.output_layer_init_std)
         self.gelu_approximation = "tanh" if config.openai_gelu else "none"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden), approximate=self.gelu_approximation))
+        inner = self.dense_h_to_4h(hidden)
+        if self.swiglu is not None:
+            return self.dense_4h_to_h(self.swiglu(inner))
+        return self.dense_4h_to_h(F.gelu(inner, approximate=self.gelu_approximation))
 
 
 class TransformerLayer(nn.Module):
@@ -209,11 +279,19 @@ class TransformerLayer(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Scores against every (padded) vocabulary entry. The weight is the word-embedding matrix, passed in at
-    call time so that the tied weight has a single owner."""
+    """Scores against every (padded) vocabulary entry. Tied (GPT-2), the weight is the word-embedding matrix,
+    passed in at call time so that the tied weight has a single owner; untied, the head holds its own `weight`
+    (upstream's output_layer)."""
 
-    def forward(self, hidden: torch.Tensor, word_embedding_weight: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, word_embedding_weight)
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.weight = None
+        if config.untie_embeddings_and_output_weights:
+            self.weight = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+            init_weight(self.weight, config.init_method_std, config)
+
+    def forward(self, hidden: torch.Tensor, word_embedding_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(hidden, word_embedding_weight if self.weight is None else self.weight)
 
 
 def masked_mean(token_losses: torch.Tensor, loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -273,7 +351,8 @@ class GPTModel(nn.Module):
             with seeded_init(config, layer_piece(layer_number)):
                 self.layers.append(prepare(TransformerLayer(config, layer_number + 1), f"layers.{layer_number}"))
         self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
-        self.lm_head = prepare(LMHead(), "lm_head")
+        with seeded_init(config, output_layer_piece(config)):
+            self.lm_head = prepare(LMHead(config), "lm_head")
         self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes), "loss")
         # How --checkpoint-activations recomputes a layer; tensor parallelism swaps in one that also rewinds
         # its own random streams.
@@ -289,6 +368,11 @@ class GPTModel(nn.Module):
         """
         hidden = self.transformer(self.embedding(tokens, position_ids), attention_mask)
         return self.head(hidden, labels, loss_mask)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (what callers move their inputs to)."""
+        return next(self.parameters()).device
 
     def recomputing(self) -> bool:
         return self.config.checkpoint_activations and torch.is_grad_enabled()
@@ -308,5 +392,6 @@ class GPTModel(nn.Module):
 
     def head(self, hidden: torch.Tensor, labels: Optional[torch.Tensor] = None,
              loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        logits = self.lm_head(normalize(self.final_layernorm, hidden), self.embedding.word_embeddings.weight)
+        tied = None if self.config.untie_embeddings_and_output_weights else self.embedding.word_embeddings.weight
+        logits = self.lm_head(normalize(self.final_layernorm, hidden), tied)
         return logits if labels is None else self.loss(logits, labels, loss_mask)

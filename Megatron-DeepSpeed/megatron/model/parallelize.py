@@ -7,11 +7,12 @@ path in GPTModel, what each module becomes; every split module keeps this rank's
 weights, so the result computes what the single-process model computes.
 
   embedding.word_embeddings      vocabulary rows split; output all-reduced
-  layers.*.self_attention             whole heads per rank; the attention kernel runs in the model-parallel random
-                                 stream (each rank's heads drop out differently)
+  layers.*.self_attention        whole query groups (with their key/value heads) per rank; the attention kernel
+                                 runs in the model-parallel random stream (each rank's heads drop out differently)
   query_key_value, dense_h_to_4h column-parallel (output features split)
   self_attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
-  lm_head, loss                  vocab-split logits and vocab-parallel cross entropy (full logits never exist)
+  lm_head, loss                  vocab-split logits (an untied head's own weight split by vocabulary rows) and
+                                 vocab-parallel cross entropy (full logits never exist)
   ...deepspeed_experts.*.        with --enable-expert-tensor-parallelism only (GPT_EXPERT_TENSOR_PARALLEL_PLAN): each
     dense_h_to_4h / dense_4h_to_h  expert of an MoE layer split as the dense MLP is; they keep DeepSpeed's
                                  expert marks, so its expert-data-parallel gradient reduction still takes them
@@ -32,7 +33,7 @@ from deepspeed.pipe import PipelineModule
 from torch import nn
 
 from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
-from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear
+from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, shard_parameter
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
                                            join_shards, parallelize_module, partition_dim, require_divisible_by_tp)
@@ -51,24 +52,31 @@ class RNGForkedAttention:
 
 
 class VocabParallelLMHead(nn.Module):
-    """The tied LM head against this rank's vocabulary rows: logits [batch, seq, vocab / TP]."""
+    """The LM head against this rank's vocabulary rows: logits [batch, seq, vocab / TP]. Tied, the rows are the
+    word embedding's shard passed in; untied, `weight` is this rank's rows of the head's own."""
 
-    def __init__(self, group, sequence_parallel: bool):
+    def __init__(self, group, sequence_parallel: bool, weight: Optional[torch.Tensor]):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
+        self.weight = None if weight is None else shard_parameter(weight, 0, group, "vocabulary rows")
 
-    def forward(self, hidden: torch.Tensor, word_embedding_weight: torch.Tensor) -> torch.Tensor:
-        return column_parallel_linear(hidden, word_embedding_weight, None, self.group, self.sequence_parallel)
+    def forward(self, hidden: torch.Tensor, word_embedding_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        weight = word_embedding_weight if self.weight is None else self.weight
+        return column_parallel_linear(hidden, weight, None, self.group, self.sequence_parallel)
 
 
 class HeadParallelAttention(ParallelStyle):
-    """SelfAttention whose projections hand each rank whole heads."""
+    """SelfAttention whose projections hand each rank whole query groups (whole heads without grouped-query
+    attention)."""
     expected_type = SelfAttention
 
     def check(self, module, path, world_size):
         super().check(module, path, world_size)
         require_divisible_by_tp(module.num_heads, world_size, "--num-attention-heads",
-                          "each rank must hold whole attention heads")
+                                "each rank must hold whole attention heads")
+        require_divisible_by_tp(module.num_groups, world_size, "--num-key-value-heads",
+                                "each rank must hold whole query groups; lower the tensor-parallel size to a "
+                                "divisor of the key/value heads")
 
     def apply(self, module, context):
         module.attend = RNGForkedAttention(module.attend, context.rng_tracker)
@@ -77,9 +85,10 @@ class HeadParallelAttention(ParallelStyle):
 
 class VocabParallelHead(ParallelStyle):
     expected_type = LMHead
+    partition_dims = {"weight": 0}  # an untied head's own weight
 
     def apply(self, module, context):
-        return VocabParallelLMHead(context.group, context.sequence_parallel)
+        return VocabParallelLMHead(context.group, context.sequence_parallel, module.weight)
 
 
 class VocabParallelLoss(ParallelStyle):

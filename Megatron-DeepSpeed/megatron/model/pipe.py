@@ -11,9 +11,10 @@ L+3 (a dtype cast and the [s, b, h] transposes); ours are batch-first, so those 
     spec 2          same_inputs
     specs 3..L+2    TransformerLayerPipe, one per layer: hidden[, attention_mask] -> the same
     spec L+3        same_inputs
-    spec L+4        FinalLayerNormPipe: a bare LayerNorm (weight, bias) that drops the attention mask
+    spec L+4        FinalLayerNormPipe: a bare LayerNorm (weight, bias) or RMSNorm (weight) that drops the mask
     spec L+5        the LM head: EmbeddingPipe again, tied (TiedLayerSpec 'embed'), scoring against its word
-                    embeddings
+                    embeddings; untied (--untie-embeddings-and-output-weights), OutputLayerPipe with its own
+                    weight (key `lm_head.weight`, as upstream's LMHeadPipe), and the embedding on the first stage only
     loss_fn         LanguageModelLossPipe(logits, (labels, loss_mask))
 
 Stages are cut between transformer layers (partition "type:TransformerLayerPipe"): the first stage also holds
@@ -37,7 +38,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
 from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
-                                layer_norm, layer_piece, normalize, seeded_init)
+                                layer_norm, layer_piece, normalize, output_layer_piece, seeded_init)
 from megatron.model.parallelize import piece_sharder
 
 _log = logging.getLogger(__name__)
@@ -57,6 +58,11 @@ def layer_spec(layer_number: int) -> int:
 
 def final_norm_spec(num_layers: int) -> int:
     return layer_spec(num_layers) + 1
+
+
+def output_layer_spec(num_layers: int) -> int:
+    """The LM head's position: an untied output layer's file (layer_{L+5})."""
+    return final_norm_spec(num_layers) + 1
 
 
 def same_inputs(inputs):
@@ -82,7 +88,8 @@ class EmbeddingPipe(Embedding):
     def __init__(self, config: GPTConfig, prepare):
         with seeded_init(config, EMBEDDING_PIECE):
             super().__init__(config)
-        self.lm_head = prepare(LMHead(), "lm_head")
+        if not config.untie_embeddings_and_output_weights:
+            self.lm_head = prepare(LMHead(config), "lm_head")  # tied: no parameters of its own
         prepare(self, self.gpt_model_path)
 
     def forward(self, inputs):
@@ -116,11 +123,25 @@ class FinalLayerNormPipe(nn.Module):
     def __init__(self, config: GPTConfig, prepare):
         super().__init__()
         norm = prepare(layer_norm(config), self.gpt_model_path)
-        self.weight, self.bias = norm.weight, norm.bias
+        self.weight, self.bias = norm.weight, getattr(norm, "bias", None)
         self._norm = (norm,)  # a tuple: not registered as a submodule
 
     def forward(self, inputs) -> torch.Tensor:
         return normalize(self._norm[0], _as_tuple(inputs)[0])
+
+
+class OutputLayerPipe(nn.Module):
+    """An untied LM head on the last stage; its parameter is `lm_head.weight` here and in GPTModel."""
+
+    gpt_model_path = ""
+
+    def __init__(self, config: GPTConfig, prepare):
+        super().__init__()
+        with seeded_init(config, output_layer_piece(config)):
+            self.lm_head = prepare(LMHead(config), "lm_head")
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
 
 
 class LanguageModelLossPipe(nn.Module):
@@ -158,14 +179,17 @@ class GPTPipe(PipelineModule):
         layout = parallel_state.layout
         prepare = piece_sharder(parallel_state, sequence_parallel, rng_tracker)
 
+        # Untied, the embedding keeps its tied spec (held by the first stage alone), so its names stay the same.
+        head = (LayerSpec(OutputLayerPipe, config, prepare) if config.untie_embeddings_and_output_weights else
+                TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, forward_fn=lm_head_logits,
+                              tied_weight_attr=TIED_WEIGHT))
         specs = [same_inputs,
                  TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, tied_weight_attr=TIED_WEIGHT),
                  same_inputs,
                  *(LayerSpec(TransformerLayerPipe, config, number, prepare) for number in range(config.num_layers)),
                  same_inputs,
                  LayerSpec(FinalLayerNormPipe, config, prepare),
-                 TiedLayerSpec(TIED_EMBEDDING, EmbeddingPipe, config, prepare, forward_fn=lm_head_logits,
-                               tied_weight_attr=TIED_WEIGHT)]
+                 head]
         # no_grad: DeepSpeed synchronises the tied weights here with an in-place broadcast, which autograd would
         # otherwise record on the parameters and warn about in every backward.
         with torch.no_grad():

@@ -5,14 +5,17 @@ Kept apart from the model code on purpose: the planner answers for a 175B model 
 instead of building. A mixture-of-experts model (model/moe.py) counts as DeepSpeed's MoE layer builds it: in each
 MoE layer a gate (hidden x experts, no bias) and experts / EP MLPs per rank (whole, or with
 --enable-expert-tensor-parallelism split as the dense MLP is), plus, for PR-MoE (--mlp-type residual), a dense
-MLP (split with the experts, else whole) and its 2-way mixing coefficient.
+MLP (split with the experts, else whole) and its 2-way mixing coefficient. The architecture variants of
+model/gpt.py (RMSNorm's weight-only norms, no linear biases, grouped-query K/V, SwiGLU's two input branches, no
+position table, an untied output layer on the last stage) are fields of ModelShape, named as ModelConfig's.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
+from megatron.config.model_config import VARIANT_FLAGS
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
 from megatron.tokenizer import vocab_size_with_padding
@@ -36,10 +39,27 @@ class ModelShape:
     make_vocab_size_divisible_by: int = 128
     ffn_hidden_size: int = 0  # 0: 4 x hidden
     moe: Optional[MoEConfig] = None  # None or every count 1: dense
+    # model/gpt.py's architecture variants (config/model_config.py's names and defaults)
+    normalization: str = "layernorm"
+    add_position_embedding: bool = True
+    use_rotary_position_embeddings: bool = False
+    swiglu: bool = False
+    num_key_value_heads: int = 0  # 0: num_attention_heads
+    add_bias_linear: bool = True
+    untie_embeddings_and_output_weights: bool = False
 
     @property
     def ffn(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def norm_parameters(self) -> int:
+        """One norm: LayerNorm's weight and bias, RMSNorm's weight."""
+        return self.hidden_size * (2 if self.normalization == "layernorm" else 1)
 
     @property
     def has_experts(self) -> bool:
@@ -97,15 +117,24 @@ def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Mod
     shape = ModelShape(num_layers=preset["num_layers"], hidden_size=preset["hidden_size"],
                        num_attention_heads=preset["num_attention_heads"], seq_length=preset["seq_length"],
                        max_position_embeddings=preset["seq_length"], vocab_size=vocab_size,
-                       moe=moe if moe.enabled else None)
+                       ffn_hidden_size=preset.get("ffn_hidden_size") or 0, moe=moe if moe.enabled else None,
+                       **architecture_variants(preset))
     return shape, TrainingSettings(global_batch_size=preset["global_batch_size"],
                                    pipeline_engine=not preset["no_pipeline_parallel"])
 
 
+def architecture_variants(values) -> dict:
+    """ModelShape's variant fields from flags or a preset (argparse names; a missing one keeps GPT-2's)."""
+    counted = {spec.name for spec in fields(ModelShape)}
+    return {name: values[name] for name in VARIANT_FLAGS if name in counted and values.get(name) is not None}
+
+
 def mlp_parameters(shape: ModelShape, tensor: int) -> int:
-    """One MLP on one tensor-parallel rank: dense_h_to_4h split, dense_4h_to_h's weight split and its bias whole."""
-    h, f = shape.hidden_size, shape.ffn
-    return h + (f * h + f + f * h) // tensor
+    """One MLP on one tensor-parallel rank: dense_h_to_4h (both branches of SwiGLU) split, dense_4h_to_h's weight
+    split and its bias whole."""
+    h, f, bias = shape.hidden_size, shape.ffn, shape.add_bias_linear
+    inner = (2 if shape.swiglu else 1) * f
+    return bias * h + (inner * h + bias * inner + f * h) // tensor
 
 
 def expert_split(shape: ModelShape, tensor: int) -> int:
@@ -123,11 +152,12 @@ def expert_parameters(shape: ModelShape, expert_parallel: int, layer_number: int
 
 
 def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expert_parallel: int = 1) -> int:
-    """One transformer layer on one rank: two LayerNorms and the row-parallel attention bias whole, the QKV and
-    attention-output weights split; then its MLP, or in an MoE layer the gate, this rank's experts and PR-MoE's
-    dense MLP and coefficient."""
-    h = shape.hidden_size
-    attention = 2 * 2 * h + h + (3 * h * h + 3 * h + h * h) // tensor
+    """One transformer layer on one rank: two norms and the row-parallel attention bias whole, the QKV (queries
+    and the grouped keys and values) and attention-output weights split; then its MLP, or in an MoE layer the
+    gate, this rank's experts and PR-MoE's dense MLP and coefficient."""
+    h, bias = shape.hidden_size, shape.add_bias_linear
+    qkv = h + 2 * shape.key_value_heads * (h // shape.num_attention_heads)
+    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + bias * qkv + h * h) // tensor
     experts = shape.experts_of_layer(layer_number)
     if experts == 1:
         return attention + mlp_parameters(shape, tensor)
@@ -136,8 +166,22 @@ def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expe
 
 
 def embedding_parameters(shape: ModelShape, tensor: int) -> int:
-    """The embedding piece: this rank's vocabulary rows and every position."""
-    return shape.padded_vocab(tensor) * shape.hidden_size // tensor + shape.max_position_embeddings * shape.hidden_size
+    """The embedding piece: this rank's vocabulary rows and every position (if it has a position table)."""
+    positions = shape.max_position_embeddings if shape.add_position_embedding else 0
+    return vocabulary_rows(shape, tensor) + positions * shape.hidden_size
+
+
+def vocabulary_rows(shape: ModelShape, tensor: int) -> int:
+    """This rank's rows of a [vocabulary, hidden] matrix (the word embedding, an untied output layer)."""
+    return shape.padded_vocab(tensor) * shape.hidden_size // tensor
+
+
+def head_parameters(shape: ModelShape, tensor: int, pipeline: int) -> int:
+    """The last stage's after the layers: the final norm; an untied output layer, or, on the pipeline engine
+    with several stages, the tied embedding piece's copy (its position embeddings come along unused)."""
+    if shape.untie_embeddings_and_output_weights:
+        return shape.norm_parameters + vocabulary_rows(shape, tensor)
+    return shape.norm_parameters + (embedding_parameters(shape, tensor) if pipeline > 1 else 0)
 
 
 def layers_per_stage(num_layers: int, pipeline: int) -> int:
@@ -147,9 +191,8 @@ def layers_per_stage(num_layers: int, pipeline: int) -> int:
 
 def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, pipeline_engine: bool = True,
                      expert_parallel: int = 1) -> int:
-    """Parameters one rank of pipeline stage `stage` holds. The first stage has the embedding, the last the final
-    LayerNorm and, on the pipeline engine with more than one stage, its own copy of the embedding piece (tied
-    word embeddings; its position embeddings come along unused). An MoE model has one stage."""
+    """Parameters one rank of pipeline stage `stage` holds. The first stage has the embedding, the last the head
+    (head_parameters). An MoE model has one stage."""
     if not 0 <= stage < pipeline:
         raise InputError(f"stage {stage} is outside pipeline size {pipeline}")
     if pipeline > 1 and not pipeline_engine:
@@ -165,7 +208,7 @@ def stage_parameters(shape: ModelShape, tensor: int, pipeline: int, stage: int, 
     if stage == 0:
         count += embedding_parameters(shape, tensor)
     if stage == pipeline - 1:
-        count += 2 * shape.hidden_size + (embedding_parameters(shape, tensor) if pipeline > 1 else 0)
+        count += head_parameters(shape, tensor, pipeline)
     return count
 
 
@@ -182,7 +225,8 @@ def from_flags(flags, vocab_size: int):
                        num_attention_heads=flags.num_attention_heads, seq_length=flags.seq_length,
                        max_position_embeddings=flags.max_position_embeddings, vocab_size=vocab_size,
                        make_vocab_size_divisible_by=flags.make_vocab_size_divisible_by,
-                       ffn_hidden_size=flags.ffn_hidden_size, moe=moe if moe.enabled else None)
+                       ffn_hidden_size=flags.ffn_hidden_size, moe=moe if moe.enabled else None,
+                       **architecture_variants(vars(flags)))
     dtype = "bf16" if flags.bf16 else "fp16" if flags.fp16 else "fp32"
     settings = TrainingSettings(global_batch_size=flags.global_batch_size, dtype=dtype,
                                 hidden_dropout=flags.hidden_dropout, fused_attention=flags.masked_softmax_fusion,

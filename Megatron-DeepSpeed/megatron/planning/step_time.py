@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from megatron.planning import moe
 from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, layers_per_stage, stage_expert_parameters,
                                      stage_parameters)
-from megatron.training.flops import flops_per_iteration
+from megatron.training.flops import LayerMatrices, flops_per_iteration
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ def estimate_step_time(shape: ModelShape, layout: Layout, settings: TrainingSett
     t, p, d, ep = layout.tensor, layout.pipeline, layout.data, layout.expert_parallel
     micro_batches = settings.global_batch_size // (layout.micro_batch * d)
     flops = flops_per_iteration(settings.global_batch_size, shape.seq_length, shape.num_layers, shape.hidden_size,
-                                shape.padded_vocab(t), layout.recompute, shape.moe if shape.has_experts else None)
+                                shape.padded_vocab(t), layout.recompute, shape.moe if shape.has_experts else None,
+                                LayerMatrices.of(shape))
     compute = flops / (layout.devices * hardware.peak_tflops * 1e12 * hardware.utilization)
     compute *= 1 + (p - 1) / micro_batches
     activation = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes

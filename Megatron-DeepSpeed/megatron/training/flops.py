@@ -2,18 +2,22 @@
 
 Megatron's count for one iteration of global batch B, sequence s, L layers, hidden h and (padded) vocabulary V:
     24 * f * B * s * L * h^2 * (1 + s / (6h) + V / (16 L h))
-with f = 3 for forward + backward. Under activation recomputation the forward runs twice, and Megatron's
-logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show
-too, so the two can be compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
+with f = 3 for forward + backward, for GPT-2's layer (attention projections 4h^2 and a 4h MLP 8h^2 parameters,
+12h^2 in all). Other layers count their own matrix parameters in units of 12h^2 (LayerMatrices): grouped-query
+attention's K/V projections 2h x (key/value heads x head size), an MLP of --ffn-hidden-size f 2hf, a SwiGLU MLP
+3hf (Megatron-LM's count). Under activation recomputation the forward runs twice, and Megatron's logged "TFLOPs"
+then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
+compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
 A mixture-of-experts model counts the work each token does (its active parameters): an MoE layer's MLP term is
 that of the top-k experts a token is routed to, plus the dense MLP of PR-MoE; the gate's small product is left out,
-as Megatron leaves out LayerNorms. Attention is 8h^2 of the 24h^2 per layer and token, the MLP 16h^2.
+as Megatron leaves out LayerNorms. Attention is 8h^2 of the 24h^2 per layer and token, the MLP 16h^2 (GPT-2's).
 
 Peaks are dense (no sparsity) tensor-core figures from the vendors' data sheets, by the dtype a run trains in.
 A device missing from the table (a CPU, an unknown chip) has no peak: its MFU is reported as "n/a".
 """
+from dataclasses import dataclass
 from typing import Optional
 
 from megatron.config.job import MoEConfig
@@ -34,14 +38,44 @@ _PEAK_TFLOPS = (
 
 
 def flops_per_iteration(global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int,
-                        vocab_size: int, recompute: bool = False, moe: Optional[MoEConfig] = None) -> float:
+                        vocab_size: int, recompute: bool = False, moe: Optional[MoEConfig] = None,
+                        layer: Optional["LayerMatrices"] = None) -> float:
     """Megatron's FLOPs of one training iteration; `recompute` counts the second forward pass (f = 4); with `moe`,
-    the MLPs of the MoE layers count as many times as a token uses them (active parameters)."""
+    the MLPs of the MoE layers count as many times as a token uses them (active parameters); `layer`: the
+    layer's matrix sizes (None: GPT-2's)."""
     passes = 4 if recompute else 3
-    mlp_uses = sum(active_mlps(moe, layer + 1) for layer in range(num_layers)) if moe else num_layers
-    layers = (8.0 * num_layers + 16.0 * mlp_uses) / 24.0  # layer equivalents of dense work
+    layer = layer or LayerMatrices(hidden_size)
+    mlp_uses = sum(active_mlps(moe, number + 1) for number in range(num_layers)) if moe else num_layers
+    layers = (num_layers * layer.attention + mlp_uses * layer.mlp) / (12.0 * hidden_size ** 2)  # GPT-2 layers
     return (24.0 * passes * global_batch_size * seq_length * hidden_size ** 2
             * (layers + num_layers * seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * hidden_size)))
+
+
+@dataclass(frozen=True)
+class LayerMatrices:
+    """The matrix parameters of one transformer layer, by part (what its tokens multiply with)."""
+    hidden_size: int
+    ffn_hidden_size: Optional[int] = None  # None: 4 x hidden_size
+    key_value_fraction: float = 1.0  # key/value heads per attention head (grouped-query attention below 1)
+    swiglu: bool = False
+
+    @classmethod
+    def of(cls, model) -> "LayerMatrices":
+        """Of a model description with ModelConfig's field names (config/model_config.py, model/gpt.py's GPTConfig,
+        planning/shape.py's ModelShape)."""
+        key_value_heads = model.num_key_value_heads or model.num_attention_heads  # the planner's 0: all
+        return cls(model.hidden_size, model.ffn_hidden_size, key_value_heads / model.num_attention_heads,
+                   model.swiglu)
+
+    @property
+    def attention(self) -> float:
+        """Query and output projections h^2 each, key and value projections h x (their share of h) each."""
+        return (2.0 + 2.0 * self.key_value_fraction) * self.hidden_size ** 2
+
+    @property
+    def mlp(self) -> float:
+        ffn = self.ffn_hidden_size or 4 * self.hidden_size
+        return (3.0 if self.swiglu else 2.0) * self.hidden_size * ffn
 
 
 def active_mlps(moe: MoEConfig, layer_number: int) -> int:

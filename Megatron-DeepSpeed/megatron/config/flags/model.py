@@ -9,11 +9,14 @@ from megatron.errors import InputError, require_divisible
 
 LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "seq_length"),
                 positive=("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
-                          "max_position_embeddings", "make_vocab_size_divisible_by"),
+                          "max_position_embeddings", "make_vocab_size_divisible_by", "num_key_value_heads",
+                          "rope_theta"),
                 non_negative=("init_method_std",),
                 fractions=("hidden_dropout", "attention_dropout"))
 # Defaults of the flags a --model-size preset may fill, when neither it nor the user set them.
-PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1, "normalization": "layernorm",
+                   "use_rotary_position_embeddings": False, "rope_theta": 10000, "add_position_embedding": True,
+                   "swiglu": False, "add_bias_linear": True, "untie_embeddings_and_output_weights": False}
 
 
 def add_flags(parser) -> None:
@@ -41,7 +44,38 @@ def add_flags(parser) -> None:
     group.add_argument("--openai-gelu", action="store_true",
                        help="Use the tanh approximation of GeLU instead of the erf form.")
     _add_numerics_flags(parser)
+    _add_architecture_variants(parser)
     _add_kernel_switches(parser)
+
+
+def _add_architecture_variants(parser) -> None:
+    group = parser.add_argument_group(
+        "architecture variants", "Upstream Megatron-DeepSpeed main's switches from GPT-2 towards Llama "
+        "(docs/llama.md); the defaults are GPT-2's.")
+    group.add_argument("--normalization", choices=("layernorm", "rmsnorm"),
+                       help="The norm before attention, before the MLP and at the end: LayerNorm (weight and "
+                            "bias) or RMSNorm (weight only). --layernorm-epsilon is its epsilon either way. "
+                            + after_preset(PRESET_DEFAULTS["normalization"]))
+    group.add_argument("--use-rotary-position-embeddings", action="store_true", default=None,
+                       help="Rotary position embeddings on queries and keys (and, as upstream, no learned "
+                            "absolute position table).")
+    group.add_argument("--rotary-percent", type=float, default=1.0,
+                       help="Fraction of each head's channels that rotate (upstream: 1.0; GPT-NeoX 0.25).")
+    group.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=int, dest="rope_theta",
+                       help="The rotary base theta (Llama 2: 10000, Llama 3: 500000). "
+                            + after_preset(PRESET_DEFAULTS["rope_theta"]))
+    group.add_argument("--no-position-embedding", action="store_false", default=None, dest="add_position_embedding",
+                       help="No learned absolute position table.")
+    group.add_argument("--swiglu", action="store_true", default=None,
+                       help="SiLU-gated MLP (SwiGLU): two input branches of --ffn-hidden-size each, one output "
+                            "projection.")
+    group.add_argument("--num-key-value-heads", type=int,
+                       help="Key/value heads (grouped-query attention; 1: multi-query). Default "
+                            "--num-attention-heads.")
+    group.add_argument("--disable-bias-linear", action="store_false", default=None, dest="add_bias_linear",
+                       help="No biases in the attention and MLP linears (norms keep theirs).")
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
+                       help="An output layer of its own instead of scoring against the word embeddings.")
 
 
 def _add_numerics_flags(parser) -> None:
@@ -108,7 +142,8 @@ def after_parse(values: Mapping) -> dict:
 
 
 def shape(values: Mapping) -> dict:
-    """The default MLP and position-table sizes, checked against each other and the tensor-parallel size."""
+    """The default MLP, position-table and key/value head counts, checked against each other and the
+    tensor-parallel size; rotary positions turn the learned table off (upstream's rule)."""
     hidden, seq_length = values["hidden_size"], values["seq_length"]
     ffn = values["ffn_hidden_size"] if values["ffn_hidden_size"] is not None else 4 * hidden
     positions = values["max_position_embeddings"]
@@ -124,7 +159,18 @@ def shape(values: Mapping) -> dict:
         require_divisible(flag(dest), value, "--tensor-model-parallel-size", tp,
                           f"tensor parallelism splits it evenly, so choose a multiple of {tp} or a smaller "
                           f"tensor parallel size")
-    return {"ffn_hidden_size": ffn, "max_position_embeddings": positions}
+    heads = values["num_attention_heads"]
+    kv_heads = values["num_key_value_heads"] if values["num_key_value_heads"] is not None else heads
+    require_divisible("--num-attention-heads", heads, "--num-key-value-heads", kv_heads,
+                      "each key/value head serves a whole group of query heads")
+    require_divisible("--num-key-value-heads", kv_heads, "--tensor-model-parallel-size", tp,
+                      "each tensor-parallel rank holds whole query groups; lower the tensor-parallel size to a "
+                      "divisor of the key/value heads")
+    if not 0.0 < values["rotary_percent"] <= 1.0:
+        raise InputError(f"--rotary-percent {values['rotary_percent']} must be in (0, 1]")
+    return {"ffn_hidden_size": ffn, "max_position_embeddings": positions, "num_key_value_heads": kv_heads,
+            "add_position_embedding": values["add_position_embedding"] and
+            not values["use_rotary_position_embeddings"]}
 
 
 def validate(values: Mapping) -> None:
