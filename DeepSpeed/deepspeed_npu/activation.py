@@ -37,16 +37,11 @@ class ChipKernels:
             self._chosen = npu_kernels(self._torch_npu, chip_name(self._torch_npu))
         return self._chosen
 
-    @property
-    def attention(self):
-        return self._kernels().attention
-
-    @property
-    def inference_attention(self):
-        return self._kernels().inference_attention
-
-    def description(self) -> str:
-        return self._kernels().description()
+    def __getattr__(self, name):
+        """The chosen NpuKernels' attributes (attention, inference_attention, rms_norm, ..., description)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._kernels(), name)
 
 
 def activate() -> Activation:

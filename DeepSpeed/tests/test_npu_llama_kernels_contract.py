@@ -59,3 +59,15 @@ def test_other_chips_and_builds_without_an_operator_keep_the_portable_kernels():
     assert without_swiglu.swiglu is None and without_swiglu.rms_norm is not None
     assert without_swiglu.description() == ("torch_npu fused attention for training, PyTorch SDPA for inference; "
                                             "torch_npu RMSNorm, rotary")
+
+
+def test_the_kernels_activation_defers_hand_on_every_operator():
+    """activate() names the chip only when the trainer asks (ChipKernels): what it hands on is npu_kernels' whole
+    choice, the Llama operators included."""
+    from deepspeed_npu.activation import ChipKernels
+    module = torch_npu()
+    module.npu = types.SimpleNamespace(get_device_name=lambda index=0: "Ascend910B3", current_device=lambda: 0)
+    deferred = select_kernels("npu", ChipKernels(module))
+    direct = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
+    assert (deferred.rms_norm.kernel_name, deferred.rotary_mul.kernel_name, deferred.swiglu.kernel_name) == (
+        direct.rms_norm.kernel_name, direct.rotary_mul.kernel_name, direct.swiglu.kernel_name)
