@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from megatron.checkpoint import hf
+from megatron.checkpoint import hf_files
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.directory import Layout
 from megatron.checkpoint.examine import differences, examine
@@ -83,12 +83,12 @@ def test_hf_round_trip_through_a_tp2_pp2_checkpoint_is_identical(hf_dir, importe
     assert read_checkpoint(imported).layout.describe() == \
         "TP 2 x PP 2, any DP and ZeRO stage, pipeline engine"
     export_hf(imported, str(tmp_path / "exported"))
-    original, exported = (load_file(os.path.join(path, hf.WEIGHTS_FILE)) for path in (hf_dir, tmp_path / "exported"))
+    original, exported = (load_file(os.path.join(path, hf_files.WEIGHTS_FILE)) for path in (hf_dir, tmp_path / "exported"))
     original.pop("lm_head.weight", None)  # tied to wte; transformers may or may not store it
     assert exported.keys() == original.keys()
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
-    config = json.loads((tmp_path / "exported" / hf.CONFIG_FILE).read_text())
+    config = json.loads((tmp_path / "exported" / hf_files.CONFIG_FILE).read_text())
     assert config["vocab_size"] == HF_VOCAB and config["activation_function"] == "gelu"
     from transformers import GPT2LMHeadModel
     reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
@@ -203,11 +203,12 @@ def test_truncated_shard_is_named(imported, tmp_path):
 
 
 def test_hf_directory_of_another_architecture(tmp_path):
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / hf.CONFIG_FILE).write_text(json.dumps({"model_type": "llama",
-                                                                 "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(InputError, match="describes a 'llama' model .*only GPT-2"):
-        import_hf(str(tmp_path / "llama"), str(tmp_path / "out"), TargetLayout(1, 1))
+    (tmp_path / "mistral").mkdir()
+    (tmp_path / "mistral" / hf_files.CONFIG_FILE).write_text(json.dumps({"model_type": "mistral",
+                                                                   "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(InputError, match=r"describes a 'mistral' model \(MistralForCausalLM\); only gpt2 "
+                                         r"\(GPT2LMHeadModel\) and llama \(LlamaForCausalLM\) can be imported"):
+        import_hf(str(tmp_path / "mistral"), str(tmp_path / "out"), TargetLayout(1, 1))
     assert not (tmp_path / "out").exists() and nothing_written(tmp_path)
 
 
