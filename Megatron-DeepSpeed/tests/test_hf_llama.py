@@ -3,7 +3,7 @@ rope_theta 500000, untied head, sharded safetensors) imports at TP 2 and at PP 2
 logits, exports back bit for bit; our checkpoint survives ours -> HF -> ours bit for bit; the rotary config keys
 of transformers 4.x and 5.x; a tiny tokenizer.json (trained here with `tokenizers`, never downloaded) through
 --tokenizer-type HFTokenizer. The full tier generates at TP 2 x DP 2 as transformers' generate does and
-continues pre-training at TP 2 x PP 2 from transformers' loss."""
+continues pre-training at TP 2 x PP 2 from transformers' loss, then exports with the tokenizer."""
 import json
 import os
 
@@ -254,8 +254,9 @@ def finetune_losses(argv):
 
 @pytest.mark.full
 def test_continued_pretraining_at_tp2_pp2_starts_from_transformers_loss(hf_dir, tmp_path):
-    """Every training sample is the same window (documents of SEQ identical tokens' worth), so the first
-    iteration's loss is transformers' loss on that window."""
+    """Every training sample is the same window (documents of SEQ tokens, all alike), so the first iteration's
+    loss is transformers' loss on that window. The 100-entry vocabulary is left unpadded (50 x TP 2): padded rows
+    score 0 and would take part in the softmax, as in upstream Megatron."""
     from transformers import LlamaForCausalLM
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 
@@ -266,20 +267,25 @@ def test_continued_pretraining_at_tp2_pp2_starts_from_transformers_loss(hf_dir, 
             builder.add_item(np.array(window))
             builder.end_document()
     save = str(tmp_path / "imported")
-    import_hf(hf_dir, save, TargetLayout(2, 2), make_vocab_size_divisible_by=32)
+    import_hf(hf_dir, save, TargetLayout(2, 2), make_vocab_size_divisible_by=50)
     llama_flags = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--ffn-hidden-size", "48",
                    "--num-key-value-heads", "2", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                    "--rotary-position-embeddings-theta", "500000", "--no-position-embedding", "--swiglu",
                    "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--layernorm-epsilon", "1e-6",
                    "--max-position-embeddings", "32", "--no-query-key-layer-scaling"]
     argv = [*llama_flags, "--seq-length", str(SEQ), "--hidden-dropout", "0", "--attention-dropout", "0",
-            "--tokenizer-type", "HFTokenizer", "--tokenizer-model", hf_dir, "--make-vocab-size-divisible-by", "32",
+            "--tokenizer-type", "HFTokenizer", "--tokenizer-model", hf_dir, "--make-vocab-size-divisible-by", "50",
             "--data-path", str(tmp_path / "data"), "--split", "100,0,0", "--num-workers", "0", "--seed", "7",
             "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "1", "--lr", "1e-3",
-            "--log-interval", "1", "--eval-iters", "0", "--load", save, "--finetune",
+            "--log-interval", "1", "--eval-iters", "0", "--load", save, "--finetune", "--save", str(tmp_path / "tuned"),
+            "--save-interval", "1",
             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
     losses = run_on_ranks(finetune_losses, 4, argv)[0]
     ids = torch.tensor([window + window[:1]])
     with torch.no_grad():
         expected = LlamaForCausalLM.from_pretrained(hf_dir).eval()(ids, labels=ids).loss.item()
     assert losses[0] == pytest.approx(expected, rel=1e-5)
+    export_hf(str(tmp_path / "tuned"), str(tmp_path / "exported"))  # the tokenizer's files go along
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert open(os.path.join(tmp_path / "exported", name)).read() == open(os.path.join(hf_dir, name)).read()
+    assert LlamaForCausalLM.from_pretrained(tmp_path / "exported").config.vocab_size == 100
