@@ -4,7 +4,8 @@
 #   bash test/train_full_8p.sh                      # CPU: tiny preset on the embedded demo data, TP2 x PP2 x DP2
 #   bash test/train_full_8p.sh --model_size=1.3B --data_path=data/   # 8 GPUs / NPUs
 #
-# Options: --model_size=345M|1.3B|2.7B|3.7B|345M_without_mp|125M_MoE64|1.3B_MoE128|tiny  --data_path=PREFIX_OR_DIR  --train_iters=N
+# Options: --model_size=345M|1.3B|2.7B|3.7B|345M_without_mp|125M_MoE64|1.3B_MoE128|tiny|llama2-7B|llama2-13B|
+#          llama3-8B|tinyllama-1.1B|llama-tiny  --data_path=PREFIX_OR_DIR  --train_iters=N
 #   --device=auto|cuda|npu|cpu  --nproc=N  --vocab_file=F --merge_file=F | --tokenizer_model=F
 #   multi-node: --nnodes=N --node_rank=I --master_addr=HOST [--master_port=P] (run on every node)
 #   any Megatron flag (with dashes) is passed to pretrain_gpt.py, e.g. --zero-stage 1 --bf16

@@ -1,4 +1,5 @@
-"""torch_npu's fused attention, shaped to the attention contract of the trainer's megatron/model/kernels.py.
+"""torch_npu's fused attention, RMSNorm, rotary embedding and SwiGLU, shaped to the contracts of the trainer's
+megatron/model/kernels.py.
 
 The model calls attention as (query, key, value, attention_mask, dropout_p) on [batch, heads, seq, dim]
 tensors with Megatron's mask (True = may not attend, None = causal). torch_npu.npu_fusion_attention uses
@@ -13,6 +14,14 @@ on Atlas A2 training chips, so inference and evaluation keep PyTorch's SDPA, and
 is not the adaptor's business: the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_`)
 holds on NPUs too. torch_npu's NpuFusedAdamW is never offered: it copies the gradients into buffers of its
 own on its first step, so it misses DeepSpeed's fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
+
+The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
+docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
+x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
+* r2 with x BNSD and r1 / r2 11SD in its half mode; `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
+and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
+along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
+documentation lists only those; the other two list more, which are left portable until they are tried).
 """
 import math
 import re
@@ -57,24 +66,66 @@ class FusionAttention:
         return self._causal_masks[device]
 
 
+def npu_rms_norm_class(rms_norm: Callable) -> type:
+    """torch.nn.RMSNorm (its weight, normalized_shape and eps) computed by torch_npu.npu_rms_norm."""
+
+    class NpuRMSNorm(torch.nn.RMSNorm):
+        kernel_name = "torch_npu.npu_rms_norm"
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return rms_norm(hidden, self.weight, epsilon=self.eps)[0]  # the second output is rstd, for backward
+    return NpuRMSNorm
+
+
+class RotaryMul:
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin)."""
+    kernel_name = "torch_npu.npu_rotary_mul"
+
+    def __init__(self, rotary_mul: Callable):
+        self._rotary_mul = rotary_mul
+
+    def __call__(self, x, cos, sin):
+        return self._rotary_mul(x, cos, sin, rotary_mode="half")
+
+
+class InterleavedSwiGLU:
+    """kernels.swiglu by torch_npu.npu_swiglu: [..., ffn, (gate, up)] halved along its last dim of 2."""
+    kernel_name = "torch_npu.npu_swiglu"
+
+    def __init__(self, swiglu: Callable):
+        self._swiglu = swiglu
+
+    def __call__(self, inner):
+        return self._swiglu(inner.unflatten(-1, (-1, 2)), dim=-1).squeeze(-1)
+
+
 @dataclass(frozen=True)
 class NpuKernels:
     attention: Optional[Callable]  # for training; None: keep the portable PyTorch kernel
-    why_portable: str = ""  # why attention stays portable, when it does
+    why_portable: str = ""  # why the kernels stay portable, when they do
     inference_attention: Optional[Callable] = None  # none documented that fits: generation keeps SDPA
+    rms_norm: Optional[type] = None  # None where this torch_npu lacks the operator: torch's
+    rotary_mul: Optional[Callable] = None
+    swiglu: Optional[Callable] = None
 
     def description(self) -> str:
-        if self.attention:
-            return "torch_npu fused attention for training, PyTorch SDPA for inference"
-        return f"PyTorch SDPA attention ({self.why_portable})"
+        if not self.attention:
+            return f"PyTorch SDPA attention ({self.why_portable})"
+        fused = [name for name, kernel in (("RMSNorm", self.rms_norm), ("rotary", self.rotary_mul),
+                                           ("SwiGLU", self.swiglu)) if kernel is not None]
+        return ("torch_npu fused attention for training, PyTorch SDPA for inference"
+                + (f"; torch_npu {', '.join(fused)}" if fused else ""))
 
 
 def npu_kernels(torch_npu: ModuleType, chip_name: str) -> NpuKernels:
-    """The attention kernel this torch_npu build documents for this chip; otherwise the portable one, and why."""
+    """The kernels this torch_npu build documents for this chip; otherwise the portable ones, and why."""
     fusion_attention = getattr(torch_npu, "npu_fusion_attention", None)
     if fusion_attention is None:
         return NpuKernels(None, "this torch_npu has no npu_fusion_attention")
     if not DOCUMENTED_CHIP.fullmatch(chip_name):
         return NpuKernels(None, f"torch_npu documents npu_fusion_attention for {DOCUMENTED_CHIPS}, "
                                 f"not for {chip_name!r}")
-    return NpuKernels(FusionAttention(fusion_attention))
+    rms_norm, rotary_mul, swiglu = (getattr(torch_npu, name, None)
+                                    for name in ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu"))
+    return NpuKernels(FusionAttention(fusion_attention), rms_norm=rms_norm and npu_rms_norm_class(rms_norm),
+                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu))

@@ -2,37 +2,19 @@
 op_plugin_functions.yaml, commit 517f2e7d0f202f38b76310706cb977ca2388ad21, copied into the stand-in's SCHEMA):
 argument order and names, BNSD layout, True-is-masked polarity and sparse_mode, for training with and without an
 explicit mask. The stand-in's signature is checked against the schema first, so it cannot drift from it."""
-import inspect
 import math
-import re
 
 import pytest
 import torch
 from npu_fusion_attention_stand_in import COMPRESSED_CAUSAL, SCHEMA, NpuFusionAttentionStandIn
+from npu_schemas import schema_parameters, signature_parameters
 
 from deepspeed_npu.fused_kernels import FusionAttention
 from megatron.model.kernels import sdpa_attention
 
-SCHEMA_DEFAULTS = {"None": None, "1.": 1.0, "True": True, "False": False, '""': ""}
-
-
-def schema_parameters(schema):
-    """[(name, default or inspect.Parameter.empty)] of an ATen schema string."""
-    arguments = re.fullmatch(r"\w+\((.*)\) -> .*", schema).group(1)
-    parameters = []
-    for argument in arguments.split(", "):
-        name, _, default = argument.split(" ", 1)[1].partition("=")
-        if not default:
-            parameters.append((name, inspect.Parameter.empty))
-        else:
-            parameters.append((name, SCHEMA_DEFAULTS[default] if default in SCHEMA_DEFAULTS else int(default)))
-    return parameters
-
 
 def test_the_stand_in_has_the_schemas_signature():
-    signature = inspect.signature(NpuFusionAttentionStandIn().__call__)
-    assert [(p.name, p.default) for p in signature.parameters.values()] == schema_parameters(SCHEMA)
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+    assert signature_parameters(NpuFusionAttentionStandIn().__call__) == schema_parameters(SCHEMA)
 
 
 def inputs(seq=6, seed=0):

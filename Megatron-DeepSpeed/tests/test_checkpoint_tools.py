@@ -18,6 +18,7 @@ from megatron.checkpoint.resume import LoadOptions, plan_resume, resolve_schedul
 from megatron.checkpoint.shards import shard_of
 from megatron.checkpoint.weight_units import TensorShard
 from megatron.checkpoint.writer import TargetLayout
+from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError, run_cli
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
@@ -143,8 +144,8 @@ def test_shards_join_back():
 # --- resume decisions ------------------------------------------------------------------------------------------
 
 RUN = Layout(tensor=2, pipeline=2, data=1, zero_stage=1, pipeline_engine=True)
-MODEL_FLAGS = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
-                   max_position_embeddings=16, openai_gelu=False, layernorm_epsilon=1e-5)
+MODEL_FLAGS = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
+                          max_position_embeddings=16).to_flags()  # what the trainer passes: every model flag
 
 
 def test_resume_plan_of_a_reshaped_checkpoint(imported):

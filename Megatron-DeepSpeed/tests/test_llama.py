@@ -80,9 +80,10 @@ def hf_llama(model: GPTModel):
     return hf.eval()
 
 
-@pytest.mark.parametrize("kv_heads", [2, 1, 4], ids=["gqa", "mqa", "mha"])
-def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_heads):
-    model = GPTModel(llama_config(num_key_value_heads=kv_heads)).eval()
+@pytest.mark.parametrize("kv_heads, fused", [(2, True), (1, True), (4, True), (2, False)],
+                         ids=["gqa", "mqa", "mha", "gqa-unfused-attention"])
+def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_heads, fused):
+    model = GPTModel(llama_config(num_key_value_heads=kv_heads, masked_softmax_fusion=fused)).eval()
     hf = hf_llama(model)
     tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

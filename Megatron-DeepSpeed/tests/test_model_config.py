@@ -16,7 +16,7 @@ from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import check_model_flags
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
-from megatron.config.model_config import ARCHITECTURE_FLAGS, ModelConfig
+from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
 from megatron.errors import InputError
 from megatron.inference.loading import load_model
 from megatron.model.gpt import GPTModel
@@ -33,6 +33,16 @@ EVERY_FLAG_CHANGED = ModelConfig(
     init_method_xavier_uniform=True, seed=99, checkpoint_activations=True, checkpoint_num_layers=2,
     fp32_residual_connection=True, masked_softmax_fusion=False, apply_query_key_layer_scaling=False,
     attention_softmax_in_fp32=True, torch_compile=True)
+# The architecture variants (a Llama-style model), which transformers' GPT-2 cannot hold: every one off GPT-2's.
+EVERY_VARIANT_CHANGED = ModelConfig(
+    num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
+    normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
+    rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
+    untie_embeddings_and_output_weights=True)
+VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
+                        "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
+                        "--rotary-percent", "0.5", "--rotary-base", "500000", "--swiglu", "--num-key-value-heads", "2",
+                        "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-heads", "6", "--seq-length", "40",
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
                 "--attention-dropout", "0.3", "--init-method-std", "0.05", "--init-method-xavier-uniform",
@@ -46,14 +56,18 @@ RUN = ["--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "-
 def test_every_model_flag_is_off_its_default_here():
     """So that a flag added to ModelConfig without a place in these tests fails them."""
     for spec in fields(ModelConfig):
-        assert getattr(EVERY_FLAG_CHANGED, spec.name) != spec.default, spec.name
-    assert ModelConfig.from_flags(EVERY_FLAG_CHANGED.to_flags()) == EVERY_FLAG_CHANGED
+        changed = EVERY_VARIANT_CHANGED if spec.name in VARIANT_FLAGS else EVERY_FLAG_CHANGED
+        assert getattr(changed, spec.name) != spec.default, spec.name
+    for config in (EVERY_FLAG_CHANGED, EVERY_VARIANT_CHANGED):
+        assert ModelConfig.from_flags(config.to_flags()) == config
 
 
-def test_the_command_line_gives_the_model_config_and_records_its_flags():
-    config = job_config(validate_args(parse_args([*COMMAND_LINE, *RUN, "--no-pipeline-parallel"]), 1, "cpu"))
-    assert config.model == EVERY_FLAG_CHANGED
-    assert {flag: config.flags[flag] for flag in EVERY_FLAG_CHANGED.to_flags()} == EVERY_FLAG_CHANGED.to_flags()
+@pytest.mark.parametrize("command_line, expected", [(COMMAND_LINE, EVERY_FLAG_CHANGED),
+                                                    (VARIANT_COMMAND_LINE, EVERY_VARIANT_CHANGED)])
+def test_the_command_line_gives_the_model_config_and_records_its_flags(command_line, expected):
+    config = job_config(validate_args(parse_args([*command_line, *RUN, "--no-pipeline-parallel"]), 1, "cpu"))
+    assert config.model == expected
+    assert {flag: config.flags[flag] for flag in expected.to_flags()} == expected.to_flags()
 
 
 def test_old_checkpoints_get_upstream_defaults_and_bad_values_a_clear_error():
@@ -73,7 +87,10 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
     recorded = EVERY_FLAG_CHANGED.to_flags()
     check_model_flags("ckpt", recorded, recorded)
     assert set(ARCHITECTURE_FLAGS) == {"num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
-                                       "ffn_hidden_size", "openai_gelu", "layernorm_epsilon"}
+                                       "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
+                                       "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
+                                       "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                                       "untie_embeddings_and_output_weights"}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
             check_model_flags("ckpt", recorded, {**recorded, flag: 7})
@@ -151,6 +168,23 @@ def test_every_flag_survives_save_read_hf_export_import_and_reaches_the_generati
     model, _ = load_model(str(tmp_path / "imported"), tokenizer_vocab_size=TOKENS, parallel_state=None,
                           kernels=PORTABLE_KERNELS, dtype=torch.float32, device=torch.device("cpu"))
     assert_built_as(model, EVERY_FLAG_CHANGED, dropout=(0.0, 0.0))
+
+
+def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_not_hf_export(tmp_path):
+    saved = written_checkpoint(str(tmp_path / "ckpt"), EVERY_VARIANT_CHANGED)
+    assert read_checkpoint(saved).model_config == EVERY_VARIANT_CHANGED
+    model, _ = load_model(saved, tokenizer_vocab_size=TOKENS, parallel_state=None, kernels=PORTABLE_KERNELS,
+                          dtype=torch.float32, device=torch.device("cpu"))
+    expected = GPTModel(gpt_config(EVERY_VARIANT_CHANGED, PADDED))
+    assert model.state_dict().keys() == expected.state_dict().keys()
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    attention = model.layers[0].self_attention
+    assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
+    assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
+    with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
+                                         r"--add-position-embedding False, .*; only GPT-2-shaped checkpoints"):
+        export_hf(saved, str(tmp_path / "hf"))
 
 
 def test_a_reshaped_old_checkpoint_records_every_model_flag(tmp_path):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import sentencepiece
 from tests.distributed_helpers import free_port, run_on_ranks
 
 from megatron.config.learning_rates import learning_rate
@@ -109,6 +110,21 @@ FP32_ZERO0_FEATURES = f"""{MODEL} --micro-batch-size 2 --global-batch-size 4 --t
     --no-log-loss-scale-to-tensorboard --checkpoint-activations --deepspeed-activation-checkpointing
     --partition-activations --contigious-checkpointing"""
 
+# examples_deepspeed/pretrain_llama2_distributed.sh (upstream main): its Llama switches, GPTSentencePieceTokenizer
+# and DeepSpeed JSON (bf16, ZeRO 0) at TP 2 x PP 2 shrunk to one process; NUM_KV_HEADS 4 of 16 heads -> 2 of 4.
+LLAMA2_SH = f"""--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --num-layers 2 --hidden-size 32
+    --ffn-hidden-size 48 --num-attention-heads 4 --micro-batch-size 2 --global-batch-size 4 --seq-length 32
+    --max-position-embeddings 32 --train-iters 2 --save {{out}}/ckpt --load {{out}}/ckpt --data-path {{data}}
+    --data-impl mmap --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model {{sentencepiece}} --split 949,50,1
+    --distributed-backend gloo --lr 3e-4 --lr-decay-style cosine --min-lr 3e-5 --weight-decay 0.1 --clip-grad 1
+    --lr-warmup-iters 1 --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --log-interval 1 --save-interval 10000
+    --eval-interval 1000 --eval-iters 1 --bf16 --no-query-key-layer-scaling --attention-dropout 0 --hidden-dropout 0
+    --use-rotary-position-embeddings --untie-embeddings-and-output-weights --swiglu --normalization rmsnorm
+    --disable-bias-linear --num-key-value-heads 2 --zero-stage=0 --deepspeed_config={{ds_config}} --deepspeed
+    --num-workers 0"""
+LLAMA2_JSON = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+               "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}}
+
 # Checkpoint contents: a run saved without random states, then resumed with --reset-iteration.
 CHECKPOINT_CONTENTS = f"""{MODEL} --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr 1e-3
     --data-path {{data}} --vocab-file {{vocab}} --merge-file {{merges}} --split 98,2,0 --eval-iters 0 --log-interval 1
@@ -120,6 +136,7 @@ SINGLE_PROCESS_SETS = {"pretrain_gpt.sh": (PRETRAIN_GPT_SH, None), "MoE dense": 
                        "gpt3 175B": (GPT3_175B_SH, None),
                        "gpt3 175B, plain engine": (GPT3_175B_SH + " --no-pipeline-parallel", None),
                        "bf16 features": (BF16_FEATURES, None),
+                       "pretrain_llama2_distributed.sh": (LLAMA2_SH, LLAMA2_JSON),
                        "fp32 ZeRO-0 features": (FP32_ZERO0_FEATURES, None),
                        "save without rng": (CHECKPOINT_CONTENTS + " --no-save-rng", None),
                        "resume with reset iteration": (CHECKPOINT_CONTENTS + " --load {out}/../ckpt_contents "
@@ -139,8 +156,21 @@ def write_byte_level_vocab(directory):
 @pytest.fixture(scope="module")
 def files(data_prefix, tmp_path_factory):
     """The data and the vocab files the scripts point at."""
-    vocab, merges = write_byte_level_vocab(tmp_path_factory.mktemp("vocab"))
-    return {"data": data_prefix, "vocab": vocab, "merges": merges}
+    directory = tmp_path_factory.mktemp("vocab")
+    vocab, merges = write_byte_level_vocab(directory)
+    return {"data": data_prefix, "vocab": vocab, "merges": merges,
+            "sentencepiece": write_sentencepiece_model(directory / "tokenizer.model")}
+
+
+def write_sentencepiece_model(path):
+    """A byte-fallback BPE SentencePiece model of 300 pieces (the official Llama tokenizer.model is not
+    redistributable); the test data's ids are all below 200."""
+    model = io.BytesIO()
+    words = [" ".join(f"w{index * step % 97}" for index in range(40)) for step in range(1, 60)]
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(words), model_writer=model, vocab_size=300,
+                                             model_type="bpe", byte_fallback=True, minloglevel=2)
+    path.write_bytes(model.getvalue())
+    return str(path)
 
 
 def flag_set(template, files, out, ds_json=None):

@@ -51,8 +51,8 @@ from megatron.checkpoint.layout import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTE
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.mixed_precision_state import target_loss_scale, zero0_state
-from megatron.checkpoint.names import (EMBEDDING_PREFIX, OUTPUT_LAYER_WEIGHT, model_name, nest, positions_with_parameters,
-                                       spec_position, stage_name, upstream_expert_key)
+from megatron.checkpoint.names import (EMBEDDING_PREFIX, OUTPUT_LAYER_WEIGHT, model_name, nest,
+                                       positions_with_parameters, spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.optimizer_state import OptimizerState, decay_groups, pipeline_stage_pieces
 from megatron.checkpoint.saving import own_storages, save
 from megatron.checkpoint.shards import shard_of

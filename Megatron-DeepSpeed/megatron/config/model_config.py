@@ -79,15 +79,17 @@ class ModelConfig:
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
     def variants(self) -> list:
-        """The architecture-variant flags set away from GPT-2 (e.g. ['--swiglu', '--normalization rmsnorm'])."""
-        gpt2 = {"normalization": "layernorm", "add_position_embedding": True, "use_rotary_position_embeddings": False,
-                "swiglu": False, "num_key_value_heads": self.num_attention_heads, "add_bias_linear": True,
-                "untie_embeddings_and_output_weights": False}
-        return [f"--{_dashed(name)} {getattr(self, name)}" for name, value in gpt2.items()
-                if getattr(self, name) != value]
+        """The architecture-variant flags set away from GPT-2's (e.g. ['--swiglu True', '--normalization rmsnorm'])."""
+        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
+        return [f"--{_dashed(name)} {getattr(self, name)}" for name in VARIANT_FLAGS
+                if getattr(self, name) != getattr(gpt2, name)]
 
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
+# The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
+VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
+                 "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                 "untie_embeddings_and_output_weights")
 
 
 def _dashed(name: str) -> str:

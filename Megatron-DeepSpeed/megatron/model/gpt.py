@@ -212,7 +212,8 @@ class SelfAttention(nn.Module):
         self.dense = linear(config, config.hidden_size, config.hidden_size, config.output_layer_init_std)
         self.rotary = None
         if config.use_rotary_position_embeddings:
-            self.rotary = RotaryEmbedding.for_heads(config.head_dim, config.rotary_percent, config.rope_theta)
+            self.rotary = RotaryEmbedding.for_heads(config.head_dim, config.rotary_percent, config.rope_theta,
+                                                    config.kernels.rotary_mul)
         self.attend = config.kernels.attention if config.masked_softmax_fusion else UnfusedAttention(
             layer_number, config.apply_query_key_layer_scaling, config.attention_softmax_in_fp32)
 
@@ -245,7 +246,7 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.swiglu = config.swiglu
+        self.swiglu = config.kernels.swiglu if config.swiglu else None
         branches = 2 if config.swiglu else 1
         self.dense_h_to_4h = linear(config, config.hidden_size, branches * config.ffn_hidden_size,
                                     config.init_method_std)
@@ -254,9 +255,8 @@ class MLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         inner = self.dense_h_to_4h(hidden)
-        if self.swiglu:
-            gate, up = inner.unflatten(-1, (-1, 2)).unbind(-1)
-            return self.dense_4h_to_h(F.silu(gate) * up)
+        if self.swiglu is not None:
+            return self.dense_4h_to_h(self.swiglu(inner))
         return self.dense_4h_to_h(F.gelu(inner, approximate=self.gelu_approximation))
 
 

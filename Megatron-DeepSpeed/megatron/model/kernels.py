@@ -10,7 +10,10 @@ Kernel contracts:
   [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
   cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq].
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
-  an RMSNorm has a `weight` and no `bias`.
+  an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
+- rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
+  [1, 1, seq, dim] (model/rotary.py): rotate_half(x) is (-second half, first half) of the last dim.
+- swiglu(inner) -> SiLU(gate) * up, where inner's last dim interleaves them: [..., ffn, (gate, up)] flattened.
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
@@ -44,13 +47,30 @@ def sdpa_attention(query, key, value, attention_mask, dropout_p):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=~attention_mask, dropout_p=dropout_p)
 
 
+def rotate_half_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def interleaved_swiglu(inner: torch.Tensor) -> torch.Tensor:
+    gate, up = inner.unflatten(-1, (-1, 2)).unbind(-1)
+    return F.silu(gate) * up
+
+
 @dataclass(frozen=True)
 class Kernels:
     attention: Callable
     layer_norm: type
     adam: Callable
     rms_norm: type = torch.nn.RMSNorm
+    rotary_mul: Callable = None  # None: rotate_half_mul (set in __post_init__, as the functions come below)
+    swiglu: Callable = None  # None: interleaved_swiglu
     loss_chunk_bytes: int = CHUNK_BYTES
+
+    def __post_init__(self):
+        for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", interleaved_swiglu)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, portable)
 
     def description(self) -> str:
         """What was chosen, for the start-up log line: e.g. "attention sdpa_attention, AdamW(fused=True)"."""
@@ -91,15 +111,15 @@ CPU_LOSS_CHUNK_BYTES = 1 << 22  # 4 MiB: of 256 KiB-256 MiB, 1-4 MiB ran fastest
 
 def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, training: bool = True) -> Kernels:
     """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
-    attention / layer_norm / rms_norm kernels that `adaptor_kernels` provides (attributes; None = keep ours)
-    taking precedence. With `training` False the adaptor's `inference_attention` replaces its training attention.
-    On a CPU the loss works in cache-sized chunks."""
+    attention / layer_norm / rms_norm / rotary_mul / swiglu kernels that `adaptor_kernels` provides (attributes;
+    None = keep ours) taking precedence. With `training` False the adaptor's `inference_attention` replaces its
+    training attention. On a CPU the loss works in cache-sized chunks."""
     kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused_adamw_available(device_name) else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
     if adaptor_kernels is not None:
         attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
-        chosen = {"attention": attention, **{norm: getattr(adaptor_kernels, norm, None)
-                                             for norm in ("layer_norm", "rms_norm")}}
+        chosen = {"attention": attention, **{name: getattr(adaptor_kernels, name, None)
+                                             for name in ("layer_norm", "rms_norm", "rotary_mul", "swiglu")}}
         kernels = replace(kernels, **{name: kernel for name, kernel in chosen.items() if kernel is not None})
     return kernels

@@ -8,25 +8,29 @@ batch's position ids say (upstream's rule); while generating with a KV cache the
 The angles are worked out in fp32 on the fly: the model holds no table that a cast to half precision would round.
 """
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from megatron.errors import InputError
+from megatron.model.kernels import rotate_half_mul
 
 
 @dataclass(frozen=True)
 class RotaryEmbedding:
     dim: int  # rotating channels per head, even
     theta: float
+    multiply: Callable = rotate_half_mul  # the kernels' rotary_mul (model/kernels.py)
 
     @classmethod
-    def for_heads(cls, head_dim: int, percent: float, theta: float) -> "RotaryEmbedding":
+    def for_heads(cls, head_dim: int, percent: float, theta: float,
+                  multiply: Callable = rotate_half_mul) -> "RotaryEmbedding":
         dim = int(head_dim * percent)
         if dim == 0 or dim % 2:
             raise InputError(f"--rotary-percent {percent} of the head size {head_dim} is {dim} channels; rotary "
                              "embeddings rotate channel pairs, so choose a percent that gives an even, non-zero "
                              "count")
-        return cls(dim, float(theta))
+        return cls(dim, float(theta), multiply)
 
     def angles(self, length: int, offset: int, device) -> torch.Tensor:
         """[length, dim] angles of positions offset .. offset + length - 1, each frequency twice (both halves)."""
@@ -38,8 +42,8 @@ class RotaryEmbedding:
     def __call__(self, heads: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """`heads` [batch, heads, seq, head_dim] rotated by their positions (offset + 0 .. seq - 1)."""
         angles = self.angles(heads.shape[-2], offset, heads.device)
-        cos, sin = angles.cos().to(heads.dtype), angles.sin().to(heads.dtype)
-        rotating, passing = heads[..., :self.dim], heads[..., self.dim:]
-        first, second = rotating.chunk(2, dim=-1)
-        rotated = rotating * cos + torch.cat((-second, first), dim=-1) * sin
-        return torch.cat((rotated, passing), dim=-1) if passing.shape[-1] else rotated
+        cos, sin = (part.to(heads.dtype)[None, None] for part in (angles.cos(), angles.sin()))  # [1, 1, s, dim]
+        if self.dim == heads.shape[-1]:
+            return self.multiply(heads, cos, sin)
+        rotating, passing = heads[..., :self.dim].contiguous(), heads[..., self.dim:]
+        return torch.cat((self.multiply(rotating, cos, sin), passing), dim=-1)

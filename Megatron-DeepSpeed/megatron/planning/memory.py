@@ -28,6 +28,12 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
     kept for backward   s b h (4 + 12 / t) values (4 / t + 12 / t with sequence parallelism): the two LayerNorm
                         inputs and the QKV and MLP inputs whole; q, k, v, the attention output and the two
                         4h-wide MLP tensors split (the paper's 34 bytes without its 2 bytes of dropout masks);
+                        the Llama variants change both parts as autograd keeps them in model/gpt.py (measured on a
+                        layer, tests/test_layout_planner.py): torch's RMSNorm keeps its input and result in fp32 (4
+                        half-precision values per norm, 2 in fp32) where LayerNorm keeps its input; attention keeps
+                        the rotated q and k and, with grouped-query attention, K and V repeated to every head (the
+                        fused QKV output only where q, k or v is still a view of it); SwiGLU keeps its 2f-wide
+                        gate|up, SiLU(gate) and their product (4f, GeLU's 2f);
                         plus two 1-byte dropout masks per layer when dropout is on; Megatron's unfused
                         attention adds its a s^2 b / t scores
     recompute           only each layer's input (s b h, / t with SP) is kept; one layer's activations are
@@ -115,19 +121,44 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
 def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings,
                            layer_number: int = 1) -> float:
     """One layer, one micro-batch, everything kept for backward without recomputation. The MLP's share is its
-    input and 8 / t of s b h values (two 4h-wide tensors), which an MoE layer replaces by its own."""
+    input and mlp_values / t of s b h values, which an MoE layer replaces by its own."""
     t, sbh = layout.tensor, shape.seq_length * layout.micro_batch * shape.hidden_size
-    replicated = 4 / t if layout.sequence_parallel else 4
-    values = sbh * (replicated + 12 / t)
+    replicated = replicated_values(shape, settings) / (t if layout.sequence_parallel else 1)
+    values = sbh * (replicated + split_values(shape) / t)
     masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
     scores = 0 if settings.fused_attention else (
         shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / t * settings.dtype_bytes)
     experts = shape.experts_of_layer(layer_number)
     mlp = 0.0
     if experts > 1:  # no sequence parallelism with experts
-        values -= sbh * (1 + 8 / t)
+        values -= sbh * (1 + mlp_values(shape) / t)
         mlp = moe.mlp_activation_bytes(shape, layout, settings, experts)
     return settings.dtype_bytes * values + masks + scores + mlp
+
+
+def replicated_values(shape: ModelShape, settings: TrainingSettings) -> float:
+    """Values per s b h (in the model dtype) a layer keeps whole on each tensor-parallel rank (split along the
+    sequence with SP): each norm's, then the QKV and MLP inputs (GPT-2: 1 + 1 + 1 + 1)."""
+    norm = 1 if shape.normalization == "layernorm" else 2 * 4 / settings.dtype_bytes
+    return 2 * norm + 2
+
+
+def split_values(shape: ModelShape) -> float:
+    """Values per s b h a layer keeps split over the tensor-parallel ranks: what attention reads (q, k, v) and
+    its output, then the MLP's (GPT-2: 3 + 1 + 8 = 12)."""
+    key_value = shape.key_value_heads / shape.num_attention_heads
+    rotary, repeated = shape.use_rotary_position_embeddings, shape.key_value_heads < shape.num_attention_heads
+    views_of_qkv = not rotary or not repeated  # q, k or v read straight from the fused projection's output
+    attention = ((1 + 2 * key_value) * views_of_qkv + rotary  # the QKV output, the rotated q
+                 + (2 if repeated else key_value * rotary)  # repeated k and v, or the rotated k
+                 + 1)  # the attention output
+    return attention + mlp_values(shape)
+
+
+def mlp_values(shape: ModelShape) -> float:
+    """The MLP's split values per s b h: GeLU's input and output (2f), or SwiGLU's gate|up, SiLU(gate) and their
+    product (4f)."""
+    return (4 if shape.swiglu else 2) * shape.ffn / shape.hidden_size
 
 
 def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:

@@ -10,11 +10,12 @@ model/gpt.py (RMSNorm's weight-only norms, no linear biases, grouped-query K/V, 
 position table, an untied output layer on the last stage) are fields of ModelShape, named as ModelConfig's.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
+from megatron.config.model_config import VARIANT_FLAGS
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
 from megatron.tokenizer import vocab_size_with_padding
@@ -41,6 +42,7 @@ class ModelShape:
     # model/gpt.py's architecture variants (config/model_config.py's names and defaults)
     normalization: str = "layernorm"
     add_position_embedding: bool = True
+    use_rotary_position_embeddings: bool = False
     swiglu: bool = False
     num_key_value_heads: int = 0  # 0: num_attention_heads
     add_bias_linear: bool = True
@@ -121,13 +123,10 @@ def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Mod
                                    pipeline_engine=not preset["no_pipeline_parallel"])
 
 
-ARCHITECTURE_VARIANTS = ("normalization", "add_position_embedding", "swiglu", "num_key_value_heads",
-                         "add_bias_linear", "untie_embeddings_and_output_weights")
-
-
 def architecture_variants(values) -> dict:
     """ModelShape's variant fields from flags or a preset (argparse names; a missing one keeps GPT-2's)."""
-    return {name: values[name] for name in ARCHITECTURE_VARIANTS if values.get(name) is not None}
+    counted = {spec.name for spec in fields(ModelShape)}
+    return {name: values[name] for name in VARIANT_FLAGS if name in counted and values.get(name) is not None}
 
 
 def mlp_parameters(shape: ModelShape, tensor: int) -> int:

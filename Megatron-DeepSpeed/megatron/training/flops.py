@@ -2,11 +2,12 @@
 
 Megatron's count for one iteration of global batch B, sequence s, L layers, hidden h and (padded) vocabulary V:
     24 * f * B * s * L * h^2 * (1 + s / (6h) + V / (16 L h))
-with f = 3 for forward + backward, for GPT-2's layer (attention projections 4h^2 and a 4h MLP 8h^2 parameters, 12h^2 in
-all). Other layers count their own matrix parameters in units of 12h^2: grouped-query attention's K/V projections
-2h x (key/value heads x head size), an MLP of --ffn-hidden-size f 2hf, a SwiGLU MLP 3hf (Megatron-LM's count). Under activation recomputation the forward runs twice, and Megatron's
-logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show
-too, so the two can be compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
+with f = 3 for forward + backward, for GPT-2's layer (attention projections 4h^2 and a 4h MLP 8h^2 parameters,
+12h^2 in all). Other layers count their own matrix parameters in units of 12h^2 (LayerMatrices): grouped-query
+attention's K/V projections 2h x (key/value heads x head size), an MLP of --ffn-hidden-size f 2hf, a SwiGLU MLP
+3hf (Megatron-LM's count). Under activation recomputation the forward runs twice, and Megatron's logged "TFLOPs"
+then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
+compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
 A mixture-of-experts model counts the work each token does (its active parameters): an MoE layer's MLP term is
@@ -60,7 +61,8 @@ class LayerMatrices:
 
     @classmethod
     def of(cls, model) -> "LayerMatrices":
-        """Of a model description with ModelConfig's field names (config/model_config.py, or model/gpt.py's GPTConfig)."""
+        """Of a model description with ModelConfig's field names (config/model_config.py, model/gpt.py's GPTConfig,
+        planning/shape.py's ModelShape)."""
         key_value_heads = model.num_key_value_heads or model.num_attention_heads  # the planner's 0: all
         return cls(model.hidden_size, model.ffn_hidden_size, key_value_heads / model.num_attention_heads,
                    model.swiglu)

@@ -1,0 +1,46 @@
+"""Stand-ins for torch_npu's npu_rms_norm, npu_rotary_mul and npu_swiglu whose Python signatures are the
+operators' schemas and whose arithmetic and input checks follow their documentation.
+
+SCHEMAS are the declarations in Ascend/op-plugin, op_plugin/config/op_plugin_functions.yaml at commit
+517f2e7d0f202f38b76310706cb977ca2388ad21 (each `exposed: all_version`; backward through derivatives.yaml:
+npu_rms_norm_backward, npu_rotary_mul_backward, npu_swiglu_backward, so autograd differentiates them on the
+device as it does these torch expressions here). The documentation, same commit, docs/zh/custom_APIs/torch_npu/:
+- (beta) npu_rms_norm: RmsNorm(x) = x / sqrt(mean(x^2) + eps) * gamma over gamma's trailing dims; returns it and
+  rstd (float32, self's leading dims).
+- npu_rotary_mul: output = x * cos + rotate(x) * sin; half mode rotate(x) = cat(-x2, x1) of x's two halves;
+  x 3 or 4 dims, D even and below 896; for BNSD x, r1 / r2 are 11SD, B1SD or BNSD.
+- (beta) npu_swiglu: A, B = the halves of self along dim; swish(A) * B = A * sigmoid(A) * B; the dim must be
+  even and non-contiguous tensors are not supported.
+"""
+import torch
+
+SCHEMAS = {
+    "npu_rms_norm": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+    "npu_rotary_mul": "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', "
+                      "Tensor? rotate=None) -> Tensor",
+    "npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+}
+
+
+def npu_rms_norm(self, gamma, epsilon=1e-06):
+    reduced = tuple(range(-gamma.dim(), 0))
+    rstd = torch.rsqrt(self.float().pow(2).mean(dim=reduced) + epsilon)
+    output = self.float() * rstd.reshape(*rstd.shape, *([1] * gamma.dim())) * gamma.float()
+    return output.to(self.dtype), rstd
+
+
+def npu_rotary_mul(self, r1, r2, rotary_mode='half', rotate=None):
+    assert rotary_mode == "half" and rotate is None  # the mode deepspeed_npu uses
+    assert self.dim() in (3, 4) and self.shape[-1] % 2 == 0 and self.shape[-1] < 896
+    batch, heads, seq, dim = self.shape  # BNSD
+    for table in (r1, r2):
+        assert table.shape[2:] == (seq, dim) and table.shape[0] in (1, batch) and table.shape[1] in (1, heads)
+        assert table.shape[1] == 1 or table.shape[0] == batch  # 11SD, B1SD or BNSD
+    first, second = self.chunk(2, dim=-1)
+    return self * r1 + torch.cat((-second, first), dim=-1) * r2
+
+
+def npu_swiglu(self, dim=-1):
+    assert self.is_contiguous() and self.shape[dim] % 2 == 0
+    first, second = self.chunk(2, dim=dim)
+    return first * torch.sigmoid(first) * second

@@ -1,0 +1,61 @@
+"""deepspeed_npu's RMSNorm, rotary and SwiGLU kernels against torch_npu's operators (stand-ins written from
+op-plugin's schemas and documentation, npu_llama_kernels_stand_in.py): a Llama-style model built with them
+computes the portable model's loss and gradients; a chip or a torch_npu without them keeps the portable ones."""
+import types
+
+import pytest
+import torch
+from npu_fusion_attention_stand_in import NpuFusionAttentionStandIn
+from npu_llama_kernels_stand_in import SCHEMAS, npu_rms_norm, npu_rotary_mul, npu_swiglu
+from npu_schemas import schema_parameters, signature_parameters
+
+from deepspeed_npu.fused_kernels import npu_kernels
+from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.model.kernels import PORTABLE_KERNELS, select_kernels
+
+STAND_INS = {"npu_rms_norm": npu_rms_norm, "npu_rotary_mul": npu_rotary_mul, "npu_swiglu": npu_swiglu}
+
+
+def torch_npu(*without):
+    return types.SimpleNamespace(npu_fusion_attention=NpuFusionAttentionStandIn(),
+                                 **{name: op for name, op in STAND_INS.items() if name not in without})
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_the_stand_ins_have_the_schemas_signatures(name):
+    assert signature_parameters(STAND_INS[name]) == schema_parameters(SCHEMAS[name])
+
+
+def loss_and_gradients(kernels, rotary_percent):
+    config = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=2, hidden_size=32,
+                       num_attention_heads=4, num_key_value_heads=2, ffn_hidden_size=48, hidden_dropout=0.0,
+                       attention_dropout=0.0, normalization="rmsnorm", add_position_embedding=False,
+                       use_rotary_position_embeddings=True, rotary_percent=rotary_percent, swiglu=True,
+                       add_bias_linear=False, untie_embeddings_and_output_weights=True, kernels=kernels)
+    model = GPTModel(config)
+    tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    loss = model(tokens[:, :-1], labels=tokens[:, 1:])
+    loss.backward()
+    return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradients(rotary_percent):
+    kernels = select_kernels("npu", npu_kernels(torch_npu(), "Ascend910B3"))
+    assert (kernels.rms_norm.kernel_name, kernels.rotary_mul.kernel_name, kernels.swiglu.kernel_name) == (
+        "torch_npu.npu_rms_norm", "torch_npu.npu_rotary_mul", "torch_npu.npu_swiglu")
+    expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, rotary_percent)
+    loss, gradients = loss_and_gradients(kernels, rotary_percent)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, gradient in expected.items():
+        torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_other_chips_and_builds_without_an_operator_keep_the_portable_kernels():
+    other_chip = select_kernels("npu", npu_kernels(torch_npu(), "Ascend910_9391"))
+    assert (other_chip.rms_norm, other_chip.rotary_mul, other_chip.swiglu) == (
+        PORTABLE_KERNELS.rms_norm, PORTABLE_KERNELS.rotary_mul, PORTABLE_KERNELS.swiglu)
+    without_swiglu = npu_kernels(torch_npu("npu_swiglu"), "Ascend910B3")
+    assert without_swiglu.swiglu is None and without_swiglu.rms_norm is not None
+    assert without_swiglu.description() == ("torch_npu fused attention for training, PyTorch SDPA for inference; "
+                                            "torch_npu RMSNorm, rotary")
