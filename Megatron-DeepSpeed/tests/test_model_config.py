@@ -183,7 +183,8 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
-                                         r"--add-position-embedding False, .*; only GPT-2-shaped checkpoints"):
+                                         r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "
+                                         r"can hold \(Llama needs .*--rotary-percent 1"):
         export_hf(saved, str(tmp_path / "hf"))
 
 
