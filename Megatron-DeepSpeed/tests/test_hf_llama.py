@@ -17,6 +17,7 @@ from megatron.checkpoint.examine import examine
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError
+from megatron.evaluation.lambada import split_target
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
@@ -195,6 +196,8 @@ def test_hf_tokenizer_gives_the_tokenizers_ids_and_its_special_tokens(hf_dir, tm
     assert ids.tolist() == sum((reference.encode(text).ids for text in SENTENCES[:3]), [])
     assert lengths.tolist() == [len(reference.encode(text).ids) for text in SENTENCES[:3]]
     assert tokenizer.detokenize(tokenizer.tokenize("the lazy dog")) == "<s> the lazy dog"
+    cloze = split_target(tokenizer, "the lazy dog", strict=True)  # the target word without a BOS of its own
+    assert cloze.context[0] == 1 and cloze.target == reference.encode(" dog").ids[1:] and 1 not in cloze.target
     assert [name for _, name in tokenizer_files_of({"tokenizer_type": "HFTokenizer", "tokenizer_model": hf_dir})] == \
         ["tokenizer.json", "tokenizer_config.json"]
     with pytest.raises(InputError, match=r"^--tokenizer-model .*nowhere: no tokenizer.json there"):
