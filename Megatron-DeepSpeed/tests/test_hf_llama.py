@@ -292,3 +292,27 @@ def test_continued_pretraining_at_tp2_pp2_starts_from_transformers_loss(hf_dir, 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert open(os.path.join(tmp_path / "exported", name)).read() == open(os.path.join(hf_dir, name)).read()
     assert LlamaForCausalLM.from_pretrained(tmp_path / "exported").config.vocab_size == 100
+
+
+def evaluate_on_ranks(argv):
+    from tasks.zeroshot_gpt.evaluate import main
+    return main(argv)
+
+
+@pytest.mark.full
+def test_wikitext_evaluation_at_tp2_dp2_equals_one_process(hf_dir, imported, tmp_path):
+    from megatron.evaluation.zeroshot import wikitext_perplexity
+
+    text = " ".join(SENTENCES[:12]) + " \n"
+    (tmp_path / "wiki.tokens").write_text(text)
+    argv = ["--load", imported["tp2"], "--tokenizer-type", "HFTokenizer", "--tokenizer-model", hf_dir,
+            "--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--task", "WIKITEXT103",
+            "--valid-data", str(tmp_path / "wiki.tokens"), "--seq-length", "16", "--overlapping-eval", "8"]
+    results = run_on_ranks(evaluate_on_ranks, 4, argv)
+    tokenizer = build_tokenizer("HFTokenizer", tokenizer_model=hf_dir)
+    expected = wikitext_perplexity(our_model(imported["pp2"]), tokenizer, text, seq_length=16, overlapping_eval=8,
+                                   batch_size=2)
+    assert expected.tokens > 60
+    for result in results:
+        assert (result.tokens, result.words) == (expected.tokens, expected.words)
+        assert result.summed_loss == pytest.approx(expected.summed_loss, rel=1e-5)
