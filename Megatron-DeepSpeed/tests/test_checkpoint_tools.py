@@ -32,11 +32,16 @@ def hf_model(activation="gelu"):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=HF_VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, n_inner=48,
                         activation_function=activation, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # non-trivial LayerNorms and biases, so a mixed-up mapping cannot go unnoticed
+    return with_random_vectors(GPT2LMHeadModel(config).eval(), ".ln_")
+
+
+def with_random_vectors(model, norm_marker: str):
+    """`model` with random norm weights (near 1; names containing norm_marker) and biases (near 0), so a mixed-up
+    mapping cannot go unnoticed."""
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1:
-                parameter.normal_(mean=1.0 if ".ln_" in name else 0.0, std=0.1)
+                parameter.normal_(mean=1.0 if norm_marker in name else 0.0, std=0.1)
     return model
 
 

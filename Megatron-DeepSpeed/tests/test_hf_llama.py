@@ -22,6 +22,7 @@ from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
 from tests.distributed_helpers import run_on_ranks
+from tests.test_checkpoint_tools import with_random_vectors
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a llama eats grass in the high mountains",
              "pre-training reads many tokens", "the dog and the llama are friends", "mountains are high and cold",
@@ -50,18 +51,13 @@ def write_tokenizer(directory) -> int:
 
 
 def llama(vocab_size: int, **overrides):
-    """A seeded LlamaForCausalLM with non-trivial norms (so a mixed-up mapping cannot go unnoticed)."""
+    """A seeded LlamaForCausalLM with random norms and biases."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(**{**LLAMA_SHAPE, "vocab_size": vocab_size, "num_key_value_heads": 2, "rope_theta": 500000.0,
                             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, **overrides})
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() == 1:
-                parameter.normal_(mean=1.0 if "norm" in name else 0.0, std=0.1)
-    return model
+    return with_random_vectors(LlamaForCausalLM(config).eval(), "norm")
 
 
 @pytest.fixture(scope="module")

@@ -73,10 +73,28 @@ def parse_shard_size(text: str) -> int:
     return int(match.group(1)) * units[match.group(2).lower()]
 
 
-class SafetensorsWeights(abc.Mapping):
+class _LazyTensors(abc.Mapping):
+    """A mapping over a fixed set of tensor names whose tensors are produced only when asked (the subclass's
+    __getitem__); membership, order and length come from the names, without producing anything."""
+
+    def __init__(self, names: Iterable[str]):
+        self._names = dict.fromkeys(names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class SafetensorsWeights(_LazyTensors):
     """Tensor name -> tensor over one or more safetensors files, each tensor read when asked (memory-mapped)."""
 
     def __init__(self, directory: str, file_of: Mapping[str, str]):
+        super().__init__(file_of)
         self._directory, self._file_of = directory, dict(file_of)
         self._open: Dict[str, object] = {}
 
@@ -100,15 +118,6 @@ class SafetensorsWeights(abc.Mapping):
         except Exception as err:
             raise InputError(f"tensor '{name}' of {os.path.join(self._directory, file)} cannot be read "
                              f"({type(err).__name__}: {err}); the file is truncated or damaged") from err
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._file_of
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._file_of)
-
-    def __len__(self) -> int:
-        return len(self._file_of)
 
 
 def _single_file_names(directory: str) -> Dict[str, str]:
@@ -153,11 +162,12 @@ def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
                      "weights to import")
 
 
-class DerivedWeights(abc.Mapping):
+class DerivedWeights(_LazyTensors):
     """Our tensors by name, each computed from the Hugging Face tensors when asked (the last one kept, as a
     checkpoint writer asks for the same tensor once per tensor-parallel rank)."""
 
     def __init__(self, recipes: Mapping[str, Callable[[], torch.Tensor]]):
+        super().__init__(recipes)
         self._recipes = dict(recipes)
         self._last: Tuple[Optional[str], Optional[torch.Tensor]] = (None, None)
 
@@ -166,15 +176,6 @@ class DerivedWeights(abc.Mapping):
             self._last = (None, None)
             self._last = (name, self._recipes[name]().contiguous())
         return self._last[1]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._recipes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._recipes)
-
-    def __len__(self) -> int:
-        return len(self._recipes)
 
 
 def taker(weights: Mapping[str, torch.Tensor], architecture: str, prefixes: Tuple[str, ...] = ("",)):
