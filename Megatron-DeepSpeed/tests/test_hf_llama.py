@@ -127,6 +127,7 @@ def test_ours_to_hf_to_ours_is_bit_identical_and_the_examiner_shows_llama(import
     exported, again = str(tmp_path / "hf"), str(tmp_path / "again")
     export_hf(imported["tp2"], exported)
     assert os.listdir(exported).count(hf_files.WEIGHTS_FILE) == 1  # under the default shard size: one file
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(exported))  # recorded by the import
     import_hf(exported, again, TargetLayout(1, 2), make_vocab_size_divisible_by=64)
     first, second = read_checkpoint(imported["tp2"]), read_checkpoint(again)
     assert first.model_config == second.model_config and first.model.keys() == second.model.keys()
@@ -229,10 +230,9 @@ def test_generation_at_tp2_dp2_equals_transformers_greedy(hf_dir, imported, tmp_
 
     prompts = ["the quick brown", "a llama eats", "mountains are", "the dog"]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    argv = ["--load", imported["tp2"], "--tokenizer-type", "HFTokenizer", "--tokenizer-model", hf_dir,
-            "--prompt-file", str(tmp_path / "prompts.txt"), "--max-new-tokens", "8", "--greedy",
+    argv = ["--load", imported["tp2"], "--prompt-file", str(tmp_path / "prompts.txt"), "--max-new-tokens", "8", "--greedy",
             "--micro-batch-size", "1", "--tensor-model-parallel-size", "2"]
-    per_rank = run_on_ranks(generate_on_ranks, 4, argv)
+    per_rank = run_on_ranks(generate_on_ranks, 4, argv)  # the tokenizer: the one the import recorded
     assert all(records == per_rank[0] for records in per_rank)
     reference = LlamaForCausalLM.from_pretrained(hf_dir).eval()
     tokenizer = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))

@@ -19,7 +19,7 @@ from megatron.files.atomic import write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import HF_TOKENIZER_TYPE, SENTENCEPIECE_TYPES, vocab_size_with_padding
-from megatron.tokenizer.hf_tokenizer import hf_tokenizer_files
+from megatron.tokenizer.hf_tokenizer import TOKENIZER_FILE, hf_tokenizer_files
 
 GPT2_TOKENIZER_FILES = (("vocab_file", "vocab.json"), ("merge_file", "merges.txt"))
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -181,16 +181,20 @@ def tokenizer_files_of(args: Mapping[str, object]) -> list:
 
 
 def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_divisible_by: int) -> dict:
-    """The flags an imported checkpoint records: the model's and the vocabulary, and what an export writes back
-    (dtype, special token ids); training flags are the fine-tuning run's own."""
+    """The flags an imported checkpoint records: the model's, the vocabulary, the directory's tokenizer.json when
+    it has one (so generation and export find it), and what an export writes back (dtype, special token ids);
+    training flags are the fine-tuning run's own."""
     model, config = hf_model.model_config, hf_model.config
     dtype = next((config[key] for key in hf_files.DTYPE_KEYS if config.get(key)), None)
     special = {key: config[key] for key in SPECIAL_TOKEN_KEYS if key in config}
+    directory = os.path.abspath(hf_model.directory)
+    tokenizer = ({"tokenizer_type": HF_TOKENIZER_TYPE, "tokenizer_model": directory}
+                 if os.path.isfile(os.path.join(directory, TOKENIZER_FILE)) else {})
     return {**model.to_flags(), "seq_length": model.max_position_embeddings, "fp16": False, "bf16": False,
             "make_vocab_size_divisible_by": make_vocab_size_divisible_by, "tokenizer_vocab_size": hf_model.vocab_size,
-            "padded_vocab_size": padded_vocab_size, "zero_stage": 0, "data_parallel_size": 1,
+            "padded_vocab_size": padded_vocab_size, "zero_stage": 0, "data_parallel_size": 1, **tokenizer,
             hf_files.HF_CONFIG_KEPT: {"dtype": dtype, "special_tokens": special},
-            "imported_from": f"transformers {hf_model.adapter.ARCHITECTURE} ({config.get('_name_or_path', '')})"}
+            "imported_from": f"transformers {hf_model.adapter.ARCHITECTURE} ({directory})"}
 
 
 def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
