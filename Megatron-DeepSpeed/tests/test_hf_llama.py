@@ -230,8 +230,8 @@ def test_generation_at_tp2_dp2_equals_transformers_greedy(hf_dir, imported, tmp_
 
     prompts = ["the quick brown", "a llama eats", "mountains are", "the dog"]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    argv = ["--load", imported["tp2"], "--prompt-file", str(tmp_path / "prompts.txt"), "--max-new-tokens", "8", "--greedy",
-            "--micro-batch-size", "1", "--tensor-model-parallel-size", "2"]
+    argv = ["--load", imported["tp2"], "--prompt-file", str(tmp_path / "prompts.txt"), "--max-new-tokens", "8",
+            "--greedy", "--micro-batch-size", "1", "--tensor-model-parallel-size", "2"]
     per_rank = run_on_ranks(generate_on_ranks, 4, argv)  # the tokenizer: the one the import recorded
     assert all(records == per_rank[0] for records in per_rank)
     reference = LlamaForCausalLM.from_pretrained(hf_dir).eval()

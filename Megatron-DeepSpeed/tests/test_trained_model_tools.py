@@ -114,7 +114,8 @@ def hf_greedy(save):
     hf_model = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(checkpoint.model_config, VOCAB + 1, torch.float32,
                                                                    {"bos_token_id": VOCAB, "eos_token_id": VOCAB})),
                                             attn_implementation="eager")
-    missing, unexpected = hf_model.load_state_dict(dict(to_hf_tensors(checkpoint.model, config, VOCAB + 1)), strict=False)
+    weights = dict(to_hf_tensors(checkpoint.model, config, VOCAB + 1))
+    missing, unexpected = hf_model.load_state_dict(weights, strict=False)
     assert (missing, unexpected) == (["lm_head.weight"], [])  # tied to the word embedding
     hf_model.tie_weights()
     outputs = []

@@ -1,7 +1,7 @@
 """Convert a checkpoint of pretrain_gpt.py: reshape it to another tensor/pipeline-parallel layout, export it as a
-Hugging Face GPT-2 or Llama model, or import one. One CPU process; no distributed world needed. --load reads any layout
-(recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one), the
-Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
+Hugging Face GPT-2 or Llama model, or import one. One CPU process; no distributed world needed. --load reads any
+layout (recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one),
+the Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]

@@ -64,7 +64,8 @@ def parameter_lines(model: Mapping[str, torch.Tensor]) -> List[str]:
 
 def differences(a: Examined, b: Examined) -> Dict[str, float]:
     """Max absolute difference per tensor name of either side (inf where a tensor is missing or its shape
-    differs). Against a Hugging Face model, only the real vocabulary rows of the word embedding and output layer count."""
+    differs). Against a Hugging Face model, only the real vocabulary rows of the word embedding and output layer
+    count."""
     result = {}
     for name in list(a.model) + [name for name in b.model if name not in a.model]:
         first, second = a.model.get(name), b.model.get(name)
