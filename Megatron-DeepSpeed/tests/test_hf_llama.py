@@ -287,7 +287,9 @@ def test_continued_pretraining_at_tp2_pp2_starts_from_transformers_loss(hf_dir, 
     export_hf(str(tmp_path / "tuned"), str(tmp_path / "exported"))  # the tokenizer's files go along
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert open(os.path.join(tmp_path / "exported", name)).read() == open(os.path.join(hf_dir, name)).read()
-    assert LlamaForCausalLM.from_pretrained(tmp_path / "exported").config.vocab_size == 100
+    config = json.loads((tmp_path / "exported" / hf_files.CONFIG_FILE).read_text())
+    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (100, 1, 2)  # the tokenizer's
+    assert LlamaForCausalLM.from_pretrained(tmp_path / "exported").config.num_key_value_heads == 2
 
 
 def evaluate_on_ranks(argv):

@@ -19,7 +19,7 @@ from megatron.files.atomic import write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import HF_TOKENIZER_TYPE, SENTENCEPIECE_TYPES, vocab_size_with_padding
-from megatron.tokenizer.hf_tokenizer import TOKENIZER_FILE, hf_tokenizer_files
+from megatron.tokenizer.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, hf_tokenizer_files
 
 GPT2_TOKENIZER_FILES = (("vocab_file", "vocab.json"), ("merge_file", "merges.txt"))
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -145,7 +145,8 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     vocab_size = unpadded_vocab_size(args)
     dtype = source.model[next(iter(source.model))].dtype
     kept = args.get(hf_files.HF_CONFIG_KEPT) or {}
-    config_json = {**adapter.hf_config(model_config, vocab_size, dtype, kept.get("special_tokens")),
+    special_tokens = kept.get("special_tokens") or hf_tokenizer_special_tokens(args)
+    config_json = {**adapter.hf_config(model_config, vocab_size, dtype, special_tokens),
                    **hf_files.dtype_keys(kept.get("dtype") or hf_files.dtype_name(dtype))}
     tokenizer_files = tokenizer_files_of(args)
 
@@ -163,6 +164,16 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
 
     write_directory_atomically(hf_dir, fill, force=force)
     return source
+
+
+def hf_tokenizer_special_tokens(args: Mapping[str, object]) -> Optional[dict]:
+    """The BOS / EOS ids of the checkpoint's HFTokenizer, when it was trained with one whose files still exist (a
+    run fine-tuned from an import records its tokenizer, not the imported config.json's ids)."""
+    path = args.get("tokenizer_model")
+    if args.get("tokenizer_type") != HF_TOKENIZER_TYPE or not path or not os.path.exists(str(path)):
+        return None
+    tokenizer = HFTokenizer(str(path))
+    return {"eos_token_id": tokenizer.eod, **({"bos_token_id": tokenizer.bos} if tokenizer.bos is not None else {})}
 
 
 def tokenizer_files_of(args: Mapping[str, object]) -> list:
