@@ -180,6 +180,21 @@ def test_rotary_keys_of_transformers_4_and_5_and_a_scaled_rotary_refused(tmp_pat
         hf_llama.model_config_from_hf({**four, "hidden_act": "gelu"})
 
 
+def test_a_missing_or_damaged_shard_is_named_in_one_line_and_nothing_is_written(hf_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "hf"
+    shutil.copytree(hf_dir, copy)
+    shard = sorted(name for name in os.listdir(copy) if name.startswith("model-"))[1]
+    (copy / shard).write_bytes((copy / shard).read_bytes()[:100])
+    with pytest.raises(InputError, match=rf"^.*{shard} cannot be read .*; the file is missing, truncated or damaged$"):
+        import_hf(str(copy), str(tmp_path / "out"), TargetLayout(1, 1))
+    (copy / shard).unlink()
+    with pytest.raises(InputError, match=rf"{shard} cannot be read"):
+        import_hf(str(copy), str(tmp_path / "out"), TargetLayout(1, 1))
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["hf"]
+
+
 def test_hf_tokenizer_gives_the_tokenizers_ids_and_its_special_tokens(hf_dir, tmp_path):
     from tokenizers import Tokenizer
 
