@@ -69,7 +69,8 @@ def nothing_written(parent):
 @pytest.mark.parametrize("activation, openai_gelu", [("gelu", False), ("gelu_new", True)])
 def test_imported_model_computes_hf_logits(tmp_path, activation, openai_gelu):
     reference = hf_model(activation)
-    reference.save_pretrained(tmp_path / "hf")
+    reference.save_pretrained(tmp_path / "hf", max_shard_size="20KB")  # sharded, as a large model is
+    assert (tmp_path / "hf" / hf_files.INDEX_FILE).is_file()
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1), make_vocab_size_divisible_by=64)
     checkpoint = read_checkpoint(str(tmp_path / "ckpt"))
     assert checkpoint.padded_vocab_size == 128 and checkpoint.iteration == 0
