@@ -33,7 +33,8 @@ def save_then_fail(save_dir):
     from megatron.errors import RunError
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
 
-    flags = {"save": save_dir, "seed": 1, "num_layers": 2, "seq_length": 16, "zero_stage": 1,
+    flags = {"save": save_dir, "seed": 1, "num_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+             "max_position_embeddings": 16, "seq_length": 16, "zero_stage": 1,
              "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "no_pipeline_parallel": False}
     tracker = tensor_parallel_rng_tracker(1, 0)
     save_checkpoint(EngineThatSaves(), save_dir, flags, 10, 80, tracker, padded_vocab_size=128)

@@ -97,6 +97,17 @@ def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_h
         assert generated == expected[0, len(prompt):].tolist()
 
 
+def test_bf16_with_an_fp32_residual_stream_follows_fp32():
+    """RMSNorm on the fp32 stream normalises in fp32 with the bf16 weight upcast (model/gpt.py's normalize)."""
+    reference = GPTModel(llama_config(init_method_std=0.02))
+    half = GPTModel(llama_config(init_method_std=0.02, fp32_residual_connection=True)).to(torch.bfloat16)
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    hidden = half.embedding(tokens)
+    assert hidden.dtype == torch.float32 and half.layers[0](hidden).dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(half(tokens).float(), reference(tokens), rtol=0.05, atol=0.05)
+
+
 def test_rotary_percent_rotates_the_first_channels_and_keeps_distances():
     rotary = RotaryEmbedding.for_heads(head_dim=8, percent=0.5, theta=10000)
     heads = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
