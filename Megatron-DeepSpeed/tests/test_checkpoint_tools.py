@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from megatron.checkpoint import hf
+from megatron.checkpoint import hf_files
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.directory import Layout
 from megatron.checkpoint.examine import differences, examine
@@ -32,11 +32,16 @@ def hf_model(activation="gelu"):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=HF_VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, n_inner=48,
                         activation_function=activation, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # non-trivial LayerNorms and biases, so a mixed-up mapping cannot go unnoticed
+    return with_random_vectors(GPT2LMHeadModel(config).eval(), ".ln_")
+
+
+def with_random_vectors(model, norm_marker: str):
+    """`model` with random norm weights (near 1; names containing norm_marker) and biases (near 0), so a mixed-up
+    mapping cannot go unnoticed."""
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1:
-                parameter.normal_(mean=1.0 if ".ln_" in name else 0.0, std=0.1)
+                parameter.normal_(mean=1.0 if norm_marker in name else 0.0, std=0.1)
     return model
 
 
@@ -64,7 +69,8 @@ def nothing_written(parent):
 @pytest.mark.parametrize("activation, openai_gelu", [("gelu", False), ("gelu_new", True)])
 def test_imported_model_computes_hf_logits(tmp_path, activation, openai_gelu):
     reference = hf_model(activation)
-    reference.save_pretrained(tmp_path / "hf")
+    reference.save_pretrained(tmp_path / "hf", max_shard_size="20KB")  # sharded, as a large model is
+    assert (tmp_path / "hf" / hf_files.INDEX_FILE).is_file()
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1), make_vocab_size_divisible_by=64)
     checkpoint = read_checkpoint(str(tmp_path / "ckpt"))
     assert checkpoint.padded_vocab_size == 128 and checkpoint.iteration == 0
@@ -84,12 +90,12 @@ def test_hf_round_trip_through_a_tp2_pp2_checkpoint_is_identical(hf_dir, importe
     assert read_checkpoint(imported).layout.describe() == \
         "TP 2 x PP 2, any DP and ZeRO stage, pipeline engine"
     export_hf(imported, str(tmp_path / "exported"))
-    original, exported = (load_file(os.path.join(path, hf.WEIGHTS_FILE)) for path in (hf_dir, tmp_path / "exported"))
+    original, exported = (load_file(os.path.join(path, hf_files.WEIGHTS_FILE)) for path in (hf_dir, tmp_path / "exported"))
     original.pop("lm_head.weight", None)  # tied to wte; transformers may or may not store it
     assert exported.keys() == original.keys()
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
-    config = json.loads((tmp_path / "exported" / hf.CONFIG_FILE).read_text())
+    config = json.loads((tmp_path / "exported" / hf_files.CONFIG_FILE).read_text())
     assert config["vocab_size"] == HF_VOCAB and config["activation_function"] == "gelu"
     from transformers import GPT2LMHeadModel
     reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
@@ -204,11 +210,12 @@ def test_truncated_shard_is_named(imported, tmp_path):
 
 
 def test_hf_directory_of_another_architecture(tmp_path):
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / hf.CONFIG_FILE).write_text(json.dumps({"model_type": "llama",
-                                                                 "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(InputError, match="describes a 'llama' model .*only GPT-2"):
-        import_hf(str(tmp_path / "llama"), str(tmp_path / "out"), TargetLayout(1, 1))
+    (tmp_path / "mistral").mkdir()
+    (tmp_path / "mistral" / hf_files.CONFIG_FILE).write_text(json.dumps({"model_type": "mistral",
+                                                                   "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(InputError, match=r"describes a 'mistral' model \(MistralForCausalLM\); only gpt2 "
+                                         r"\(GPT2LMHeadModel\) and llama \(LlamaForCausalLM\) can be imported"):
+        import_hf(str(tmp_path / "mistral"), str(tmp_path / "out"), TargetLayout(1, 1))
     assert not (tmp_path / "out").exists() and nothing_written(tmp_path)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from megatron.checkpoint.hf import hf_config, to_hf_state_dict
+from megatron.checkpoint.hf_gpt2 import hf_config, to_hf_tensors
 from megatron.errors import InputError
 from megatron.inference.generation import PaddedBatch, generate_batch
 from megatron.inference.prompts import gather_prompts, read_prompt_file, tokenize_prompts
@@ -41,9 +41,10 @@ def model():
 
 def hf_model_of(model):
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(**hf_config(model_config_of(model.config), VOCAB, torch.float32, eod=EOD))
+    config = GPT2Config(**hf_config(model_config_of(model.config), VOCAB, torch.float32,
+                                    {"bos_token_id": EOD, "eos_token_id": EOD}))
     hf_model = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
-    weights = to_hf_state_dict(model.state_dict(), model.config, VOCAB)
+    weights = dict(to_hf_tensors(model.state_dict(), model.config, VOCAB))
     with torch.no_grad():
         for name, parameter in hf_model.named_parameters():  # lm_head.weight is tied to wte: not listed
             parameter.copy_(weights.pop(name))

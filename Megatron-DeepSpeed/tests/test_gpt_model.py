@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.checkpoint.hf import to_hf_state_dict
+from megatron.checkpoint.hf_gpt2 import to_hf_tensors
 from megatron.errors import InputError
 from megatron.model import gpt, kernels
 from megatron.model.gpt import GPTConfig, GPTModel
@@ -36,7 +36,7 @@ def hf_twin(model, hf_vocab_size, activation, attn_implementation):
                            layer_norm_epsilon=config.layernorm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
                            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     hf_model = GPT2LMHeadModel._from_config(hf_config, attn_implementation=attn_implementation)
-    weights = to_hf_state_dict(model.state_dict(), config, hf_vocab_size)
+    weights = dict(to_hf_tensors(model.state_dict(), config, hf_vocab_size))
     with torch.no_grad():
         for name, parameter in hf_model.named_parameters():
             parameter.copy_(weights.pop(name))

@@ -10,7 +10,7 @@ import torch
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, VOCAB, train, write_counting_dataset
 
-from megatron.checkpoint import hf
+from megatron.checkpoint import hf_files, hf_gpt2
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.resume import check_model_flags
@@ -156,7 +156,7 @@ def test_every_flag_survives_save_read_hf_export_import_and_reaches_the_generati
     saved = written_checkpoint(str(tmp_path / "ckpt"), EVERY_FLAG_CHANGED)
     assert read_checkpoint(saved).model_config == EVERY_FLAG_CHANGED
     export_hf(saved, str(tmp_path / "hf"))
-    config_json = json.loads((tmp_path / "hf" / hf.CONFIG_FILE).read_text())
+    config_json = json.loads((tmp_path / "hf" / hf_files.CONFIG_FILE).read_text())
     assert (config_json["layer_norm_epsilon"], config_json["activation_function"], config_json["n_positions"],
             config_json["n_inner"], config_json["resid_pdrop"], config_json["attn_pdrop"]) == \
            (0.01, "gelu_new", 40, 80, 0.2, 0.3)
@@ -183,7 +183,8 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
-                                         r"--add-position-embedding False, .*; only GPT-2-shaped checkpoints"):
+                                         r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "
+                                         r"can hold \(Llama needs .*--rotary-percent 1"):
         export_hf(saved, str(tmp_path / "hf"))
 
 
@@ -197,11 +198,11 @@ def test_a_reshaped_old_checkpoint_records_every_model_flag(tmp_path):
 
 
 def test_a_plain_gpt2_config_json_is_the_upstream_default_model():
-    config = hf.model_config_from_hf({"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16})
+    config = hf_gpt2.model_config_from_hf({"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16})
     assert config == ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=16,
                                  openai_gelu=True)  # transformers' default activation is the tanh form
     with pytest.raises(InputError, match=r"^config.json sets megatron_model_flags to 3; it must map flag names"):
-        hf.model_config_from_hf({"n_layer": 2, hf.MODEL_FLAGS_KEY: 3})
+        hf_gpt2.model_config_from_hf({"n_layer": 2, hf_files.MODEL_FLAGS_KEY: 3})
 
 
 @pytest.mark.full  # a training run
@@ -212,7 +213,7 @@ def test_a_run_trained_with_layernorm_epsilon_exports_and_generates_with_it(tmp_
                                          "--save-interval", "5"])[0]
     assert read_checkpoint(save).model_config.layernorm_epsilon == 0.01
     export_hf(save, str(tmp_path / "hf"))
-    assert json.loads((tmp_path / "hf" / hf.CONFIG_FILE).read_text())["layer_norm_epsilon"] == 0.01
+    assert json.loads((tmp_path / "hf" / hf_files.CONFIG_FILE).read_text())["layer_norm_epsilon"] == 0.01
     model, _ = load_model(save, tokenizer_vocab_size=TOKENS, parallel_state=None, kernels=PORTABLE_KERNELS,
                           dtype=torch.float32, device=torch.device("cpu"))
     assert {module.eps for module in model.modules() if isinstance(module, torch.nn.LayerNorm)} == {0.01}

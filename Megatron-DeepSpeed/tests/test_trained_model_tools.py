@@ -13,7 +13,7 @@ import torch
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
 
-from megatron.checkpoint.hf import hf_config, to_hf_state_dict
+from megatron.checkpoint.hf_gpt2 import hf_config, to_hf_tensors
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.errors import InputError
 from megatron.evaluation.zeroshot import wikitext_perplexity
@@ -112,9 +112,10 @@ def hf_greedy(save):
     checkpoint = read_checkpoint(save)
     config = gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size)
     hf_model = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(checkpoint.model_config, VOCAB + 1, torch.float32,
-                                                                   eod=VOCAB)),
+                                                                   {"bos_token_id": VOCAB, "eos_token_id": VOCAB})),
                                             attn_implementation="eager")
-    missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(checkpoint.model, config, VOCAB + 1), strict=False)
+    weights = dict(to_hf_tensors(checkpoint.model, config, VOCAB + 1))
+    missing, unexpected = hf_model.load_state_dict(weights, strict=False)
     assert (missing, unexpected) == (["lm_head.weight"], [])  # tied to the word embedding
     hf_model.tie_weights()
     outputs = []

@@ -14,7 +14,7 @@ import time
 import torch
 
 from megatron import device
-from megatron.checkpoint.hf import hf_config, to_hf_state_dict
+from megatron.checkpoint.hf_gpt2 import hf_config, to_hf_tensors
 from megatron.errors import InputError, run_cli
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams
@@ -53,7 +53,7 @@ def build_models(args, target: torch.device, dtype: torch.dtype):
     ours = GPTModel(config).eval()
     theirs = GPT2LMHeadModel._from_config(GPT2Config(**hf_config(model_config_of(config), args.vocab, dtype)),
                                           attn_implementation="sdpa")
-    missing, _ = theirs.load_state_dict(to_hf_state_dict(ours.state_dict(), config, args.vocab), strict=False)
+    missing, _ = theirs.load_state_dict(dict(to_hf_tensors(ours.state_dict(), config, args.vocab)), strict=False)
     assert missing == ["lm_head.weight"]  # tied to the word embedding
     theirs.tie_weights()
     return ours.to(target, dtype), theirs.to(target, dtype).eval()

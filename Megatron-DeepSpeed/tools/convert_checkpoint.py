@@ -1,7 +1,7 @@
 """Convert a checkpoint of pretrain_gpt.py: reshape it to another tensor/pipeline-parallel layout, export it as a
-Hugging Face GPT-2 model, or import one. One CPU process; no distributed world needed. --load reads any layout
-(recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one), the
-Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
+Hugging Face GPT-2 or Llama model, or import one. One CPU process; no distributed world needed. --load reads any
+layout (recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one),
+the Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
@@ -9,7 +9,7 @@ Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSp
                           [--target-fp32 | --target-fp16 | --target-bf16]   (its ZeRO-0 Adam state's precision)
                           [--target-data-parallel-size D]   (MoE: ZeRO 1-2 at DP D too; dense, pipeline engine,
                                                              bf16: BF16_Optimizer's ZeRO-0 slices for DP D)
-    convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR
+    convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR [--max-shard-size 5GB]
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
 
@@ -26,6 +26,7 @@ The output directory appears complete or not at all; an existing one is replaced
 import argparse
 
 from megatron.checkpoint.convert import export_hf, import_hf, reshape
+from megatron.checkpoint.hf_files import parse_shard_size
 from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.checkpoint.writer import TargetLayout
 from megatron.errors import InputError, run_cli
@@ -39,11 +40,15 @@ def parse_args(argv):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--load", help="checkpoint directory (a --save directory, upstream's or Megatron's "
                                        "checkpoint folder, or a universal checkpoint folder)")
-    source.add_argument("--from-hf", metavar="HF_DIR", help="transformers GPT2LMHeadModel directory to import")
+    source.add_argument("--from-hf", metavar="HF_DIR",
+                        help="transformers GPT2LMHeadModel or LlamaForCausalLM directory to import")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration to read (default: the one in 'latest')")
     output = parser.add_mutually_exclusive_group(required=True)
     output.add_argument("--save", help="directory to write the converted checkpoint to")
-    output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write a transformers GPT2LMHeadModel to")
+    output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write a transformers GPT2LMHeadModel or "
+                                                          "LlamaForCausalLM (whichever holds the model) to")
+    parser.add_argument("--max-shard-size", default="5GB",
+                        help="with --to-hf: largest safetensors shard, as transformers writes it (e.g. 5GB, 500MB)")
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--target-expert-parallel-size", type=int, default=1,
@@ -85,9 +90,10 @@ def convert(args) -> None:
                           pipeline_engine=not args.target_no_pipeline_parallel,
                           expert=args.target_expert_parallel_size, data=args.target_data_parallel_size)
     if args.to_hf:
-        print(f"exporting {args.load} as a Hugging Face GPT-2 model to {args.to_hf}", flush=True)
+        print(f"exporting {args.load} as a Hugging Face model to {args.to_hf}", flush=True)
         with progress_bar("exporting") as progress:
-            source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress)
+            source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress,
+                               parse_shard_size(args.max_shard_size))
         print(f"wrote {args.to_hf} from iteration {source.iteration} ({source.layout.describe()})")
     elif args.from_hf:
         print(f"importing {args.from_hf} to {args.save} at {target.describe()}", flush=True)

@@ -1,5 +1,5 @@
-"""Show a checkpoint (any layout convert_checkpoint.py reads, or a Hugging Face GPT-2 directory) as its iteration,
-layout, key flags and every parameter at its full shape; or compare two.
+"""Show a checkpoint (any layout convert_checkpoint.py reads, or a Hugging Face GPT-2 or Llama directory) as its
+iteration, layout, key flags and every parameter at its full shape; or compare two.
 
     inspect_checkpoint.py A            name, shape, dtype and norm of every full tensor
     inspect_checkpoint.py A B [--atol X]   max absolute difference per tensor; exit status 1 when any exceeds X

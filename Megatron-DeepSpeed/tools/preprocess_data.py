@@ -12,7 +12,7 @@ import os
 
 from megatron.data.preprocess import PreprocessOptions, preprocess
 from megatron.errors import InputError, run_cli
-from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
 
 def parse_args(argv):
@@ -28,12 +28,11 @@ def parse_args(argv):
                        help="skip (and count) lines that are not valid JSON objects instead of stopping")
 
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True,
-                       choices=["GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                                "NullTokenizer"])
+    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
     group.add_argument("--vocab-file", help="GPT-2 vocab.json")
     group.add_argument("--merge-file", help="GPT-2 merges.txt")
-    group.add_argument("--tokenizer-model", help="SentencePiece .model file")
+    group.add_argument("--tokenizer-model", help="SentencePiece .model file, or for HFTokenizer a Hugging Face "
+                                                 "tokenizer directory or its tokenizer.json")
     group.add_argument("--vocab-size", type=int, help="vocabulary size of the NullTokenizer")
     group.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
 

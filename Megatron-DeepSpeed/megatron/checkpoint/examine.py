@@ -1,21 +1,21 @@
-"""What tools/inspect_checkpoint.py shows: a checkpoint (ours at any layout, or a Hugging Face GPT-2 directory)
-as its iteration, layout, key flags and every full parameter; and the per-tensor difference of two."""
+"""What tools/inspect_checkpoint.py shows: a checkpoint (ours at any layout, or a Hugging Face GPT-2 or Llama
+directory) as its iteration, layout, key flags and every full parameter; and the per-tensor difference of two."""
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping
 
 import torch
 
-from megatron.checkpoint import hf
+from megatron.checkpoint.hf import read_hf_model
+from megatron.checkpoint.hf_files import CONFIG_FILE, HF_CONFIG_KEPT
+from megatron.checkpoint.names import VOCABULARY_ROWS
 from megatron.checkpoint.directory import experts_split
 from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.weight_units import Progress, quiet
 from megatron.config.model_config import ARCHITECTURE_FLAGS
-from megatron.model.gpt_config import gpt_config
 
-KEY_FLAGS = (*ARCHITECTURE_FLAGS, "seq_length", "padded_vocab_size", "tokenizer_type", "fp16", "bf16",
-             "micro_batch_size", "global_batch_size", "lr", "seed")
-WORD_EMBEDDING = "embedding.word_embeddings.weight"
+KEY_FLAGS = (*ARCHITECTURE_FLAGS, "seq_length", "padded_vocab_size", "tokenizer_type", "tokenizer_model", "fp16",
+             "bf16", "micro_batch_size", "global_batch_size", "lr", "seed", "imported_from", HF_CONFIG_KEPT)
 
 
 @dataclass(frozen=True)
@@ -27,20 +27,16 @@ class Examined:
 
 def examine(path: str, progress: Progress = quiet) -> Examined:
     """Read `path`: a Hugging Face directory when it holds config.json, else one of our checkpoints."""
-    if os.path.isfile(os.path.join(path, hf.CONFIG_FILE)):
-        config_json = hf.read_hf_config(path)
-        config = gpt_config(hf.model_config_from_hf(config_json, os.path.join(path, hf.CONFIG_FILE)),
-                            int(config_json["vocab_size"]))
-        model = hf.from_hf_state_dict(hf.read_hf_weights(path), config)
-        header = [f"Hugging Face GPT-2 model {path}", f"vocabulary: {config_json['vocab_size']}",
-                  f"activation: {config_json.get('activation_function')}"]
-        return Examined(header, model, from_hf=True)
+    if os.path.isfile(os.path.join(path, CONFIG_FILE)):
+        model = read_hf_model(path)
+        header = [f"Hugging Face {model.adapter.ARCHITECTURE} model {path}", f"vocabulary: {model.vocab_size}",
+                  *model.adapter.describe(model.config), "flags: " + flag_line(model.model_config.to_flags())]
+        return Examined(header, model.weights(), from_hf=True)
     checkpoint = read_checkpoint(path, progress=progress)
     header = [f"checkpoint {checkpoint.directory}", f"iteration: {checkpoint.iteration}",
               f"consumed train samples: {checkpoint.consumed_train_samples}",
               f"layout: {checkpoint.layout.describe()}",
-              "flags: " + " ".join(f"--{flag.replace('_', '-')}={checkpoint.args[flag]}" for flag in KEY_FLAGS
-                                   if flag in checkpoint.args)]
+              "flags: " + flag_line(checkpoint.args)]
     moe = checkpoint.moe
     if moe is not None:
         experts = " ".join(map(str, moe.num_experts))
@@ -49,6 +45,10 @@ def examine(path: str, progress: Progress = quiet) -> Examined:
                       f"--mlp-type {moe.mlp_type} --topk {moe.topk} --moe-expert-parallel-size "
                       f"{checkpoint.args['moe_expert_parallel_size']}{split}")
     return Examined(header, checkpoint.model, from_hf=False)
+
+
+def flag_line(flags: Mapping[str, object]) -> str:
+    return " ".join(f"--{flag.replace('_', '-')}={flags[flag]}" for flag in KEY_FLAGS if flag in flags)
 
 
 def parameter_lines(model: Mapping[str, torch.Tensor]) -> List[str]:
@@ -64,14 +64,15 @@ def parameter_lines(model: Mapping[str, torch.Tensor]) -> List[str]:
 
 def differences(a: Examined, b: Examined) -> Dict[str, float]:
     """Max absolute difference per tensor name of either side (inf where a tensor is missing or its shape
-    differs). Against a Hugging Face model, only the real vocabulary rows of the word embedding count."""
+    differs). Against a Hugging Face model, only the real vocabulary rows of the word embedding and output layer
+    count."""
     result = {}
     for name in list(a.model) + [name for name in b.model if name not in a.model]:
         first, second = a.model.get(name), b.model.get(name)
         if first is None or second is None:
             result[name] = float("inf")
             continue
-        if name == WORD_EMBEDDING and (a.from_hf or b.from_hf):
+        if name in VOCABULARY_ROWS and (a.from_hf or b.from_hf):
             rows = min(first.shape[0], second.shape[0])
             first, second = first[:rows], second[:rows]
         if first.shape != second.shape:

@@ -29,8 +29,10 @@ def split_target(tokenizer, text: str, strict: bool) -> ClozeExample:
         tokens = list(tokenizer.tokenize(text))
         return ClozeExample(tokens[:-1], tokens[-1:])
     last_word = text.split()[-1]
+    target = list(tokenizer.tokenize(" " + last_word))
+    bos = getattr(tokenizer, "bos", None)  # a tokenizer that starts every text with BOS (HFTokenizer's Llama)
     return ClozeExample(list(tokenizer.tokenize(text[:text.rfind(last_word)].strip())),
-                        list(tokenizer.tokenize(" " + last_word)))
+                        target[1:] if bos is not None and target[:1] == [bos] else target)
 
 
 def read_lambada(path: str, tokenizer, strict: bool, max_positions: int) -> List[ClozeExample]:

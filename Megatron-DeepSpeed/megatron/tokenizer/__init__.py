@@ -1,7 +1,7 @@
 """Tokenizers by their Megatron `--tokenizer-type` names, and the few helpers they share.
 
 Every tokenizer offers `vocab_size`, `eod`, `tokenize`, `detokenize` and `tokenize_batch`; the engines
-(tiktoken, sentencepiece) are imported only when a tokenizer of that kind is built, so importing this
+(tiktoken, sentencepiece, tokenizers) are imported only when a tokenizer of that kind is built, so importing this
 package stays cheap.
 """
 import numbers
@@ -11,7 +11,8 @@ import numpy as np
 from megatron.errors import InputError
 
 SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer")
-TOKENIZER_TYPES = ("GPT2BPETokenizer",) + SENTENCEPIECE_TYPES + ("NullTokenizer",)
+HF_TOKENIZER_TYPE = "HFTokenizer"
+TOKENIZER_TYPES = ("GPT2BPETokenizer",) + SENTENCEPIECE_TYPES + (HF_TOKENIZER_TYPE, "NullTokenizer")
 
 
 def build_tokenizer(tokenizer_type, vocab_file=None, merge_file=None, tokenizer_model=None, vocab_size=None):
@@ -23,6 +24,9 @@ def build_tokenizer(tokenizer_type, vocab_file=None, merge_file=None, tokenizer_
     if tokenizer_type in SENTENCEPIECE_TYPES:
         from megatron.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
         return SentencePieceTokenizer(_required(tokenizer_type, "--tokenizer-model", tokenizer_model))
+    if tokenizer_type == HF_TOKENIZER_TYPE:
+        from megatron.tokenizer.hf_tokenizer import HFTokenizer
+        return HFTokenizer(_required(tokenizer_type, "--tokenizer-model", tokenizer_model))
     if tokenizer_type == "NullTokenizer":
         from megatron.tokenizer.null_tokenizer import NullTokenizer
         return NullTokenizer(_required(tokenizer_type, "--vocab-size", vocab_size))

@@ -1,4 +1,4 @@
-"""Tokenizer flags (GPT-2 BPE, SentencePiece or Null); the files they need, and the TokenizerConfig section.
+"""Tokenizer flags (GPT-2 BPE, SentencePiece, Hugging Face or Null); the files they need, and the TokenizerConfig section.
 Generation and evaluation register the same flags with no defaults: what is not given is taken from the
 checkpoint (megatron/inference/loading.py)."""
 import os
@@ -7,7 +7,7 @@ from typing import Mapping
 from megatron.config.flags.common import Limits, flag, same_named
 from megatron.config.job import TokenizerConfig
 from megatron.errors import InputError
-from megatron.tokenizer import SENTENCEPIECE_TYPES, TOKENIZER_TYPES
+from megatron.tokenizer import HF_TOKENIZER_TYPE, SENTENCEPIECE_TYPES, TOKENIZER_TYPES
 
 LIMITS = Limits(positive=("vocab_size",))
 _AS_TRAINED = " Default: as the model was trained."
@@ -21,7 +21,8 @@ def add_flags(parser, as_trained: bool = False) -> None:
                        help="Which tokenizer." + suffix)
     group.add_argument("--vocab-file", help="GPT-2 vocab.json." + suffix)
     group.add_argument("--merge-file", help="GPT-2 merges.txt." + suffix)
-    group.add_argument("--tokenizer-model", help="SentencePiece model file." + suffix)
+    group.add_argument("--tokenizer-model", help="SentencePiece model file; for HFTokenizer a Hugging Face "
+                                                 "tokenizer directory or its tokenizer.json." + suffix)
     group.add_argument("--vocab-size", type=int, help="Vocabulary size for NullTokenizer." + suffix)
 
 
@@ -41,6 +42,13 @@ def validate(values: Mapping) -> None:
         _check_file(values, "merge_file", "GPT-2's merges.txt")
     elif kind in SENTENCEPIECE_TYPES:
         _check_file(values, "tokenizer_model", "a SentencePiece .model file")
+    elif kind == HF_TOKENIZER_TYPE:
+        if values["tokenizer_model"] is None:
+            raise InputError("--tokenizer-type HFTokenizer needs --tokenizer-model; give a Hugging Face tokenizer "
+                             "directory or its tokenizer.json")
+        if not os.path.exists(values["tokenizer_model"]):
+            raise InputError(f"--tokenizer-model {values['tokenizer_model']} does not exist; give a Hugging Face "
+                             "tokenizer directory or its tokenizer.json")
     elif values["vocab_size"] is None:
         raise InputError("--tokenizer-type NullTokenizer needs --vocab-size N")
 
