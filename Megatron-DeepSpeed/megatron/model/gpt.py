@@ -271,7 +271,7 @@ def recomputed_chunks(config: GPTConfig, num_layers: int) -> list:
     the recompute flags say: --checkpoint-activations chunks of checkpoint_num_layers; upstream main's full
     granularity chunks of recompute_num_layers (uniform) or the first recompute_num_layers layers one by one and
     the rest kept (block); otherwise one chunk, not recomputed (selective recomputes inside the layers)."""
-    if config.checkpoint_activations or (config.recompute_granularity, config.recompute_method) == ("full", "uniform"):
+    if recomputes_every_layer(config):
         step = config.checkpoint_num_layers if config.checkpoint_activations else config.recompute_num_layers
         return [(start, min(start + step, num_layers), True) for start in range(0, num_layers, step)]
     if config.recompute_granularity == "full":  # block
@@ -279,6 +279,13 @@ def recomputed_chunks(config: GPTConfig, num_layers: int) -> list:
         kept = [(recomputed, num_layers, False)] if recomputed < num_layers else []
         return [(layer, layer + 1, True) for layer in range(recomputed)] + kept
     return [(0, num_layers, False)]
+
+
+def recomputes_every_layer(config) -> bool:
+    """Whether the recompute flags recompute every whole layer (--checkpoint-activations, or full granularity by
+    the uniform method): what FLOPs counts and the planner's recompute mean. Block and selective recompute less."""
+    return config.checkpoint_activations or (config.recompute_granularity, config.recompute_method) == (
+        "full", "uniform")
 
 
 def recomputed_checkpoints(config) -> int:

@@ -15,6 +15,7 @@ from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
+from megatron.model.gpt import recomputes_every_layer
 from megatron.tokenizer import vocab_size_with_padding
 
 GPT2_VOCAB_SIZE = 50257
@@ -189,6 +190,6 @@ def from_flags(flags, vocab_size: int):
                                 pipeline_engine=not flags.no_pipeline_parallel,
                                 zero_reduce_bucket_size=flags.zero_reduce_bucket_size or None)
     layout = Layout(flags.tensor_model_parallel_size, flags.pipeline_model_parallel_size, flags.data_parallel_size,
-                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations, flags.sequence_parallel,
+                    flags.zero_stage, flags.micro_batch_size, recomputes_every_layer(flags), flags.sequence_parallel,
                     flags.moe_expert_parallel_size if shape.has_experts else 1)
     return shape, layout, settings

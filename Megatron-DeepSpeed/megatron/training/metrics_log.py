@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron import device
 from megatron.config.job import JobConfig, LoggingConfig
-from megatron.model.gpt import GPTConfig
+from megatron.model.gpt import GPTConfig, recomputes_every_layer
 from megatron.training.flops import flops_per_iteration, model_flops_utilization, peak_tflops, tflops_per_device
 from megatron.training.log_lines import iteration_line, memory_line, perplexity, timers_line, validation_lines
 from megatron.training.moe_losses import MoEFigures
@@ -97,7 +97,7 @@ class MetricsLog:
         # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
         # MFU counts the model's work only.
         # An MoE model's counts are of its active parameters (megatron/training/flops.py).
-        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations,
+        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=recomputes_every_layer(model),
                                                              moe=model.moe)
         self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False, moe=model.moe)
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)
