@@ -15,7 +15,6 @@ from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
-from megatron.model.gpt import recomputes_every_layer
 from megatron.tokenizer import vocab_size_with_padding
 
 GPT2_VOCAB_SIZE = 50257
@@ -66,9 +65,11 @@ class Layout:
     data: int
     zero_stage: int
     micro_batch: int
-    recompute: bool
+    recompute: bool  # whole layers recomputed: every layer, or with recompute_layers only that many per stage
     sequence_parallel: bool
     expert_parallel: int = 1  # ranks a layer's experts are spread over; divides data
+    recompute_layers: Optional[int] = None  # upstream main's --recompute-method block: layers recomputed per stage
+    selective_recompute: bool = False  # --recompute-granularity selective: each layer's attention core recomputed
 
     @property
     def devices(self) -> int:
@@ -189,7 +190,10 @@ def from_flags(flags, vocab_size: int):
                                 hidden_dropout=flags.hidden_dropout, fused_attention=flags.masked_softmax_fusion,
                                 pipeline_engine=not flags.no_pipeline_parallel,
                                 zero_reduce_bucket_size=flags.zero_reduce_bucket_size or None)
+    full = flags.recompute_granularity == "full"
     layout = Layout(flags.tensor_model_parallel_size, flags.pipeline_model_parallel_size, flags.data_parallel_size,
-                    flags.zero_stage, flags.micro_batch_size, recomputes_every_layer(flags), flags.sequence_parallel,
-                    flags.moe_expert_parallel_size if shape.has_experts else 1)
+                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations or full,
+                    flags.sequence_parallel, flags.moe_expert_parallel_size if shape.has_experts else 1,
+                    recompute_layers=flags.recompute_num_layers if full and flags.recompute_method == "block" else None,
+                    selective_recompute=flags.recompute_granularity == "selective")
     return shape, layout, settings
