@@ -17,6 +17,8 @@ MODES = {  # name: GPTConfig / flag values
     "full block 1": dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=1),
     "selective": dict(recompute_granularity="selective"),
     "checkpoint-activations": dict(checkpoint_activations=True, checkpoint_num_layers=2),
+    # As upstream: whole chunks of layers recomputed, and inside each layer the attention core once more.
+    "checkpoint-activations and selective": dict(checkpoint_activations=True, recompute_granularity="selective"),
 }
 
 
@@ -38,7 +40,7 @@ def test_which_layers_each_mode_recomputes(recompute, chunks):
 
 
 def test_deepspeed_checkpoint_count_of_each_mode():
-    assert [recomputed_checkpoints(config(3, **MODES[name])) for name in MODES] == [3, 2, 1, 3, 2]
+    assert [recomputed_checkpoints(config(3, **MODES[name])) for name in MODES] == [3, 2, 1, 3, 2, 6]
 
 
 class CountingAttention:
@@ -68,7 +70,8 @@ def one_step(**recompute):
 
 @pytest.mark.parametrize("mode, calls", [("full uniform 1", [2, 2, 2]), ("full uniform 2", [2, 2, 2]),
                                          ("full block 1", [2, 1, 1]), ("selective", [2, 2, 2]),
-                                         ("checkpoint-activations", [2, 2, 2])])
+                                         ("checkpoint-activations", [2, 2, 2]),
+                                         ("checkpoint-activations and selective", [3, 3, 3])])
 def test_recomputation_with_dropout_equals_none_exactly(mode, calls):
     loss, grads, plain_calls = one_step()
     recomputed_loss, recomputed_grads, recomputed_calls = one_step(**MODES[mode])
@@ -90,6 +93,8 @@ BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
     ("--recompute-method uniform", "--recompute-method uniform has no effect without"),
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 0", "--recompute-num-layers 0"),
     ("--recompute-granularity full --recompute-method block --checkpoint-activations", "give one of them"),
+    ("--recompute-activations --recompute-num-layers 2 --checkpoint-activations --recompute-method uniform",
+     "--recompute-method uniform chooses whole"),
     ("--recompute-granularity full --recompute-method uniform --distribute-saved-activations",
      "--distribute-saved-activations splits saved activations over the tensor-parallel group"),
     ("--recompute-activations --distribute-saved-activations", "add --recompute-granularity full"),

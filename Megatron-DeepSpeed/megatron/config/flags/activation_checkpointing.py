@@ -69,9 +69,9 @@ def recompute_granularity(values: Mapping) -> dict:
     method, layers = values["recompute_method"], values["recompute_num_layers"]
     if layers < 1:
         raise InputError(f"--recompute-num-layers {layers} must be 1 or more")
-    if granularity is not None and values["checkpoint_activations"]:
-        raise InputError(f"--checkpoint-activations and --recompute-granularity {granularity} both turn on "
-                         "recomputation; give one of them")
+    if granularity == "full" and values["checkpoint_activations"]:
+        raise InputError("--checkpoint-activations and --recompute-granularity full both choose the layers to "
+                         "recompute; give one of them")
     if granularity == "selective" and method is not None:
         raise InputError(f"--recompute-method {method} chooses whole layers to recompute; selective granularity "
                          "recomputes every layer's attention core, so drop --recompute-method (upstream refuses it too)")
