@@ -150,6 +150,10 @@ UNSUPPORTED_FLAGS = (
     _switch("--random-ltd", "random layerwise token dropping (DeepSpeed data efficiency)", action="store_true"),
     _switch("--data-efficiency-curriculum-learning", "DeepSpeed data-efficiency curriculum learning",
             action="store_true"),
+    _switch("--weight-decay-incr-style", "weight-decay schedule", choices=("constant", "linear", "cosine"),
+            default="constant"),
+    _knob("--start-weight-decay", "weight-decay schedule", type=float),
+    _knob("--end-weight-decay", "weight-decay schedule", type=float),
     # Flags upstream keeps only to reject them.
     _removed("--batch-size", "--micro-batch-size", type=int),
     _removed("--warmup", "--lr-warmup-fraction, --lr-warmup-iters or --lr-warmup-samples", type=int),
