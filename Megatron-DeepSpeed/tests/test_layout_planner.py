@@ -117,6 +117,39 @@ def test_a_layout_that_does_not_fit_is_refused_naming_its_largest_term():
         require_fit(memory, memory.total / 2, "--skip_memory_check")
 
 
+def test_each_recompute_mode_keeps_what_it_should():
+    """Upstream main's modes: block keeps the inputs of its recomputed layers and everything of the others;
+    selective drops only unfused attention's score matrices."""
+    from megatron.planning.memory import layer_activation_bytes, stage_activation_bytes
+    unfused = TrainingSettings(global_batch_size=64, fused_attention=False)
+
+    def activations(**change):
+        layout = Layout(**{"tensor": 1, "pipeline": 1, "data": 1, "zero_stage": 1, "micro_batch": 2,
+                           "recompute": False, "sequence_parallel": False, **change})
+        return stage_activation_bytes(SHAPE, layout, unfused), layer_activation_bytes(SHAPE, layout, unfused)
+
+    (none, layer), (every, _) = activations(), activations(recompute=True)
+    layer_input = SHAPE.seq_length * 2 * SHAPE.hidden_size * unfused.dtype_bytes
+    assert every == 4 * layer_input + layer and none == 4 * layer
+    assert activations(recompute=True, recompute_layers=1)[0] == layer_input + 3 * layer
+    assert activations(recompute=True, recompute_layers=9)[0] == every
+    scores = SHAPE.num_attention_heads * SHAPE.seq_length ** 2 * 2 * unfused.dtype_bytes
+    assert activations(selective_recompute=True)[1] == layer - scores
+
+
+def test_from_flags_reads_the_recompute_flags():
+    from megatron.config.arguments import parse_args, validate_args
+    base = ["--model-size", "tiny", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--mock-data",
+            "--no-checkpoint-activations"]
+    for extra, recompute, layers, selective in (
+            ("--recompute-granularity full --recompute-method uniform", True, None, False),
+            ("--recompute-granularity full --recompute-method block --recompute-num-layers 2", True, 2, False),
+            ("--recompute-activations", False, None, True)):
+        _, layout, _ = from_flags(validate_args(parse_args(base + extra.split()), 4, "cpu"), 100)
+        assert (layout.recompute, layout.recompute_layers, layout.selective_recompute) == (recompute, layers,
+                                                                                           selective), extra
+
+
 def test_from_flags_reads_a_pretrain_command_line():
     from megatron.config.arguments import parse_args, validate_args
     flags = validate_args(parse_args(["--model-size", "1.3B", "--tokenizer-type", "NullTokenizer", "--vocab-size",

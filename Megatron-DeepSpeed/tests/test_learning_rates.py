@@ -61,6 +61,22 @@ def test_fractional_warmup_from_a_warmup_fraction():
     assert lr_at(2, "linear", warmup_samples=2.5, decay_samples=5) == pytest.approx(0.8)
 
 
+@pytest.mark.parametrize("consumed, expected", [(10, 1.0), (40, 0.5), (90, 1 / 3), (110, 10 ** 0.5 / 110 ** 0.5),
+                                               (111, 0.1)])
+def test_inverse_square_root_decay_as_upstream_main(consumed, expected):
+    """max_lr x sqrt(warmup / consumed) after the warmup, never below min_lr; min_lr past the decay."""
+    assert lr_at(consumed, "inverse-square-root") == pytest.approx(expected)
+    assert lr_at(10 ** 4, "inverse-square-root", decay_samples=10 ** 5, min_lr=0.05) == 0.05
+
+
+def test_inverse_square_root_counts_tokens_where_the_warmup_is_in_tokens():
+    tokens = dict(tokens_per_sample=4, decay_tokens=10 ** 6)
+    # Sample warmup (10 samples = 40 tokens) with token decay: upstream takes the warmup's tokens.
+    assert lr_at(160, "inverse-square-root", **tokens) == pytest.approx((40 / 640) ** 0.5)
+    assert lr_at(160, "inverse-square-root", warmup_tokens=100, **tokens) == pytest.approx((100 / 640) ** 0.5)
+    assert lr_at(40, "inverse-square-root", tokens_per_sample=4) == pytest.approx(0.5)  # samples without tokens
+
+
 def test_unknown_decay_style_names_the_flag():
     with pytest.raises(InputError, match="--lr-decay-style 'Cosine'"):
         lr_at(50, "Cosine")

@@ -31,6 +31,7 @@ EVERY_FLAG_CHANGED = ModelConfig(
     num_layers=3, hidden_size=48, num_attention_heads=6, max_position_embeddings=40, ffn_hidden_size=80,
     openai_gelu=True, layernorm_epsilon=0.01, hidden_dropout=0.2, attention_dropout=0.3, init_method_std=0.05,
     init_method_xavier_uniform=True, seed=99, checkpoint_activations=True, checkpoint_num_layers=2,
+    recompute_granularity="selective", recompute_num_layers=2,
     fp32_residual_connection=True, masked_softmax_fusion=False, apply_query_key_layer_scaling=False,
     attention_softmax_in_fp32=True, torch_compile=True)
 # The architecture variants (a Llama-style model), which transformers' GPT-2 cannot hold: every one off GPT-2's.
@@ -47,17 +48,23 @@ COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-hea
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
                 "--attention-dropout", "0.3", "--init-method-std", "0.05", "--init-method-xavier-uniform",
                 "--seed", "99", "--checkpoint-activations", "--checkpoint-num-layers", "2",
+                "--recompute-granularity", "selective", "--recompute-num-layers", "2",
                 "--fp32-residual-connection", "--bf16", "--no-masked-softmax-fusion", "--no-query-key-layer-scaling",
                 "--attention-softmax-in-fp32", "--torch-compile"]
 RUN = ["--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "--train-iters", "2", "--mock-data",
        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB), "--make-vocab-size-divisible-by", "64"]
 
 
+# Flags that cannot be off their default together with the others: --recompute-method needs --recompute-granularity
+# full, which excludes --checkpoint-activations (tests/test_recompute_granularity.py covers it).
+AT_DEFAULT_HERE = {"recompute_method"}
+
+
 def test_every_model_flag_is_off_its_default_here():
     """So that a flag added to ModelConfig without a place in these tests fails them."""
     for spec in fields(ModelConfig):
         changed = EVERY_VARIANT_CHANGED if spec.name in VARIANT_FLAGS else EVERY_FLAG_CHANGED
-        assert getattr(changed, spec.name) != spec.default, spec.name
+        assert (getattr(changed, spec.name) != spec.default) != (spec.name in AT_DEFAULT_HERE), spec.name
     for config in (EVERY_FLAG_CHANGED, EVERY_VARIANT_CHANGED):
         assert ModelConfig.from_flags(config.to_flags()) == config
 

@@ -223,6 +223,13 @@ def test_upstream_flag_set_trains_on_cpu(single_process_runs, name):
         assert all(record.moe_loss > 0 and record.dropped_tokens >= 0 for record in records), stdout
 
 
+def test_flash_attention_flags_say_which_kernel_runs(single_process_runs):
+    _, stdout, _ = single_process_runs["bf16 features"]  # --use-flash-attn
+    assert stdout.count("--use-flash-attn*: upstream's FlashAttention package is not used; attention runs on ") == 1
+    _, stdout, _ = single_process_runs["gpt3 175B"]
+    assert "FlashAttention" not in stdout
+
+
 def test_token_budget_and_token_schedule(single_process_runs):
     _, stdout, _ = single_process_runs["MoE dense"]
     records = parse_log(stdout).iterations

@@ -157,6 +157,9 @@ class TokenizerConfig:
 @dataclass(frozen=True)
 class DataConfig:
     data_path: Tuple[str, ...]
+    # Upstream main's --train-data-path / --valid-data-path / --test-data-path, each split's data read whole
+    # (empty for a split without one); () with --data-path.
+    split_data_paths: Tuple[Tuple[str, ...], ...]
     split: str
     mock_data: bool
     data_cache_path: Optional[str]

@@ -8,13 +8,14 @@ from typing import Mapping
 
 from megatron.errors import InputError
 
-DECAY_STYLES = ("constant", "linear", "cosine")
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 
 def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_samples,
                   decay_style, tokens_per_sample=1, warmup_tokens=None, decay_tokens=None):
     """The rate after `consumed_samples`: linear warmup from 0 to max_lr, then the decay style
-    down to min_lr at decay_samples, min_lr after that.
+    down to min_lr at decay_samples, min_lr after that (inverse-square-root, upstream main's: max_lr x
+    sqrt(warmup / consumed), never below min_lr).
 
     Token-based variants (--lr-warmup-tokens, --lr-decay-tokens; upstream's AnnealingLR) count
     consumed_samples x tokens_per_sample instead: a token warmup replaces the sample warmup, a token
@@ -37,6 +38,15 @@ def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_sam
         start = warmup_tokens if warmup_tokens is not None else warmup_samples * tokens_per_sample
     if position > end:
         return min_lr
+    if decay_style == "inverse-square-root":  # upstream main's: max_lr x sqrt(warmup / consumed), at least min_lr
+        # Counted in tokens where upstream's scheduler has a token warmup: given, or the tokens a sample warmup
+        # consumed when the decay is token-based.
+        if warmup_tokens is not None or (decay_tokens is not None and warmup_samples > 0):
+            consumed = consumed_tokens
+            warmup = warmup_tokens if warmup_tokens is not None else warmup_samples * tokens_per_sample
+        else:
+            consumed, warmup = consumed_samples, warmup_samples
+        return max(min_lr, max_lr * math.sqrt(max(warmup, 1)) / math.sqrt(max(consumed, 1)))
     # Here start < position <= end, so the span is positive.
     ratio = (position - start) / (end - start)
     if decay_style == "linear":

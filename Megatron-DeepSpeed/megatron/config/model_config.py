@@ -38,6 +38,9 @@ class ModelConfig:
     seed: int = _flag(1234)  # with the piece index, decides every initial weight
     checkpoint_activations: bool = _flag(False)
     checkpoint_num_layers: int = _flag(1)  # layers per recomputed chunk
+    recompute_granularity: Optional[str] = _flag(None)  # upstream main's: None, "full" or "selective"
+    recompute_method: Optional[str] = _flag(None)  # with "full": "uniform" or "block"
+    recompute_num_layers: int = _flag(1)
     fp32_residual_connection: bool = _flag(False)
     masked_softmax_fusion: bool = _flag(True)  # False: Megatron's unfused attention, where the next two apply
     apply_query_key_layer_scaling: bool = _flag(True)
@@ -100,7 +103,8 @@ def _typed(spec, value, source: str):
     """`value` as the field's type (bool, int, float or str), or an InputError naming the flag and where it came
     from."""
     kind = next(arg for arg in typing.get_args(spec.type) or (spec.type,) if arg is not type(None))
-    wrong = (not isinstance(value, str) if kind is str else not isinstance(value, (bool, int)) if kind is bool else
+    wrong = (not isinstance(value, str) if kind is str else
+             not isinstance(value, (bool, int)) if kind is bool else
              isinstance(value, bool) or not isinstance(value, (int, float)) or
              (kind is int and not float(value).is_integer()))
     if wrong:

@@ -32,6 +32,8 @@ def build_datasets(config: JobConfig, vocab_size: int):
     if data.mock_data:
         return tuple(MockGPTDataset(count, data.seq_length, vocab_size, data.seed + split) if count else None
                      for split, count in enumerate(num_samples))
+    if data.split_data_paths:
+        return _separate_split_datasets(data, num_samples, vocab_size)
     prefixes, _ = parse_data_prefix(list(data.data_path))
     check_token_ids(prefixes, vocab_size, data.data_cache_path)
     datasets = build_train_valid_test_datasets(list(data.data_path), data.split, num_samples, data.seq_length,
@@ -41,6 +43,25 @@ def build_datasets(config: JobConfig, vocab_size: int):
         raise InputError(f"--data-path: the train split is empty ({items}; --split {data.split!r}): give train a "
                          f"share of --split, or re-create the data from input that is not empty")
     return datasets
+
+
+def _separate_split_datasets(data, num_samples: list, vocab_size: int):
+    """Upstream main's --train/valid/test-data-path: each split from its own data, all of its documents (a split
+    string giving that split everything); a split without data is None."""
+    datasets = []
+    for split, path in enumerate(data.split_data_paths):
+        if not path or not num_samples[split]:
+            datasets.append(None)
+            continue
+        check_token_ids(parse_data_prefix(list(path))[0], vocab_size, data.data_cache_path)
+        whole = ",".join("100" if index == split else "0" for index in range(3))
+        counts = [count if index == split else 0 for index, count in enumerate(num_samples)]
+        datasets.append(build_train_valid_test_datasets(list(path), whole, counts, data.seq_length, data.seed,
+                                                        data_cache_path=data.data_cache_path)[split])
+    if datasets[0] is None:
+        raise InputError(f"--train-data-path {' '.join(data.split_data_paths[0])}: the train data is empty; "
+                         "re-create it from input that is not empty")
+    return tuple(datasets)
 
 
 def build_data_loader(dataset, consumed_samples: int, *, micro_batch_size: int, num_workers: int,

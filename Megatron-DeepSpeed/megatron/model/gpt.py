@@ -51,6 +51,11 @@ class GPTConfig:
     layernorm_epsilon: float = 1e-5
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1  # layers per recomputed chunk
+    # Upstream main's recomputation (see recomputed_chunks): None, "full" (whole layers, by recompute_method
+    # "uniform" or "block") or "selective" (each layer's attention core).
+    recompute_granularity: Optional[str] = None
+    recompute_method: Optional[str] = None
+    recompute_num_layers: int = 1
     init_seed: int = 1234  # with the piece index, decides every initial weight (see seeded_init)
     init_method_xavier_uniform: bool = False  # weight matrices Xavier-uniform instead of normal(0, std)
     fp32_residual_connection: bool = False  # under half precision, the residual stream stays fp32
@@ -218,6 +223,10 @@ class SelfAttention(nn.Module):
                                                     config.kernels.rotary_mul)
         self.attend = config.kernels.attention if config.masked_softmax_fusion else UnfusedAttention(
             layer_number, config.apply_query_key_layer_scaling, config.attention_softmax_in_fp32)
+        self.recompute_core = config.recompute_granularity == "selective"
+        # How selective recomputation recomputes the core; tensor parallelism swaps in one that also rewinds its
+        # own random streams (attention dropout draws from them).
+        self.checkpoint_core = checkpoint_layer
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:
@@ -238,8 +247,16 @@ class SelfAttention(nn.Module):
         if self.queries_per_group > 1:  # each key/value head serves its group's query heads
             key, value = (t.repeat_interleave(self.queries_per_group, dim=1) for t in (key, value))
         dropout_p = self.dropout_p if self.training else 0.0
-        context = self.attend(query, key, value, attention_mask, dropout_p)
+        if self.recompute_core and torch.is_grad_enabled():
+            # Only tensors go in (DeepSpeed's partitioned checkpointing miscounts a None argument).
+            masks = () if attention_mask is None else (attention_mask,)
+            context = self.checkpoint_core(functools.partial(self.attend_core, dropout_p), query, key, value, *masks)
+        else:
+            context = self.attend(query, key, value, attention_mask, dropout_p)
         return self.dense(context.transpose(1, 2).reshape(batch, seq_length, -1))
+
+    def attend_core(self, dropout_p: float, query, key, value, attention_mask=None) -> torch.Tensor:
+        return self.attend(query, key, value, attention_mask, dropout_p)
 
 
 class MLP(nn.Module):
@@ -327,6 +344,35 @@ def checkpoint_layer(layer: nn.Module, *args) -> torch.Tensor:
     return checkpoint(layer, *args, use_reentrant=False)
 
 
+def recomputed_chunks(config: GPTConfig, num_layers: int) -> list:
+    """(start, end, recomputed) for the layers [start, end) of a model or pipeline stage of num_layers layers, as
+    the recompute flags say: --checkpoint-activations chunks of checkpoint_num_layers; upstream main's full
+    granularity chunks of recompute_num_layers (uniform) or the first recompute_num_layers layers one by one and
+    the rest kept (block); otherwise one chunk, not recomputed (selective recomputes inside the layers)."""
+    if recomputes_every_layer(config):
+        step = config.checkpoint_num_layers if config.checkpoint_activations else config.recompute_num_layers
+        return [(start, min(start + step, num_layers), True) for start in range(0, num_layers, step)]
+    if config.recompute_granularity == "full":  # block
+        recomputed = min(config.recompute_num_layers, num_layers)
+        kept = [(recomputed, num_layers, False)] if recomputed < num_layers else []
+        return [(layer, layer + 1, True) for layer in range(recomputed)] + kept
+    return [(0, num_layers, False)]
+
+
+def recomputes_every_layer(config) -> bool:
+    """Whether the recompute flags recompute every whole layer (--checkpoint-activations, or full granularity by
+    the uniform method): what FLOPs counts and the planner's recompute mean. Block and selective recompute less."""
+    return config.checkpoint_activations or (config.recompute_granularity, config.recompute_method) == (
+        "full", "uniform")
+
+
+def recomputed_checkpoints(config) -> int:
+    """How many checkpointed calls one forward of the whole model makes (at least 1): DeepSpeed's contiguous
+    checkpoint buffers are sized by it. `config`: a GPTConfig or the ModelConfig of the same-named flags."""
+    chunks = sum(recomputed for _, _, recomputed in recomputed_chunks(config, config.num_layers))
+    return max(1, chunks + (config.num_layers if config.recompute_granularity == "selective" else 0))
+
+
 def run_layers(layers, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     for layer in layers:
         hidden = layer(hidden, attention_mask)
@@ -374,20 +420,20 @@ class GPTModel(nn.Module):
         """Where the model's weights are (what callers move their inputs to)."""
         return next(self.parameters()).device
 
-    def recomputing(self) -> bool:
-        return self.config.checkpoint_activations and torch.is_grad_enabled()
-
     def layer_chunks(self) -> list:
-        """The layers in the chunks that --checkpoint-activations recomputes together; all in one otherwise."""
-        step = self.config.checkpoint_num_layers if self.recomputing() else len(self.layers)
-        return [self.layers[start:start + step] for start in range(0, len(self.layers), step)]
+        """(layers, recomputed) of each chunk the recompute flags make (recomputed_chunks); one chunk, not
+        recomputed, where no gradient is taken."""
+        if not torch.is_grad_enabled():
+            return [(self.layers, False)]
+        return [(self.layers[start:end], recomputed)
+                for start, end, recomputed in recomputed_chunks(self.config, len(self.layers))]
 
     def transformer(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
         masks = () if attention_mask is None else (attention_mask,)
-        for chunk in self.layer_chunks():
+        for chunk, recomputed in self.layer_chunks():
             run = functools.partial(run_layers, chunk)
-            hidden = self.checkpoint_layer(run, hidden, *masks) if self.recomputing() else run(hidden, *masks)
+            hidden = self.checkpoint_layer(run, hidden, *masks) if recomputed else run(hidden, *masks)
         return hidden
 
     def head(self, hidden: torch.Tensor, labels: Optional[torch.Tensor] = None,

@@ -74,7 +74,10 @@ class Kernels:
 
     def description(self) -> str:
         """What was chosen, for the start-up log line: e.g. "attention sdpa_attention, AdamW(fused=True)"."""
-        return f"attention {_kernel_name(self.attention)}, {_kernel_name(self.adam)}"
+        return f"attention {self.attention_name()}, {_kernel_name(self.adam)}"
+
+    def attention_name(self) -> str:
+        return _kernel_name(self.attention)
 
 
 def _kernel_name(kernel: Callable) -> str:

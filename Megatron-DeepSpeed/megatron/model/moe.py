@@ -112,9 +112,9 @@ class MoEGPTModel(GPTModel):
     def transformer(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         masks = () if attention_mask is None else (attention_mask,)
         self.aux_loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for chunk in self.layer_chunks():
+        for chunk, recomputed in self.layer_chunks():
             run = functools.partial(run_moe_layers, chunk)
-            hidden, aux = self.checkpoint_layer(run, hidden, *masks) if self.recomputing() else run(hidden, *masks)
+            hidden, aux = self.checkpoint_layer(run, hidden, *masks) if recomputed else run(hidden, *masks)
             self.aux_loss = self.aux_loss + aux
         return hidden
 

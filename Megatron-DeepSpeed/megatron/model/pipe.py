@@ -37,8 +37,10 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
+from megatron.errors import InputError
 from megatron.model.gpt import (EMBEDDING_PIECE, Embedding, GPTConfig, LanguageModelLoss, LMHead, TransformerLayer,
-                                layer_norm, layer_piece, normalize, output_layer_piece, seeded_init)
+                                layer_norm, layer_piece, normalize, output_layer_piece, recomputed_chunks,
+                                seeded_init)
 from megatron.model.parallelize import piece_sharder
 
 _log = logging.getLogger(__name__)
@@ -63,6 +65,17 @@ def final_norm_spec(num_layers: int) -> int:
 def output_layer_spec(num_layers: int) -> int:
     """The LM head's position: an untied output layer's file (layer_{L+5})."""
     return final_norm_spec(num_layers) + 1
+
+
+def pipeline_recompute_interval(config: GPTConfig) -> int:
+    """DeepSpeed's activation_checkpoint_interval for the recompute flags: layers per recomputed chunk, 0 for none.
+    Its PipelineModule recomputes every layer in fixed chunks, so upstream main's block method cannot be expressed."""
+    if config.recompute_method == "block":
+        raise InputError("--recompute-method block recomputes only the first layers of each stage, which DeepSpeed's "
+                         "pipeline engine cannot do (it recomputes every layer in fixed chunks); use "
+                         "--recompute-method uniform, or --no-pipeline-parallel")
+    chunks = recomputed_chunks(config, config.num_layers)
+    return chunks[0][1] - chunks[0][0] if chunks[0][2] else 0
 
 
 def same_inputs(inputs):
@@ -198,7 +211,7 @@ class GPTPipe(PipelineModule):
                                                               num_dp=layout.data),
                 loss_fn=LanguageModelLossPipe(config, prepare),
                 partition_method=f"type:{TransformerLayerPipe.__name__}",
-                activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
+                activation_checkpoint_interval=pipeline_recompute_interval(config),
                 activation_checkpoint_func=rng_tracker.checkpoint,
                 checkpointable_layers=[TransformerLayerPipe.__name__], dynamic_shape=True)
         self.num_transformer_layers = config.num_layers

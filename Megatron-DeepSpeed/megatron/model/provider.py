@@ -5,7 +5,7 @@ from torch import nn
 from megatron.config.job import ParallelConfig
 from megatron.errors import InputError
 from megatron.model.cross_entropy import compiled_chunk_kernels
-from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, TransformerLayer
+from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, SelfAttention, TransformerLayer
 from megatron.model.moe import MoEGPTModel, expert_parallel_rank
 from megatron.model.parallelize import apply_tensor_parallel, piece_sharder
 from megatron.model.pipe import GPTPipe
@@ -21,6 +21,8 @@ def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, par
     else:
         model = plain_model(model_config, parallel_config, parallel_state, rng_tracker)
         model.checkpoint_layer = rng_tracker.checkpoint  # recomputation that rewinds the tracker's streams too
+    for attention in (module for module in model.modules() if isinstance(module, SelfAttention)):
+        attention.checkpoint_core = rng_tracker.checkpoint  # the same, for selective recomputation
     if model_config.torch_compile:
         apply_torch_compile(model)
     return model

@@ -37,7 +37,11 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
                         plus two 1-byte dropout masks per layer when dropout is on; Megatron's unfused
                         attention adds its a s^2 b / t scores
     recompute           only each layer's input (s b h, / t with SP) is kept; one layer's activations are
-                        rebuilt at a time in backward
+                        rebuilt at a time in backward. Upstream main's block method: so for the first
+                        recompute_layers layers of a stage, the others keep everything (freed in backward
+                        before the first rebuild). Selective: every layer
+                        keeps everything but its attention core's insides (the a s^2 b / t scores of unfused
+                        attention; the fused kernel keeps none anyway); the core's inputs q, k, v stay
     pipeline in flight  DeepSpeed's 1F1B schedule keeps min(PP - stage, micro-batches) micro-batches' activations
                         on a stage; the first stage holds the most
     logits and loss     the last stage: b s V / t logits in the model dtype (backward writes their gradient
@@ -126,7 +130,7 @@ def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
     replicated = replicated_values(shape, settings) / (t if layout.sequence_parallel else 1)
     values = sbh * (replicated + split_values(shape) / t)
     masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
-    scores = 0 if settings.fused_attention else (
+    scores = 0 if settings.fused_attention or layout.selective_recompute else (
         shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / t * settings.dtype_bytes)
     experts = shape.experts_of_layer(layer_number)
     mlp = 0.0
@@ -173,8 +177,11 @@ def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
                     default=0.0)
     if not layout.recompute:
         return sum(full) + transient
+    recomputed = layers if layout.recompute_layers is None else min(layout.recompute_layers, layers)
     layer_input = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes
-    return layers * layer_input / (layout.tensor if layout.sequence_parallel else 1) + max(full) + transient
+    kept_inputs = recomputed * layer_input / (layout.tensor if layout.sequence_parallel else 1)
+    # Backward frees the kept layers (the last ones) before it rebuilds the recomputed ones, one at a time.
+    return kept_inputs + max(sum(full[recomputed:]), max(full[:recomputed], default=0.0)) + transient
 
 
 def logits_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:

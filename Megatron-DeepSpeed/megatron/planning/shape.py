@@ -85,9 +85,11 @@ class Layout:
     data: int
     zero_stage: int
     micro_batch: int
-    recompute: bool
+    recompute: bool  # whole layers recomputed: every layer, or with recompute_layers only that many per stage
     sequence_parallel: bool
     expert_parallel: int = 1  # ranks a layer's experts are spread over; divides data
+    recompute_layers: Optional[int] = None  # upstream main's --recompute-method block: layers recomputed per stage
+    selective_recompute: bool = False  # --recompute-granularity selective: each layer's attention core recomputed
 
     @property
     def devices(self) -> int:
@@ -232,7 +234,10 @@ def from_flags(flags, vocab_size: int):
                                 hidden_dropout=flags.hidden_dropout, fused_attention=flags.masked_softmax_fusion,
                                 pipeline_engine=not flags.no_pipeline_parallel,
                                 zero_reduce_bucket_size=flags.zero_reduce_bucket_size or None)
+    full = flags.recompute_granularity == "full"
     layout = Layout(flags.tensor_model_parallel_size, flags.pipeline_model_parallel_size, flags.data_parallel_size,
-                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations, flags.sequence_parallel,
-                    flags.moe_expert_parallel_size if shape.has_experts else 1)
+                    flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations or full,
+                    flags.sequence_parallel, flags.moe_expert_parallel_size if shape.has_experts else 1,
+                    recompute_layers=flags.recompute_num_layers if full and flags.recompute_method == "block" else None,
+                    selective_recompute=flags.recompute_granularity == "selective")
     return shape, layout, settings

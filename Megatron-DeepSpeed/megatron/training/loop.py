@@ -33,7 +33,7 @@ from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
 from megatron.data.gpt_batch import BatchMaker
 from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig
+from megatron.model.gpt import GPTConfig, recomputed_checkpoints
 from megatron.model.gpt_config import gpt_config
 from megatron.model.kernels import Kernels, select_kernels
 from megatron.model.moe import MoEGPTModel, active_parameter_count
@@ -271,7 +271,7 @@ def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
     DeepSpeed's with --deepspeed-activation-checkpointing (configured from its flags), else ours."""
     if not config.activation_checkpointing.deepspeed:
         return tensor_parallel_rng_tracker(config.model.seed, parallel.tp_rank)
-    chunks = -(-config.model.num_layers // config.model.checkpoint_num_layers)
+    chunks = recomputed_checkpoints(config.model)
     return deepspeed_checkpointing_rng_tracker(config.model.seed, parallel, chunks, config.activation_checkpointing)
 
 
@@ -326,6 +326,9 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     kernels = select_kernels(device.device_name(), adaptor_kernels)
     if parallel.rank == 0:
         _log.info(f"kernels: {kernels.description()}")
+        if config.flags.get("use_flash_attn"):
+            _log.info(f"--use-flash-attn*: upstream's FlashAttention package is not used; attention runs on "
+                      f"{kernels.attention_name()}, the device's fastest kernel")
     model_config = gpt_config(config.model, padded_vocab, kernels, moe=config.moe if config.moe.enabled else None)
 
     model = model_provider(model_config, config.parallel, parallel, rng_tracker)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron import device
 from megatron.config.job import JobConfig, LoggingConfig
-from megatron.model.gpt import GPTConfig
+from megatron.model.gpt import GPTConfig, recomputes_every_layer
 from megatron.training.flops import (LayerMatrices, flops_per_iteration, model_flops_utilization, peak_tflops,
                                      tflops_per_device)
 from megatron.training.log_lines import iteration_line, memory_line, perplexity, timers_line, validation_lines
@@ -99,7 +99,7 @@ class MetricsLog:
         # MFU counts the model's work only.
         # An MoE model's counts are of its active parameters (megatron/training/flops.py).
         layer = LayerMatrices.of(model)
-        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=model.checkpoint_activations,
+        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=recomputes_every_layer(model),
                                                              moe=model.moe, layer=layer)
         self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False, moe=model.moe, layer=layer)
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)

@@ -36,10 +36,14 @@ def add_flags(parser) -> None:
                             "output of DeepSpeed's ds_to_universal), at any TP / PP / DP layout.")
     group.add_argument("--reset-iteration", action="store_true",
                        help="Load everything from --load but count iterations and consumed samples from 0.")
-    group.add_argument("--override-lr-scheduler", action="store_true",
-                       help="Use this command line's learning-rate schedule flags even if --load's differ.")
-    group.add_argument("--use-checkpoint-lr-scheduler", action="store_true",
-                       help="Continue --load's learning-rate schedule, ignoring this command line's.")
+    group.add_argument("--override-lr-scheduler", "--override-opt_param-scheduler", action="store_true",
+                       dest="override_lr_scheduler",
+                       help="Use this command line's learning-rate schedule flags even if --load's differ "
+                            "(--override-opt_param-scheduler: upstream main's name).")
+    group.add_argument("--use-checkpoint-lr-scheduler", "--use-checkpoint-opt_param-scheduler", action="store_true",
+                       dest="use_checkpoint_lr_scheduler",
+                       help="Continue --load's learning-rate schedule, ignoring this command line's "
+                            "(--use-checkpoint-opt_param-scheduler: upstream main's name).")
     group.add_argument("--no-save-optim", action="store_true",
                        help="Save checkpoints without the optimizer state (a resume then starts it fresh).")
     group.add_argument("--no-save-rng", action="store_true", default=None,

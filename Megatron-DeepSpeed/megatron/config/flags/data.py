@@ -2,7 +2,7 @@
 their checks, and the DataConfig section."""
 from typing import Mapping
 
-from megatron.config.flags.common import Limits, after_preset, same_named
+from megatron.config.flags.common import Limits, after_preset, flag, same_named
 from megatron.config.job import DataConfig
 from megatron.errors import InputError
 
@@ -16,6 +16,11 @@ def add_flags(parser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument("--data-path", nargs="*",
                        help="One .bin/.idx prefix, or pairs: weight1 prefix1 weight2 prefix2 ...")
+    group.add_argument("--train-data-path", nargs="*",
+                       help="Upstream main: the train split's own prefix (or weight-prefix pairs), read whole; "
+                            "instead of --data-path and --split. --valid-data-path and --test-data-path likewise.")
+    group.add_argument("--valid-data-path", nargs="*", help="The validation split's own data (see --train-data-path).")
+    group.add_argument("--test-data-path", nargs="*", help="The test split's own data (see --train-data-path).")
     group.add_argument("--split", help="Train,valid,test proportions. " + after_preset(PRESET_DEFAULTS["split"]))
     group.add_argument("--mock-data", action="store_true",
                        help="Train on synthetic tokens; no data files.")
@@ -45,19 +50,38 @@ def validate(values: Mapping) -> None:
     if values["mock_data"] and values["data_path"]:
         raise InputError(f"--mock-data and --data-path {' '.join(values['data_path'])} were both "
                          f"given; drop one (--mock-data trains on synthetic tokens)")
-    if not values["mock_data"]:
+    split_paths = [flag(dest) for dest in SPLIT_PATHS if values[dest]]
+    if split_paths:
+        _check_split_paths(values, split_paths)
+    elif not values["mock_data"]:
         _check_data_path(values["data_path"])
     _check_split(values["split"])
 
 
-def _check_data_path(data_path) -> None:
+SPLIT_PATHS = ("train_data_path", "valid_data_path", "test_data_path")
+
+
+def _check_split_paths(values: Mapping, given: list) -> None:
+    """Upstream main's per-split data: instead of --data-path (and --mock-data), with a train path."""
+    for other in ("data_path", "mock_data"):
+        if values[other]:
+            raise InputError(f"{' and '.join(given)} give each split its own data; drop {flag(other)} (or use "
+                             "--data-path with --split instead)")
+    if not values["train_data_path"]:
+        raise InputError(f"{' and '.join(given)} without --train-data-path: give the train split's data too")
+    for dest in SPLIT_PATHS:
+        if values[dest]:
+            _check_data_path(values[dest], flag(dest))
+
+
+def _check_data_path(data_path, name: str = "--data-path") -> None:
     if not data_path:
-        raise InputError("--data-path is required: give a .bin/.idx prefix or 'weight prefix' "
+        raise InputError(f"{name} is required: give a .bin/.idx prefix or 'weight prefix' "
                          "pairs, or pass --mock-data to train on synthetic tokens")
     if len(data_path) == 1:
         return
     if len(data_path) % 2:
-        raise InputError(f"--data-path {' '.join(data_path)}: with several datasets give "
+        raise InputError(f"{name} {' '.join(data_path)}: with several datasets give "
                          f"'weight prefix' pairs, but there are {len(data_path)} values")
     for weight in data_path[0::2]:
         try:
@@ -65,7 +89,7 @@ def _check_data_path(data_path) -> None:
         except ValueError:
             ok = False
         if not ok:
-            raise InputError(f"--data-path weight {weight!r} is not a positive number; "
+            raise InputError(f"{name} weight {weight!r} is not a positive number; "
                              f"write pairs like '--data-path 0.3 prefixA 0.7 prefixB'")
 
 
@@ -81,4 +105,6 @@ def _check_split(split: str) -> None:
 
 
 def section(values: Mapping) -> DataConfig:
-    return same_named(DataConfig, values, data_path=tuple(values["data_path"] or ()))
+    split_data_paths = tuple(tuple(values[dest] or ()) for dest in SPLIT_PATHS) if values["train_data_path"] else ()
+    return same_named(DataConfig, values, data_path=tuple(values["data_path"] or ()),
+                      split_data_paths=split_data_paths)

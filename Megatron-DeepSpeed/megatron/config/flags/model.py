@@ -124,10 +124,12 @@ def _add_kernel_switches(parser) -> None:
     kernels.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                          dest="gradient_accumulation_fusion",
                          help="No effect: DeepSpeed accumulates weight gradients.")
-    kernels.add_argument("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2", action="store_true",
-                         dest="use_flash_attn",
-                         help="No effect: the fused attention kernel already takes a flash-attention path where "
-                              "the device and dtype have one.")
+    kernels.add_argument("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2", "--use-flash-attn-triton",
+                         "--use-flash-attn-builder", action="store_true", dest="use_flash_attn",
+                         help="Upstream's FlashAttention packages (v1, v2, Triton, DeepSpeed's builder) are not "
+                              "used: attention always runs on the device's fastest fused kernel (PyTorch's "
+                              "scaled_dot_product_attention, which takes its flash path where the device and dtype "
+                              "have one, or torch_npu's fusion attention); the run says so in one line.")
 
 
 def after_parse(values: Mapping) -> dict:

@@ -87,6 +87,11 @@ def _add_ddp_switches(parser) -> None:
     ddp.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
     ddp.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
                      dest="scatter_gather_tensors_in_pipeline")
+    ddp.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
+                     dest="async_tensor_model_parallel_allreduce",
+                     help="No effect: upstream overlaps a column-parallel layer's input-gradient all-reduce with "
+                          "its weight-gradient GEMM through a CUDA stream trick; here autograd runs the same "
+                          "all-reduce, and the result is the same either way.")
 
 
 def sizes(values: Mapping, world_size: int) -> dict:

@@ -57,7 +57,14 @@ def _removed(flag, replacement, **spec):
                            message=f"{flag}: Megatron-DeepSpeed itself no longer accepts it; use {replacement}")
 
 
+def _not_one(value, default, values) -> bool:
+    return value != 1
+
+
 DISTILLATION = "knowledge distillation"
+FPDT = "FPDT (fully pipelined distributed transformer) chunked long-context attention"
+ZERO_BUBBLE = "zero-bubble (ZB-H1) pipeline schedule"
+FP8 = "FP8 training through NVIDIA Transformer Engine"
 BIENCODER = "biencoder / ICT / REALM retrieval training"
 VIT = "vision transformer (ViT) training"
 
@@ -120,6 +127,33 @@ UNSUPPORTED_FLAGS = (
     _switch("--img-dim", VIT, type=int, default=224),
     _switch("--num-channels", VIT, type=int, default=3),
     _switch("--patch-dim", VIT, type=int, default=16),
+    # Upstream main (2023-2025) features not built here.
+    _switch("--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallelism (size above 1)", _not_one,
+            type=int, default=1),
+    _switch("--force-ds-sequence-parallel", "DeepSpeed-Ulysses sequence parallelism", action="store_true"),
+    _switch("--ds-sequence-parallel-fpdt", FPDT, action="store_true"),
+    _knob("--ds-sequence-parallel-fpdt-chunk-size", FPDT, type=int, default=65536),
+    _switch("--ds-sequence-parallel-fpdt-offloading", FPDT, action="store_true"),
+    _switch("--enable-zbh1-pipeline", ZERO_BUBBLE, action="store_true"),
+    _knob("--enable-zbh1-exact-semantics", ZERO_BUBBLE, action="store_true"),
+    _switch("--transformer-impl", "NVIDIA Transformer Engine layers", choices=("local", "transformer_engine"),
+            default="local"),
+    _switch("--fp8-e4m3", FP8, action="store_true"),
+    _switch("--fp8-hybrid", FP8, action="store_true"),
+    _knob("--fp8-margin", FP8, type=int, default=0),
+    _knob("--fp8-interval", FP8, type=int, default=1),
+    _knob("--fp8-amax-history-len", FP8, type=int, default=1),
+    _knob("--fp8-amax-compute-algo", FP8, choices=("most_recent", "max"), default="most_recent"),
+    _knob("--no-fp8-wgrad", FP8, action="store_false", dest="fp8_wgrad"),
+    _switch("--use-distributed-optimizer", "Megatron's distributed optimizer (DeepSpeed's ZeRO stage 1, "
+            "--zero-stage 1, shards the same optimizer state)", action="store_true"),
+    _switch("--random-ltd", "random layerwise token dropping (DeepSpeed data efficiency)", action="store_true"),
+    _switch("--data-efficiency-curriculum-learning", "DeepSpeed data-efficiency curriculum learning",
+            action="store_true"),
+    _switch("--weight-decay-incr-style", "weight-decay schedule", choices=("constant", "linear", "cosine"),
+            default="constant"),
+    _knob("--start-weight-decay", "weight-decay schedule", type=float),
+    _knob("--end-weight-decay", "weight-decay schedule", type=float),
     # Flags upstream keeps only to reject them.
     _removed("--batch-size", "--micro-batch-size", type=int),
     _removed("--warmup", "--lr-warmup-fraction, --lr-warmup-iters or --lr-warmup-samples", type=int),
