@@ -37,6 +37,7 @@ REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
+from megatron.launched_rank import end_with_parent
 from megatron.parallel_state import hccl_environment
 from megatron.reports.job_output import FirstFailure
 from megatron.reports.results import TRAIN_LOG_FILE
@@ -389,7 +390,8 @@ def run_job(command, environment, log_path) -> Job:
     """Run the job: every line to the log, and to the terminal until the first rank fails
     (megatron/reports/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
     --exit-signal-handler). Ctrl-C reaches every process of the terminal at once, so here it only waits for
-    them to end, and then ends this one too."""
+    them to end, and then ends this one too. torchrun ends when this process ends, even by SIGKILL, and its ranks
+with it (megatron/launched_rank.py)."""
     job, interrupted = Job(0, FirstFailure()), []
 
     def pass_on_sigterm(signum, frame):
@@ -397,7 +399,8 @@ def run_job(command, environment, log_path) -> Job:
         process.send_signal(signal.SIGTERM)
 
     with open(log_path, "w") as log, subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+                                                      stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                                      preexec_fn=end_with_parent) as process:
         signal.signal(signal.SIGTERM, pass_on_sigterm)
         signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         for line in process.stdout:
