@@ -61,8 +61,11 @@ def _why_empty(directory: str) -> str:
         return "it does not exist"
     if not os.path.isdir(directory):
         return "it is not a directory"
-    if not os.listdir(directory):
-        return "it is empty"
+    try:
+        if not os.listdir(directory):
+            return "it is empty"
+    except OSError as err:
+        return f"it cannot be listed: {err.strerror or err}; fix its permissions"
     return f"it has no '{LATEST_TAG_FILE}' file"
 
 

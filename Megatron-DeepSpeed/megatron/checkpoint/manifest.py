@@ -14,6 +14,7 @@ import zlib
 from typing import Dict
 
 from megatron.checkpoint.layout import LATEST_TAG_FILE, MANIFEST_FILE
+from megatron.checkpoint.pointers import inside, quoted
 from megatron.errors import InputError
 from megatron.files.atomic import write_text_atomically
 
@@ -65,14 +66,9 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
     path = os.path.join(step_dir, MANIFEST_FILE)
     if not os.path.isfile(path):
         return False
-    try:
-        with open(path, encoding="utf-8") as handle:
-            listed = json.load(handle)["files"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(f"{path} cannot be read as a checkpoint manifest ({err}); restore it, or delete it to "
-                         "check the checkpoint from its layout instead") from None
+    listed = _read_listing(path)
     for name, recorded in listed.items():
-        file = os.path.join(step_dir, name)
+        file = inside(step_dir, name, path)
         if not os.path.isfile(file) and not (whole and (optimizer or not name.endswith(OPTIMIZER_FILE_END))):
             continue
         if not os.path.isfile(file):
@@ -86,6 +82,25 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
             raise InputError(f"checkpoint file {file} is not the file this checkpoint wrote (its checksum differs "
                              f"from the manifest's); {_restore_hint(step_dir)}")
     return True
+
+
+def _read_listing(path: str) -> Dict[str, dict]:
+    """The manifest's `files`: a non-empty mapping of names to {bytes, crc32_ends}, or an InputError."""
+    fix = "restore it, or delete it to check the checkpoint from its layout instead"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            listed = json.load(handle)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"{path} cannot be read as a checkpoint manifest ({err}); {fix}") from None
+    if not isinstance(listed, dict) or not listed:
+        raise InputError(f"{path}: 'files' is {quoted(json.dumps(listed))}, not a mapping of the checkpoint's "
+                         f"files to their sizes and checksums; {fix}")
+    for name, recorded in listed.items():
+        if not (isinstance(recorded, dict) and type(recorded.get("bytes")) is int
+                and isinstance(recorded.get("crc32_ends"), str)):
+            raise InputError(f"{path}: the entry of {quoted(name)} is {quoted(json.dumps(recorded))}, not "
+                             f"{{\"bytes\": N, \"crc32_ends\": \"...\"}}; {fix}")
+    return listed
 
 
 def is_zip_archive(path: str) -> bool:

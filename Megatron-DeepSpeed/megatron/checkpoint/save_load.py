@@ -47,6 +47,7 @@ from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
 from megatron.files.atomic import write_atomically
+from megatron.files.glob_free import glob_free
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 from megatron.tokenizer import vocab_size_with_padding
 
@@ -293,9 +294,9 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).
     try:
-        with trust.trusting(plan.trusted), trust.deepspeed_loads():
+        with trust.trusting(plan.trusted), trust.deepspeed_loads(), glob_free(load_dir) as literal_load_dir:
             load_path, client_state = engine.load_checkpoint(
-                load_dir, tag=plan.tag, load_optimizer_states=(plan.load_optimizer or plan.universal)
+                literal_load_dir, tag=plan.tag, load_optimizer_states=(plan.load_optimizer or plan.universal)
                 and not plan.bf16_slices, load_lr_scheduler_states=False, load_module_only=not plan.load_optimizer,
                 custom_load_fn=None if pipelined else load_module)
             if plan.bf16_slices and load_path is not None:
