@@ -183,7 +183,7 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     config = gpt_config(model_config, padded)
     check_target(config, target)
     progress(f"reading {hf_dir}")
-    model = hf.from_hf_state_dict(hf.read_hf_weights(hf_dir), config)
+    model = hf.from_hf_state_dict(hf.read_hf_weights(hf_dir), config, vocab_size)
     args = imported_args(hf_config, model_config, vocab_size, padded, make_vocab_size_divisible_by)
     state = TrainingState(iteration=0, consumed_train_samples=0, args=args)
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(

@@ -31,7 +31,7 @@ def examine(path: str, progress: Progress = quiet) -> Examined:
         config_json = hf.read_hf_config(path)
         config = gpt_config(hf.model_config_from_hf(config_json, os.path.join(path, hf.CONFIG_FILE)),
                             int(config_json["vocab_size"]))
-        model = hf.from_hf_state_dict(hf.read_hf_weights(path), config)
+        model = hf.from_hf_state_dict(hf.read_hf_weights(path), config, config_json["vocab_size"])
         header = [f"Hugging Face GPT-2 model {path}", f"vocabulary: {config_json['vocab_size']}",
                   f"activation: {config_json.get('activation_function')}"]
         return Examined(header, model, from_hf=True)

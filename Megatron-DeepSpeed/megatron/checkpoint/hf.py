@@ -16,13 +16,14 @@ import torch
 
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig
+from megatron.model.gpt import GPTConfig, GPTModel
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
 ARCHITECTURE = "GPT2LMHeadModel"
 ERF_GELU, TANH_GELUS = "gelu", ("gelu_new", "gelu_pytorch_tanh")
+MAX_VOCAB_SIZE = 1 << 31  # token ids are stored as int32 at most (data/indexed_dataset.py)
 
 # GPT2Config's keys for the model flags (megatron/config/model_config.py); the first key of a flag is the one read.
 HF_KEYS = (("n_layer", "num_layers"), ("n_embd", "hidden_size"), ("n_head", "num_attention_heads"),
@@ -74,37 +75,48 @@ def to_hf_state_dict(model: Mapping[str, torch.Tensor], config: GPTConfig, vocab
     return {name: tensor.contiguous() for name, tensor in hf.items()}
 
 
-def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Dict[str, torch.Tensor]:
-    """GPT2LMHeadModel's (or GPT2Model's) weights under GPTModel's names, the word embedding zero-padded to
-    config.vocab_size rows."""
+def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig, vocab_size: int) -> Dict[str, torch.Tensor]:
+    """GPT2LMHeadModel's (or GPT2Model's) weights under GPTModel's names, the word embedding (`vocab_size` rows,
+    config.json's) zero-padded to config.vocab_size rows. Every tensor must have the shape config.json gives it."""
     hf = {name.removeprefix("transformer."): tensor for name, tensor in hf.items()}
     heads = config.num_attention_heads
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        expected = {name: tuple(tensor.shape) for name, tensor in GPTModel(config).state_dict().items()}
+    expected["embedding.word_embeddings.weight"] = (vocab_size, config.hidden_size)
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str, ours: str, transposed: bool = False) -> torch.Tensor:
         if name not in hf:
             raise InputError(f"the Hugging Face weights have no tensor '{name}' (nor 'transformer.{name}'); they do "
                              "not belong to a GPT-2 model of this config.json")
+        shape = expected[ours][::-1] if transposed else expected[ours]
+        if tuple(hf[name].shape) != shape:
+            raise InputError(f"the Hugging Face tensor '{name}' has shape {list(hf[name].shape)}, but {CONFIG_FILE} "
+                             f"describes {list(shape)}: the weights and {CONFIG_FILE} belong to different models; "
+                             f"use the config.json saved with these weights")
         return hf[name]
 
-    wte = take("wte.weight")
+    wte = take("wte.weight", "embedding.word_embeddings.weight")
     if wte.shape[0] > config.vocab_size:
         raise InputError(f"the Hugging Face vocabulary has {wte.shape[0]} rows, more than the padded size "
                          f"{config.vocab_size}")
     padded = torch.zeros(config.vocab_size, wte.shape[1], dtype=wte.dtype)
     padded[:wte.shape[0]] = wte
-    model = {"embedding.word_embeddings.weight": padded, "embedding.position_embeddings.weight": take("wpe.weight")}
+    model = {"embedding.word_embeddings.weight": padded,
+             "embedding.position_embeddings.weight": take("wpe.weight", "embedding.position_embeddings.weight")}
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"h.{i}."
         for hf_name, our_name in _LAYER_NORMS:
             for part in ("weight", "bias"):
-                model[f"{ours}{our_name}.{part}"] = take(f"{theirs}{hf_name}.{part}")
+                model[f"{ours}{our_name}.{part}"] = take(f"{theirs}{hf_name}.{part}", f"{ours}{our_name}.{part}")
         for hf_name, our_name in _LINEARS:
-            weight, bias = take(f"{theirs}{hf_name}.weight").t(), take(f"{theirs}{hf_name}.bias")
+            weight = take(f"{theirs}{hf_name}.weight", f"{ours}{our_name}.weight", transposed=True).t()
+            bias = take(f"{theirs}{hf_name}.bias", f"{ours}{our_name}.bias")
             if our_name == "self_attention.query_key_value":
                 weight, bias = hf_qkv_to_per_head(weight, heads), hf_qkv_to_per_head(bias, heads)
             model[f"{ours}{our_name}.weight"] = weight
             model[f"{ours}{our_name}.bias"] = bias
-    model["final_layernorm.weight"], model["final_layernorm.bias"] = take("ln_f.weight"), take("ln_f.bias")
+    for part in ("weight", "bias"):
+        model[f"final_layernorm.{part}"] = take(f"ln_f.{part}", f"final_layernorm.{part}")
     return {name: tensor.contiguous() for name, tensor in model.items()}
 
 
@@ -133,6 +145,10 @@ def model_config_from_hf(config: Mapping[str, object], source: str = CONFIG_FILE
     for key, flag in HF_KEYS:
         if config.get(key) is not None:
             standard.setdefault(flag, config[key])
+    vocab_size = config.get("vocab_size")
+    if type(vocab_size) is not int or not 0 < vocab_size <= MAX_VOCAB_SIZE:
+        raise InputError(f"{path} sets vocab_size={json.dumps(vocab_size)}; it must be the whole number of rows of "
+                         f"the model's word embedding (at most {MAX_VOCAB_SIZE}): fix {CONFIG_FILE}")
     activation = config.get(ACTIVATION_KEY, TANH_GELUS[0])
     return ModelConfig.from_flags({**ours, **standard, "openai_gelu": activation in TANH_GELUS}, source)
 
@@ -157,6 +173,10 @@ def read_hf_config(directory: str) -> dict:
         if config.get(option, supported) != supported:
             raise InputError(f"{path} sets {option}={config[option]}, which the Megatron GPT model does not "
                              f"implement; only {option}={supported} can be imported")
+    vocab_size = config.get("vocab_size")
+    if type(vocab_size) is not int or not 0 < vocab_size <= MAX_VOCAB_SIZE:
+        raise InputError(f"{path} sets vocab_size={json.dumps(vocab_size)}; it must be the whole number of rows of "
+                         f"the model's word embedding (at most {MAX_VOCAB_SIZE}): fix {CONFIG_FILE}")
     activation = config.get(ACTIVATION_KEY, TANH_GELUS[0])
     if activation not in (ERF_GELU, *TANH_GELUS):
         raise InputError(f"{path} sets {ACTIVATION_KEY} '{activation}'; only '{ERF_GELU}' (erf GeLU) and "

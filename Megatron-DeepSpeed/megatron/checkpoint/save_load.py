@@ -22,7 +22,7 @@ import pickle
 import random
 import shutil
 import tempfile
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -113,9 +113,16 @@ def publish_latest(save_dir: str, tag: str) -> None:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
 
 
+def _remove_recovery_scripts(save_dir: str) -> None:
+    for script in DEEPSPEED_RECOVERY_SCRIPTS:
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(save_dir, script))
+
+
 def _save_failure(save_dir: str, tag: str, error: BaseException, parameters_here: int) -> RunError:
     """Remove what the failed save of `tag` wrote, and say what happened."""
     shutil.rmtree(os.path.join(save_dir, tag), ignore_errors=True)
+    _remove_recovery_scripts(save_dir)
     previous = latest_tag(save_dir)
     needed = (directory_bytes(os.path.join(save_dir, previous)) if previous
               else BYTES_PER_PARAMETER * parameters_here)
@@ -158,9 +165,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
             engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
         dist.barrier()  # every model-states file written
         if dist.get_rank() == 0:
-            for script in DEEPSPEED_RECOVERY_SCRIPTS:
-                if os.path.isfile(os.path.join(save_dir, script)):
-                    os.remove(os.path.join(save_dir, script))
+            _remove_recovery_scripts(save_dir)
             if not save_optimizer:
                 _drop_optimizer_state(step_dir, flags)
         dist.barrier()  # no rank flushes a file that rank 0 is still replacing

@@ -176,6 +176,14 @@ def _check_doc_idx(idx_path, doc_idx, n_items):
                          f"{n_items} items (corrupt index): {_REBUILD_HINT}")
 
 
+def require_pair(prefix: str) -> None:
+    """An InputError naming the file when dataset `prefix`'s .idx or .bin is not there."""
+    for path in (index_file_path(prefix), data_file_path(prefix)):
+        if not os.path.isfile(path):
+            raise InputError(f"{path} not found (dataset prefix {prefix!r}): give the prefix without .bin/.idx, "
+                             f"or {_REBUILD_HINT}")
+
+
 class MMapIndexedDataset:
     """Read-only access to a .bin/.idx pair; items are numpy views into the mapped .bin.
 
@@ -185,10 +193,7 @@ class MMapIndexedDataset:
     def __init__(self, path_prefix):
         self.path_prefix = str(path_prefix)
         idx_path, bin_path = index_file_path(path_prefix), data_file_path(path_prefix)
-        for path in (idx_path, bin_path):
-            if not os.path.isfile(path):
-                raise InputError(f"{path} not found (dataset prefix {self.path_prefix!r}): give "
-                                 f"the prefix without .bin/.idx, or {_REBUILD_HINT}")
+        require_pair(self.path_prefix)
         self.dtype, n_items, n_docs = _read_header(idx_path)
         self.sizes, self.pointers, self.doc_idx = _map_index(idx_path, n_items, n_docs)
         _check_items(idx_path, self.sizes, self.pointers, self.dtype.itemsize)
