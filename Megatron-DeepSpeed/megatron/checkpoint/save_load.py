@@ -42,8 +42,8 @@ from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import expert_model_name, flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.reader import Checkpoint, read_checkpoint
+from megatron.checkpoint.weight_units import TensorShard
 from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
-from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.errors import InputError, RunError
 from megatron.files.atomic import write_atomically
@@ -217,7 +217,7 @@ def load_options(config: JobConfig) -> LoadOptions:
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
                        use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
                        reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint,
-                       trust_checkpoint=checkpoint.trust_checkpoint)
+                       trust_checkpoint=checkpoint.trust_checkpoint, evaluation_only=config.logging.skip_train)
 
 
 def plan_load(config: JobConfig) -> Optional[ResumePlan]:
@@ -267,16 +267,17 @@ def _load_bf16_slices(engine, tag_dir: str) -> None:
 
 
 def _copy_weights_in(engine, load_dir: str, parallel_state) -> Checkpoint:
-    """A layout the engine cannot load (plan.foreign): the full weights, read here, cut into this rank's shards
-    and copied into its module; the optimizer's master copies refreshed from them, as DeepSpeed does after a
-    weights-only load."""
-    checkpoint = read_checkpoint(load_dir)
-    module, tp_rank = engine.module, parallel_state.get_tensor_model_parallel_rank()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    """plan.foreign: this rank's shard of each weight its module holds, read one at a time (nothing else of the
+    checkpoint: no other shard, stage or optimizer state) and copied into its module; the optimizer's master
+    copies refreshed from them, as DeepSpeed does after a weights-only load."""
+    shard = TensorShard(parallel_state.get_tensor_model_parallel_rank(),
+                        parallel_state.get_tensor_model_parallel_world_size())
+    checkpoint = read_checkpoint(load_dir, part=shard, streamed=True, optimizer=False)
+    module = engine.module
     pipelined = isinstance(module, PipelineModule)
     for name, parameter in module.named_parameters():
         full_name = module.single_process_name(name) if pipelined else name
-        parameter.copy_(shard_of(full_name, checkpoint.model[full_name], tp_rank, tp_size))
+        parameter.copy_(checkpoint.model[full_name])
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
     return checkpoint
