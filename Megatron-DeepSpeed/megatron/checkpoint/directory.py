@@ -83,6 +83,7 @@ def load_file(path: str, mmap: bool = True, meta: bool = False) -> dict:
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
+    manifest.require_readable(path)
     try:
         return trust.torch_load(path, mmap=mmap and manifest.is_zip_archive(path), meta=meta)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file

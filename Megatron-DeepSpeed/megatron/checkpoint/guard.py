@@ -15,7 +15,7 @@ import os
 import tempfile
 from typing import Optional, Sequence
 
-from megatron.checkpoint import trust
+from megatron.checkpoint import manifest, trust
 from megatron.checkpoint.directory import read_client_state, read_latest_iteration, read_latest_tag
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
 from megatron.errors import InputError
@@ -113,6 +113,7 @@ def check_files_hold_data_only(step_dir: str) -> None:
     """No file of the checkpoint (its subdirectories included) names a type outside trust.py's allow-list."""
     for parent, _, names in sorted(os.walk(step_dir)):
         for name in sorted(names):
+            manifest.require_readable(os.path.join(parent, name))
             what = trust.unsafe_type(os.path.join(parent, name)) if name.endswith(".pt") else None
             if what:
                 raise trust.refusal(os.path.join(parent, name), what)

@@ -74,6 +74,7 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
         if not os.path.isfile(file):
             raise InputError(f"checkpoint file {file} is missing (the checkpoint's manifest lists it); "
                              f"{_restore_hint(step_dir)}")
+        require_readable(file)
         size = os.path.getsize(file)
         if size != recorded["bytes"]:
             raise InputError(f"checkpoint file {file} has {size} bytes, but {recorded['bytes']} were written (its "
@@ -103,6 +104,13 @@ def _read_listing(path: str) -> Dict[str, dict]:
     return listed
 
 
+def require_readable(path: str) -> None:
+    """An InputError naming checkpoint file `path` when this process may not read it."""
+    if not os.access(path, os.R_OK):
+        raise InputError(f"checkpoint file {path} cannot be read (permission denied for this user); fix its "
+                         f"permissions, or point at a checkpoint this user can read")
+
+
 def is_zip_archive(path: str) -> bool:
     """Whether `path` is in torch's zip format (which torch.load can memory-map), not its legacy pickle format."""
     with open(path, "rb") as handle:
@@ -115,6 +123,7 @@ def check_torch_file(path: str) -> None:
     step_dir = os.path.dirname(path)
     if not os.path.isfile(path):
         raise InputError(f"checkpoint file {path} is missing; {_restore_hint(step_dir)}")
+    require_readable(path)
     with open(path, "rb") as handle:
         head = handle.read(len(_ZIP_MAGIC))
     size = os.path.getsize(path)
