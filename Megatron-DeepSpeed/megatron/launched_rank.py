@@ -25,8 +25,8 @@ def started_by_a_launcher() -> bool:
 
 
 def end_with_parent() -> None:
-    """SIGKILL this process when its parent process ends. Also usable as a Popen preexec_fn (it then applies to
-    the child, whose parent is the caller)."""
+    """SIGKILL this process when its parent process ends. As a Popen preexec_fn it applies to the child, whose
+    parent is the caller (on Linux: the kernel's signal survives exec, a watching thread would not)."""
     parent = os.getppid()
     if not _ask_kernel_for_parent_death_signal():
         threading.Thread(target=_watch_parent, args=(parent,), name="end-with-parent", daemon=True).start()
