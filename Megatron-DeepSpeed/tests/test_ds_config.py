@@ -219,3 +219,9 @@ def test_every_key_of_upstreams_templates_and_deepspeeds_sections_is_known(tmp_p
             "fp16", "optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb",
             "csv_monitor", "comms_logger", "aio", "compile", "steps_per_print", "wall_clock_breakdown",
             "zero_allow_untested_optimizer", "prescale_gradients", "data_types", "checkpoint"} <= known_keys()
+
+
+def test_a_switched_off_section_the_trainer_drops_is_not_an_unknown_key(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"compression_training": {"enabled": false}, "curriculum_learning": {"enabled": false}}')
+    assert validated("--deepspeed_config", str(path)).parallel.zero_stage == 1

@@ -58,9 +58,10 @@ def _literal_get_keys(module: types.ModuleType) -> set:
             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
 
 
-def check_top_level_keys(user: Mapping, path: str) -> None:
-    """An InputError naming the first key of `user` (a --deepspeed_config JSON) DeepSpeed would not read."""
-    known = known_keys()
+def check_top_level_keys(user: Mapping, path: str, also_known: FrozenSet[str] = frozenset()) -> None:
+    """An InputError naming the first key of `user` (a --deepspeed_config JSON) that neither DeepSpeed reads nor
+    `also_known` names (sections the trainer deals with itself)."""
+    known = known_keys() | also_known
     for key in user:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)

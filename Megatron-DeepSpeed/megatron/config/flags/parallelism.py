@@ -7,7 +7,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from megatron.config.deepspeed_keys import OPT_OUT_FLAG, check_top_level_keys
-from megatron.config.ds_config import load_user_config
+from megatron.config.ds_config import SECTIONS_HANDLED_HERE, load_user_config
 from megatron.config.flags.common import Limits, after_preset, same_named
 from megatron.config.job import ParallelConfig
 from megatron.errors import InputError, require_divisible
@@ -120,7 +120,7 @@ def deepspeed_json(values: Mapping) -> dict:
                              f"flag to generate one from the flags")
         user = MappingProxyType(load_user_config(path))
         if not values["allow_unknown_deepspeed_keys"]:
-            check_top_level_keys(user, path)
+            check_top_level_keys(user, path, also_known=SECTIONS_HANDLED_HERE)
     if stage is None:
         zero = user.get("zero_optimization") if user is not None else None
         stage = zero.get("stage") if isinstance(zero, dict) else None
