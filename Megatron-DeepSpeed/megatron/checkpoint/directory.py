@@ -34,9 +34,9 @@ import torch
 
 from megatron.checkpoint import manifest, trust
 from megatron.checkpoint.client_state import args_of
-from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, ITERATION_PATTERN, LATEST_ITERATION_FILE,
-                                        LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
-                                        OPTIMIZER_SAVED, RELEASE, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK,
+from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, ITERATION_PATTERN,
+                                        LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_FILE,
+                                        MEGATRON_ITER_PATTERN, MEGATRON_MODEL, OPTIMIZER_SAVED, RELEASE, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK,
                                         layer_file, megatron_iteration_dir, megatron_rank_dir, model_states_file,
                                         optimizer_states_file)
 from megatron.checkpoint.names import positions_with_parameters
