@@ -212,4 +212,5 @@ def test_skip_train_of_a_zero_0_checkpoint_reads_each_ranks_shard_of_the_weights
     assert plan.foreign and not plan.load_optimizer
     log = run_on_ranks(pretrain_and_log, 2, [*flags, "--load", save, "--skip-train"], timeout=300)[1]
     evaluated = {record.prefix: record.loss for record in parse_log(log).validations}
+    assert sorted(evaluated) == ["test", "validation"]
     assert evaluated == {record.prefix: record.loss for record in parse_log(training_log).validations}
