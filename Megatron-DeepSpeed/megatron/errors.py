@@ -6,6 +6,8 @@ import os
 import sys
 import tempfile
 
+from megatron.launched_rank import end_with_launcher
+
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
@@ -32,7 +34,9 @@ def require_divisible(what: str, value: int, by: str, divisor: int, fix: str) ->
 def run_cli(main, argv=None):
     """Run a command-line `main(argv)`: the library's log records (logger "megatron") go to stdout as plain
     lines; an InputError (exit 2), a RunError (exit 1) or Ctrl-C (exit 130) is reported as one line
-    `error: ...` on stderr instead of a traceback."""
+    `error: ...` on stderr instead of a traceback. A rank a launcher started ends with that launcher
+    (megatron/launched_rank.py)."""
+    end_with_launcher()
     logging.basicConfig(format="%(message)s", stream=sys.stdout)
     logging.getLogger("megatron").setLevel(logging.INFO)
     try:

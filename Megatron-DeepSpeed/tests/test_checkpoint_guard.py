@@ -8,7 +8,7 @@ import torch
 from megatron.checkpoint.guard import check_checkpoint_directories, latest_tag
 from megatron.checkpoint.save_load import publish_latest
 from megatron.errors import InputError
-from megatron.files.storage import write_failure_cause
+from megatron.files.storage import free_bytes, megabytes, write_failure_cause
 
 
 def make_checkpoint(directory, iteration):
@@ -102,4 +102,8 @@ def test_a_failed_write_is_explained(code, words, tmp_path):
     cause = write_failure_cause(str(tmp_path), OSError(code, os.strerror(code)), 40_000_000)
     assert cause.startswith(words)
     if code == errno.ENOSPC:
-        assert cause.endswith("free there, about 40.0 MB needed")
+        assert cause.endswith("yet it ran out while writing: it needs more than the estimated 40.0 MB, or something "
+                              "else fills that disk")
+        beyond = 2 * free_bytes(str(tmp_path))
+        assert write_failure_cause(str(tmp_path), OSError(code, "full"), beyond).endswith(
+            f"free there, about {megabytes(beyond)} needed")

@@ -199,3 +199,29 @@ def test_resolve_merges_the_users_file(tmp_path):
     merged = resolve_deepspeed_config(validated("--deepspeed_config", str(path)))
     assert merged["wall_clock_breakdown"] is True
     assert merged["train_batch_size"] == 16
+
+
+def test_a_misspelled_top_level_key_is_named_with_the_key_meant_unless_allowed(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimisation": {"stage": 3}, "wall_clock_breakdown": true}')
+    with pytest.raises(InputError, match=r"DeepSpeed does not know the key 'zero_optimisation' and would ignore it; "
+                                         r"did you mean 'zero_optimization'\? fix the key, or pass "
+                                         r"--allow-unknown-deepspeed-keys"):
+        validated("--deepspeed_config", str(path))
+    allowed = validated("--deepspeed_config", str(path), "--allow-unknown-deepspeed-keys")
+    assert allowed.parallel.zero_stage == 1
+
+
+def test_every_key_of_upstreams_templates_and_deepspeeds_sections_is_known(tmp_path):
+    """Keys DeepSpeed 0.19.8 reads through its submodules' readers, and those of upstream's example JSONs."""
+    from megatron.config.deepspeed_keys import known_keys
+    assert {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_clipping", "bf16",
+            "fp16", "optimizer", "scheduler", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb",
+            "csv_monitor", "comms_logger", "aio", "compile", "steps_per_print", "wall_clock_breakdown",
+            "zero_allow_untested_optimizer", "prescale_gradients", "data_types", "checkpoint"} <= known_keys()
+
+
+def test_a_switched_off_section_the_trainer_drops_is_not_an_unknown_key(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"compression_training": {"enabled": false}, "curriculum_learning": {"enabled": false}}')
+    assert validated("--deepspeed_config", str(path)).parallel.zero_stage == 1

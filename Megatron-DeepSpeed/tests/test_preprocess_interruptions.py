@@ -88,3 +88,17 @@ def test_ctrl_c_stops_preprocessing_with_one_line_and_exit_130(tmp_path):
     assert [line for line in rest.splitlines() if not line.startswith("Processed")] == ["error: interrupted (Ctrl-C)"]
     assert not psutil.wait_procs(workers, timeout=15)[1]
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_a_second_run_on_the_same_output_prefix_is_refused_while_the_first_writes(tmp_path):
+    first = start_preprocessing(write_numbers(tmp_path / "in.jsonl", 60_000), tmp_path / "out")
+    try:
+        with pytest.raises(InputError, match=rf"dataset '{tmp_path}/out_text_document' is being written by another "
+                                             rf"run \(pid {first.pid} on host "):
+            convert(write_numbers(tmp_path / "small.jsonl", 5), tmp_path / "out")
+    finally:
+        first.kill()
+        first.wait()
+    convert(tmp_path / "small.jsonl", tmp_path / "out")  # the killed writer's claim went with it
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out_text_document.bin", "out_text_document.idx",
+                                            "small.jsonl"]

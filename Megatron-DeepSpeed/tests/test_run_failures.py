@@ -59,6 +59,11 @@ def test_a_mistyped_load_stops_at_start_up_and_leaves_the_checkpoints_alone(data
     assert sorted(os.listdir(save)) == ["global_step10", "latest"] and latest(save) == "global_step10"
 
 
+def test_a_missing_data_prefix_is_one_line(tmp_path):
+    result = run_pretrain(str(tmp_path / "absent_text_document"), "--train-iters", "2")
+    assert_one_line_error(result, 2, f"{tmp_path}/absent_text_document.idx not found")
+
+
 @pytest.fixture(scope="module")
 def stopped_by_sigterm(data_prefix, tmp_path_factory):
     """A run with --exit-signal-handler (and data-loader workers) whose processes all receive SIGTERM during its
@@ -99,6 +104,7 @@ def test_a_save_that_hits_a_full_disk_says_why_and_keeps_the_last_checkpoint(sto
                                      f"file-size limit (EFBIG): ulimit -f allows {largest // 2} bytes per file",
                           f"its partial files were removed and {save}/latest still names the complete {kept}")
     assert latest(save) == kept and f"global_step{step}" not in os.listdir(save)
+    assert "zero_to_fp32.py" not in os.listdir(save)  # DeepSpeed's copy, which cannot read our checkpoints
 
 
 def exit_requests_seen(duration_minutes):

@@ -15,6 +15,8 @@ from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
 
 from megatron.checkpoint.hf_gpt2 import hf_config, to_hf_tensors
 from megatron.checkpoint.reader import read_checkpoint
+from megatron.checkpoint.save_load import plan_load
+from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.errors import InputError
 from megatron.evaluation.zeroshot import wikitext_perplexity
 from megatron.inference.generation import generate_batch
@@ -197,3 +199,19 @@ def test_bad_input_with_a_checkpoint(trained, flags, message):
     from tools.generate_text import main
     with pytest.raises(InputError, match=message):
         main(["--load", trained.save, "--prompt", "1 2", *flags])
+
+
+def test_skip_train_of_a_zero_0_checkpoint_reads_each_ranks_shard_of_the_weights(trained, tmp_path):
+    """ZeRO 0 keeps the optimizer state inside the model-states files that DeepSpeed's load reads whole; the
+    evaluation-only run reads each rank's weight shard instead (ResumePlan.foreign) and reports the losses the
+    training run printed for the same checkpoint, here at TP 2."""
+    save = str(tmp_path / "zero0")
+    flags = [*TRAINING, *trained.data, "--zero-stage", "0", "--tensor-model-parallel-size", "2"]
+    training_log = run_on_ranks(pretrain_and_log, 2, [*flags, "--save", save, "--save-interval", str(ITERATIONS)],
+                                timeout=300)[1]
+    plan = plan_load(job_config(validate_args(parse_args([*flags, "--load", save, "--skip-train"]), 2, "cpu")))
+    assert plan.foreign and not plan.load_optimizer
+    log = run_on_ranks(pretrain_and_log, 2, [*flags, "--load", save, "--skip-train"], timeout=300)[1]
+    evaluated = {record.prefix: record.loss for record in parse_log(log).validations}
+    assert sorted(evaluated) == ["test", "validation"]
+    assert evaluated == {record.prefix: record.loss for record in parse_log(training_log).validations}

@@ -39,6 +39,7 @@ from megatron.config.presets import get_preset, preset_names
 from megatron.device_probe import DeviceFacts, probe_device_facts
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
+from megatron.launched_rank import end_with_parent
 from megatron.parallel_state import hccl_environment
 from megatron.reports.job_output import FirstFailure
 from megatron.reports.results import TRAIN_LOG_FILE
@@ -359,11 +360,10 @@ def write_run_info(run_dir: str, run_info: dict, ended: str) -> None:
 def resume_flags(checkpoints: str) -> list[str]:
     """--load of the newest complete checkpoint in `checkpoints` (the one its `latest` names), said aloud; none
     when there is none yet."""
-    latest = os.path.join(checkpoints, "latest")
-    if not os.path.isfile(latest):
+    from megatron.checkpoint.guard import latest_tag  # here: it imports torch, after detect_device chose one
+    tag = latest_tag(checkpoints) if os.path.isdir(checkpoints) else None  # the pointer read as training reads it
+    if tag is None:
         return []
-    with open(latest, encoding="utf-8") as handle:
-        tag = handle.read().strip()
     print(f"Resuming from {os.path.join(checkpoints, tag)} (the newest complete checkpoint in {checkpoints})",
           flush=True)
     return ["--load", checkpoints]
@@ -389,7 +389,8 @@ def run_job(command, environment, log_path) -> Job:
     """Run the job: every line to the log, and to the terminal until the first rank fails
     (megatron/reports/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
     --exit-signal-handler). Ctrl-C reaches every process of the terminal at once, so here it only waits for
-    them to end, and then ends this one too."""
+    them to end, and then ends this one too. torchrun ends when this process ends, even by SIGKILL, and its ranks
+with it (megatron/launched_rank.py)."""
     job, interrupted = Job(0, FirstFailure()), []
 
     def pass_on_sigterm(signum, frame):
@@ -397,7 +398,8 @@ def run_job(command, environment, log_path) -> Job:
         process.send_signal(signal.SIGTERM)
 
     with open(log_path, "w") as log, subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+                                                      stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                                      preexec_fn=end_with_parent) as process:
         signal.signal(signal.SIGTERM, pass_on_sigterm)
         signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         for line in process.stdout:

@@ -34,12 +34,13 @@ import torch
 
 from megatron.checkpoint import manifest, trust
 from megatron.checkpoint.client_state import args_of
-from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
-                                        LATEST_UNIVERSAL_FILE, MEGATRON_FILE, MEGATRON_ITER_PATTERN, MEGATRON_MODEL,
-                                        OPTIMIZER_SAVED, RELEASE, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK,
+from megatron.checkpoint.layout import (ARGS, EXPERT_FILE_PATTERN, ITERATION, ITERATION_PATTERN,
+                                        LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_FILE,
+                                        MEGATRON_ITER_PATTERN, MEGATRON_MODEL, OPTIMIZER_SAVED, RELEASE, TAG_PATTERN, UNIVERSAL_DIR, UNIVERSAL_MARK,
                                         layer_file, megatron_iteration_dir, megatron_rank_dir, model_states_file,
                                         optimizer_states_file)
 from megatron.checkpoint.names import positions_with_parameters, untied
+from megatron.checkpoint.pointers import inside, quoted, read_pointer
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
 from megatron.errors import InputError
@@ -82,6 +83,7 @@ def load_file(path: str, mmap: bool = True, meta: bool = False) -> dict:
     if not os.path.isfile(path):
         raise InputError(f"{path} is missing: the checkpoint in {os.path.dirname(path)} is incomplete; point at "
                          "a complete checkpoint (its 'latest' file names the newest complete one)")
+    manifest.require_readable(path)
     try:
         return trust.torch_load(path, mmap=mmap and manifest.is_zip_archive(path), meta=meta)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError ... for a damaged file
@@ -122,15 +124,15 @@ def read_latest_iteration(directory: str) -> Optional[str]:
     """The Megatron checkpoint folder `directory`'s latest_checkpointed_iteration.txt names (iter_N or
     release); None when there is no such file."""
     path = os.path.join(directory, LATEST_ITERATION_FILE)
-    if not os.path.isfile(path):
+    text = read_pointer(directory, LATEST_ITERATION_FILE)
+    if text is None:
         return None
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read().strip()
     if text == RELEASE:
         return megatron_iteration_dir(0, release=True)
-    if not text.isdigit():
-        raise InputError(f"{path} holds {text!r}, neither an iteration number nor 'release'; write the iteration "
-                         "of a complete checkpoint into it")
+    if not ITERATION_PATTERN.fullmatch(text):
+        raise InputError(f"{path} holds {quoted(text)}, neither an iteration number nor 'release'; write the "
+                         "iteration of a complete checkpoint into it")
+    inside(directory, megatron_iteration_dir(int(text)), path)
     return megatron_iteration_dir(int(text))
 
 
@@ -148,7 +150,7 @@ def checkpoint_directory(load_dir: str, iteration: Optional[int] = None, univers
     if iteration is not None:
         for name in (f"global_step{iteration}", megatron_iteration_dir(iteration)):
             if os.path.isdir(os.path.join(load_dir, name)):
-                return os.path.join(load_dir, name)
+                return inside(load_dir, name, f"--iteration {iteration}")
         raise InputError(f"{load_dir} has no checkpoint of iteration {iteration} "
                          f"({os.path.join(load_dir, f'global_step{iteration}')} does not exist); "
                          f"it has: {', '.join(available_tags(load_dir)) or 'none'}")
@@ -171,19 +173,16 @@ def checkpoint_directory(load_dir: str, iteration: Optional[int] = None, univers
 
 def read_latest_tag(directory: str, pointer: str = LATEST_TAG_FILE) -> Optional[str]:
     """The checkpoint name `directory`'s `latest` file (or `pointer`) holds; None when there is none. One that
-    cannot be read, or holds no name like 'global_step1000', is an InputError naming the file."""
+    cannot be read, holds no name like 'global_step1000' (a name, never a path), or names a directory that
+    leads outside `directory`, is an InputError naming the file (checkpoint/pointers.py)."""
     path = os.path.join(directory, pointer)
-    if not os.path.lexists(path):
+    tag = read_pointer(directory, pointer)
+    if tag is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            tag = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}); it names the "
-                         f"checkpoint to resume: restore it, or point --load elsewhere") from err
-    if not TAG_PATTERN.match(tag):
-        raise InputError(f"{path} holds {tag!r}, not a checkpoint name like 'global_step1000'; write the name "
-                         f"of a complete checkpoint directory into it")
+    if not TAG_PATTERN.fullmatch(tag):
+        raise InputError(f"{path} holds {quoted(tag)}, not a checkpoint name like 'global_step1000'; write the "
+                         f"name of a complete checkpoint directory into it")
+    inside(directory, tag, path)
     return tag
 
 

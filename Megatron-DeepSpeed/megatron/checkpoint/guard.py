@@ -15,7 +15,7 @@ import os
 import tempfile
 from typing import Optional, Sequence
 
-from megatron.checkpoint import trust
+from megatron.checkpoint import manifest, trust
 from megatron.checkpoint.directory import read_client_state, read_latest_iteration, read_latest_tag
 from megatron.checkpoint.layout import LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, MEGATRON_ITER_PATTERN, TAG_PATTERN
 from megatron.errors import InputError
@@ -61,8 +61,11 @@ def _why_empty(directory: str) -> str:
         return "it does not exist"
     if not os.path.isdir(directory):
         return "it is not a directory"
-    if not os.listdir(directory):
-        return "it is empty"
+    try:
+        if not os.listdir(directory):
+            return "it is empty"
+    except OSError as err:
+        return f"it cannot be listed: {err.strerror or err}; fix its permissions"
     return f"it has no '{LATEST_TAG_FILE}' file"
 
 
@@ -110,6 +113,7 @@ def check_files_hold_data_only(step_dir: str) -> None:
     """No file of the checkpoint (its subdirectories included) names a type outside trust.py's allow-list."""
     for parent, _, names in sorted(os.walk(step_dir)):
         for name in sorted(names):
+            manifest.require_readable(os.path.join(parent, name))
             what = trust.unsafe_type(os.path.join(parent, name)) if name.endswith(".pt") else None
             if what:
                 raise trust.refusal(os.path.join(parent, name), what)

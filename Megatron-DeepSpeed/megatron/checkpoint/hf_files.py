@@ -109,6 +109,10 @@ class SafetensorsWeights(_LazyTensors):
                                  "truncated or damaged") from err
         return self._open[file]
 
+    def shape(self, name: str) -> Tuple[int, ...]:
+        """The tensor's shape from its file's header, without reading the tensor."""
+        return tuple(self._handle(self._file_of[name]).get_slice(name).get_shape())
+
     def __getitem__(self, name: str) -> torch.Tensor:
         file = self._file_of[name]
         try:

@@ -23,7 +23,12 @@ LATEST_UNIVERSAL_FILE = "latest_universal"
 RELEASE = "release"  # Megatron: latest_checkpointed_iteration.txt's word for a release checkpoint
 POINTER_LINK = ".latest"  # both pointer files link through it (checkpoint/save_load.py)
 POINTER_DIR_PREFIX = ".latest."
-TAG_PATTERN = re.compile(r"global_step(\d+)")
+# An iteration number as a pointer file may write it: ASCII digits only (str.isdigit takes '²', int() refuses
+# thousands of digits), short enough to be an iteration.
+ITERATION_PATTERN = re.compile(r"[0-9]{1,18}")
+# A checkpoint's name, whole (fullmatch): global_stepN, or with a suffix such as ds_to_universal's
+# `global_stepN_universal`; one path component, never '..' or a path.
+TAG_PATTERN = re.compile(r"global_step([0-9]{1,18})(?![0-9])[A-Za-z0-9_.-]*")
 UNIVERSAL_DIR = "zero"  # per-parameter state of a universal checkpoint (DeepSpeed's universal layout)
 UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of our writer's checkpoints: they load at any DP/ZeRO
 OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim

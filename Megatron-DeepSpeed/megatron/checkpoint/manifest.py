@@ -14,6 +14,7 @@ import zlib
 from typing import Dict
 
 from megatron.checkpoint.layout import LATEST_TAG_FILE, MANIFEST_FILE
+from megatron.checkpoint.pointers import inside, quoted
 from megatron.errors import InputError
 from megatron.files.atomic import write_text_atomically
 
@@ -65,19 +66,15 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
     path = os.path.join(step_dir, MANIFEST_FILE)
     if not os.path.isfile(path):
         return False
-    try:
-        with open(path, encoding="utf-8") as handle:
-            listed = json.load(handle)["files"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(f"{path} cannot be read as a checkpoint manifest ({err}); restore it, or delete it to "
-                         "check the checkpoint from its layout instead") from None
+    listed = _read_listing(path)
     for name, recorded in listed.items():
-        file = os.path.join(step_dir, name)
+        file = inside(step_dir, name, path)
         if not os.path.isfile(file) and not (whole and (optimizer or not name.endswith(OPTIMIZER_FILE_END))):
             continue
         if not os.path.isfile(file):
             raise InputError(f"checkpoint file {file} is missing (the checkpoint's manifest lists it); "
                              f"{_restore_hint(step_dir)}")
+        require_readable(file)
         size = os.path.getsize(file)
         if size != recorded["bytes"]:
             raise InputError(f"checkpoint file {file} has {size} bytes, but {recorded['bytes']} were written (its "
@@ -86,6 +83,32 @@ def check_manifest(step_dir: str, whole: bool = True, optimizer: bool = True) ->
             raise InputError(f"checkpoint file {file} is not the file this checkpoint wrote (its checksum differs "
                              f"from the manifest's); {_restore_hint(step_dir)}")
     return True
+
+
+def _read_listing(path: str) -> Dict[str, dict]:
+    """The manifest's `files`: a non-empty mapping of names to {bytes, crc32_ends}, or an InputError."""
+    fix = "restore it, or delete it to check the checkpoint from its layout instead"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            listed = json.load(handle)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"{path} cannot be read as a checkpoint manifest ({err}); {fix}") from None
+    if not isinstance(listed, dict) or not listed:
+        raise InputError(f"{path}: 'files' is {quoted(json.dumps(listed))}, not a mapping of the checkpoint's "
+                         f"files to their sizes and checksums; {fix}")
+    for name, recorded in listed.items():
+        if not (isinstance(recorded, dict) and type(recorded.get("bytes")) is int
+                and isinstance(recorded.get("crc32_ends"), str)):
+            raise InputError(f"{path}: the entry of {quoted(name)} is {quoted(json.dumps(recorded))}, not "
+                             f"{{\"bytes\": N, \"crc32_ends\": \"...\"}}; {fix}")
+    return listed
+
+
+def require_readable(path: str) -> None:
+    """An InputError naming checkpoint file `path` when this process may not read it."""
+    if not os.access(path, os.R_OK):
+        raise InputError(f"checkpoint file {path} cannot be read (permission denied for this user); fix its "
+                         f"permissions, or point at a checkpoint this user can read")
 
 
 def is_zip_archive(path: str) -> bool:
@@ -100,6 +123,7 @@ def check_torch_file(path: str) -> None:
     step_dir = os.path.dirname(path)
     if not os.path.isfile(path):
         raise InputError(f"checkpoint file {path} is missing; {_restore_hint(step_dir)}")
+    require_readable(path)
     with open(path, "rb") as handle:
         head = handle.read(len(_ZIP_MAGIC))
     size = os.path.getsize(path)

@@ -315,13 +315,15 @@ def zero3_units(tag_dir: str, layout: Layout, args: Mapping[str, object], num_la
 
 
 def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Progress = quiet,
-                    universal: bool = False, part: TensorShard = WHOLE, streamed: bool = False) -> Checkpoint:
+                    universal: bool = False, part: TensorShard = WHOLE, streamed: bool = False,
+                    optimizer: bool = True) -> Checkpoint:
     """The checkpoint in `load_dir` (its newest, or that of `iteration`; with `universal` the one
     `latest_universal` names) with the full model weights, or with `part`'s shard of each (its padded
     vocabulary size is still the whole model's). With `streamed`, the weights are read when asked for
-    (StreamedWeights), for a caller that uses one tensor at a time."""
+    (StreamedWeights), for a caller that uses one tensor at a time. Without `optimizer` (a reader of the weights
+    alone) the optimizer-state files may be missing."""
     tag_dir = checkpoint_directory(load_dir, iteration, universal)
-    state = read_client_state(tag_dir, whole=part == WHOLE)  # not kept: the weights are read again, unit by unit
+    state = read_client_state(tag_dir, whole=part == WHOLE, optimizer=optimizer)  # not kept: the weights are read again, unit by unit
     args = state[ARGS]
     layout = layout_of(state, tag_dir)
     num_layers = int(args["num_layers"])

@@ -55,6 +55,7 @@ class LoadOptions:
     reset_iteration: bool = False  # restore everything but the iteration and consumed-sample counts
     universal: bool = False  # --universal-checkpoint: the checkpoint latest_universal names
     trust_checkpoint: Tuple[str, ...] = ()  # types allowed beyond the allow-list (checkpoint/trust.py)
+    evaluation_only: bool = False  # --skip-train: the weights alone are read (see ResumePlan.foreign)
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,20 @@ class ResumePlan:
     restore_progress: bool  # iteration and consumed samples (False with --finetune)
     padded_vocab_size: Optional[int]  # recorded by the checkpoint; the run must use it
     schedule: Mapping[str, object]  # the checkpoint's learning-rate flags, for --use-checkpoint-lr-scheduler
-    foreign: bool = False  # a layout the engine cannot load: its weights are read here and copied in
+    # its weights are read here (each rank its shard) and copied in: a layout the engine cannot load, or an
+    # evaluation-only run, for which DeepSpeed's load would read whole model-states files, the optimizer state
+    # that ZeRO 0 embeds in them included
+    foreign: bool = False
     # the pipeline engine at ZeRO 0 in bf16: BF16_Optimizer's state is loaded from its per-data-parallel-rank
     # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/bf16_slices.py)
     bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
+
+
+def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
+    """Whether an evaluation-only run can copy the weights in: not into ZeRO-3 partitions, not an MoE model
+    (its experts load through DeepSpeed's expert files)."""
+    return run.zero_stage != 3 and whole_model_moe(state[ARGS]) is None
 
 
 def _engine_weights_missing(tag_dir: str, layout: Layout) -> bool:
@@ -239,7 +249,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       bf16_slices=bf16_slices,
                       load_rng=not (options.finetune or options.no_load_rng or foreign) and has_rng(state),
                       restore_progress=not (options.finetune or options.reset_iteration or release),
-                      foreign=foreign,
+                      foreign=foreign or (options.evaluation_only and _weights_copy_in_applies(state, run)),
                       padded_vocab_size=args.get("padded_vocab_size"),
                       schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS}, trusted=options.trust_checkpoint)
 

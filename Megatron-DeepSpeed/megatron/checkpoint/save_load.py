@@ -22,7 +22,7 @@ import pickle
 import random
 import shutil
 import tempfile
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -42,12 +42,13 @@ from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.names import expert_model_name, flatten, is_nested, nest, parameter_names
 from megatron.checkpoint.nested_module import nested_state_dict
 from megatron.checkpoint.reader import Checkpoint, read_checkpoint
+from megatron.checkpoint.weight_units import TensorShard
 from megatron.checkpoint.resume import EXPERT_SPLIT_FLAG, MOE_FLAGS, LoadOptions, ResumePlan, plan_resume
-from megatron.checkpoint.shards import shard_of
 from megatron.config.job import JobConfig
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError, RunError
 from megatron.files.atomic import write_atomically
+from megatron.files.glob_free import glob_free
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 from megatron.tokenizer import vocab_size_with_padding
 
@@ -113,9 +114,16 @@ def publish_latest(save_dir: str, tag: str) -> None:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
 
 
+def _remove_recovery_scripts(save_dir: str) -> None:
+    for script in DEEPSPEED_RECOVERY_SCRIPTS:
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(save_dir, script))
+
+
 def _save_failure(save_dir: str, tag: str, error: BaseException, parameters_here: int) -> RunError:
     """Remove what the failed save of `tag` wrote, and say what happened."""
     shutil.rmtree(os.path.join(save_dir, tag), ignore_errors=True)
+    _remove_recovery_scripts(save_dir)
     previous = latest_tag(save_dir)
     needed = (directory_bytes(os.path.join(save_dir, previous)) if previous
               else BYTES_PER_PARAMETER * parameters_here)
@@ -159,9 +167,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
             engine.save_checkpoint(save_dir, tag=tag, client_state=state, save_latest=False)
         dist.barrier()  # every model-states file written
         if dist.get_rank() == 0:
-            for script in DEEPSPEED_RECOVERY_SCRIPTS:
-                if os.path.isfile(os.path.join(save_dir, script)):
-                    os.remove(os.path.join(save_dir, script))
+            _remove_recovery_scripts(save_dir)
             if not save_optimizer:
                 _drop_optimizer_state(step_dir, flags)
         dist.barrier()  # no rank flushes a file that rank 0 is still replacing
@@ -213,7 +219,7 @@ def load_options(config: JobConfig) -> LoadOptions:
                        no_load_rng=checkpoint.no_load_rng, override_lr_scheduler=checkpoint.override_lr_scheduler,
                        use_checkpoint_lr_scheduler=checkpoint.use_checkpoint_lr_scheduler,
                        reset_iteration=checkpoint.reset_iteration, universal=checkpoint.universal_checkpoint,
-                       trust_checkpoint=checkpoint.trust_checkpoint)
+                       trust_checkpoint=checkpoint.trust_checkpoint, evaluation_only=config.logging.skip_train)
 
 
 def plan_load(config: JobConfig) -> Optional[ResumePlan]:
@@ -263,16 +269,17 @@ def _load_bf16_slices(engine, tag_dir: str) -> None:
 
 
 def _copy_weights_in(engine, load_dir: str, parallel_state) -> Checkpoint:
-    """A layout the engine cannot load (plan.foreign): the full weights, read here, cut into this rank's shards
-    and copied into its module; the optimizer's master copies refreshed from them, as DeepSpeed does after a
-    weights-only load."""
-    checkpoint = read_checkpoint(load_dir)
-    module, tp_rank = engine.module, parallel_state.get_tensor_model_parallel_rank()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    """plan.foreign: this rank's shard of each weight its module holds, read one at a time (nothing else of the
+    checkpoint: no other shard, stage or optimizer state) and copied into its module; the optimizer's master
+    copies refreshed from them, as DeepSpeed does after a weights-only load."""
+    shard = TensorShard(parallel_state.get_tensor_model_parallel_rank(),
+                        parallel_state.get_tensor_model_parallel_world_size())
+    checkpoint = read_checkpoint(load_dir, part=shard, streamed=True, optimizer=False)
+    module = engine.module
     pipelined = isinstance(module, PipelineModule)
     for name, parameter in module.named_parameters():
         full_name = module.single_process_name(name) if pipelined else name
-        parameter.copy_(shard_of(full_name, checkpoint.model[full_name], tp_rank, tp_size))
+        parameter.copy_(checkpoint.model[full_name])
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
     return checkpoint
@@ -295,9 +302,9 @@ def load_checkpoint(engine, load_dir: Optional[str], rng_tracker, plan: Optional
     # Weights only: DeepSpeed's load_module_only. Its ZeRO-3 weights come from the universal files only when
     # load_optimizer_states is set (unset, it reads native ZeRO-3 partitions).
     try:
-        with trust.trusting(plan.trusted), trust.deepspeed_loads():
+        with trust.trusting(plan.trusted), trust.deepspeed_loads(), glob_free(load_dir) as literal_load_dir:
             load_path, client_state = engine.load_checkpoint(
-                load_dir, tag=plan.tag, load_optimizer_states=(plan.load_optimizer or plan.universal)
+                literal_load_dir, tag=plan.tag, load_optimizer_states=(plan.load_optimizer or plan.universal)
                 and not plan.bf16_slices, load_lr_scheduler_states=False, load_module_only=not plan.load_optimizer,
                 custom_load_fn=None if pipelined else load_module)
             if plan.bf16_slices and load_path is not None:

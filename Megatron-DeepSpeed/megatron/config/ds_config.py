@@ -18,6 +18,9 @@ STEPS_PER_PRINT_NEVER = 10 ** 12
 _UNSUPPORTED_SECTIONS = {"curriculum_learning": "curriculum learning", "data_efficiency": "data efficiency "
                          "(curriculum learning / random layer-token drop)", "compression_training":
                          "compression training"}
+# Top-level keys of a user's JSON this module deals with itself (dropped when off, refused when on), whether or not
+# DeepSpeed's engine reads them.
+SECTIONS_HANDLED_HERE = frozenset(_UNSUPPORTED_SECTIONS)
 
 
 def _zero_flag_keys(parallel: ParallelConfig):

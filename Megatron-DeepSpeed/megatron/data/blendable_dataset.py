@@ -53,10 +53,11 @@ def _normalised_weights(weights, num_datasets):
         raise InputError(f"blending needs one weight per dataset: got {len(weights)} weights "
                          f"for {num_datasets} datasets")
     values = np.array([float(weight) for weight in weights], dtype=np.float64)
-    if not np.all(np.isfinite(values)) or np.any(values < 0) or values.sum() <= 0:
+    if not np.all(np.isfinite(values)) or np.any(values < 0) or values.max() <= 0:
         raise InputError(f"blending weights {list(weights)} must be finite, >= 0 and not all "
                          f"0; fix the weights in --data-path")
-    return values / np.sum(values)
+    relative = values / values.max()  # their sum cannot overflow (1e308 and 1e308 are equal weights)
+    return relative / relative.sum()
 
 
 class BlendableDataset:

@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 
 from megatron.errors import InputError
+from megatron.files.sole_writer import SoleWriter
 from megatron.growing_array import GrowingArray
 
 DTYPE_CODES = {
@@ -87,10 +88,12 @@ def _as_bytes(array, dtype):
     return memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
 
 
-def _remove_files(paths):
+def _discard(paths, writer):
+    """Remove a builder's temporaries and let go of its output prefix."""
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
+    writer.release()
 
 
 # ----------------------------------------------------------------------------------------- reader
@@ -173,6 +176,14 @@ def _check_doc_idx(idx_path, doc_idx, n_items):
                          f"{n_items} items (corrupt index): {_REBUILD_HINT}")
 
 
+def require_pair(prefix: str) -> None:
+    """An InputError naming the file when dataset `prefix`'s .idx or .bin is not there."""
+    for path in (index_file_path(prefix), data_file_path(prefix)):
+        if not os.path.isfile(path):
+            raise InputError(f"{path} not found (dataset prefix {prefix!r}): give the prefix without .bin/.idx, "
+                             f"or {_REBUILD_HINT}")
+
+
 class MMapIndexedDataset:
     """Read-only access to a .bin/.idx pair; items are numpy views into the mapped .bin.
 
@@ -182,10 +193,7 @@ class MMapIndexedDataset:
     def __init__(self, path_prefix):
         self.path_prefix = str(path_prefix)
         idx_path, bin_path = index_file_path(path_prefix), data_file_path(path_prefix)
-        for path in (idx_path, bin_path):
-            if not os.path.isfile(path):
-                raise InputError(f"{path} not found (dataset prefix {self.path_prefix!r}): give "
-                                 f"the prefix without .bin/.idx, or {_REBUILD_HINT}")
+        require_pair(self.path_prefix)
         self.dtype, n_items, n_docs = _read_header(idx_path)
         self.sizes, self.pointers, self.doc_idx = _map_index(idx_path, n_items, n_docs)
         _check_items(idx_path, self.sizes, self.pointers, self.dtype.itemsize)
@@ -308,22 +316,37 @@ class MMapIndexedDatasetBuilder:
         self.out_prefix = str(out_prefix)
         self.dtype = DTYPE_CODES[_dtype_code(dtype)]
         self._final_paths = (data_file_path(out_prefix), index_file_path(out_prefix))
+        self._writer = self._sole_writer()
         _remove_stale_temporaries(self._final_paths)
         unique = f"{os.getpid()}@{socket.gethostname()}.{secrets.token_hex(4)}"  # who writes it: see below
         self._temp_paths = tuple(f"{path}.{unique}.tmp" for path in self._final_paths)
-        # Removes the temporaries if the builder is dropped without finalize() or abort().
-        self._cleanup = weakref.finalize(self, _remove_files, self._temp_paths)
+        # Removes the temporaries and lets go of the output if the builder is dropped without finalize() or abort().
+        self._cleanup = weakref.finalize(self, _discard, self._temp_paths, self._writer)
         self._sizes = GrowingArray(np.int32)
         self._doc_idx = GrowingArray(np.int64)
         self._doc_idx.append(0)
         try:
             self._bin_file = open(self._temp_paths[0], "xb")
         except OSError as err:
-            self._cleanup.detach()  # nothing was created
+            self._cleanup()  # nothing was created but the lock
             directory = os.path.dirname(os.path.abspath(self._temp_paths[0]))
             raise InputError(f"cannot write dataset {self.out_prefix!r}: output directory "
                              f"{directory} is not a writable directory ({err.strerror}); create "
                              f"it, fix its permissions, or choose another output prefix") from err
+
+    def _sole_writer(self) -> SoleWriter:
+        """This builder's claim on the prefix: a second writer of the same .bin/.idx pair is refused."""
+        def refuse(holder):
+            return InputError(f"dataset {self.out_prefix!r} is being written by another run ({holder}); two "
+                              f"writers would publish a .bin and an .idx of different runs: wait for it to "
+                              f"finish, or choose another output prefix")
+        try:
+            return SoleWriter(self.out_prefix + ".lock", refuse)
+        except OSError as err:
+            directory = os.path.dirname(os.path.abspath(self.out_prefix))
+            raise InputError(f"cannot write dataset {self.out_prefix!r}: output directory {directory} is not a "
+                             f"writable directory ({err.strerror}); create it, fix its permissions, or choose "
+                             f"another output prefix") from err
 
     def __enter__(self):
         return self
@@ -428,6 +451,7 @@ class MMapIndexedDatasetBuilder:
             self.abort()
             raise
         self._cleanup.detach()
+        self._writer.release()
 
     def _write_index(self, path):
         sizes, doc_idx = self._sizes.values, self._doc_idx.values

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from megatron.data.index_cache import cache_directory
-from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path
+from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, require_pair
 from megatron.errors import InputError
 from megatron.files.atomic import write_text_atomically
 
@@ -29,6 +29,7 @@ def _cache_path(prefix: str, data_cache_path: Optional[str]) -> str:
 
 
 def _fingerprint(prefix: str) -> str:
+    require_pair(prefix)
     status = os.stat(data_file_path(prefix))
     return f"{status.st_size} {status.st_mtime_ns}"
 

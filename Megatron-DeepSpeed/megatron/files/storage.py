@@ -77,6 +77,16 @@ def _inferred_errno(directory: str, needed_bytes: int) -> Optional[int]:
     return None
 
 
+def _space_figures(free: Optional[int], needed_bytes: int) -> str:
+    """Free against needed space, worded so that more free than estimated (the failed write's files are gone,
+    or the estimate was low) does not read as a contradiction."""
+    if free is None or free < needed_bytes:
+        shown = megabytes(free) if free is not None else "unknown"
+        return f": {shown} free there, about {megabytes(needed_bytes)} needed"
+    return (f": {megabytes(free)} free there now that the failed write's files are gone, yet it ran out while "
+            f"writing: it needs more than the estimated {megabytes(needed_bytes)}, or something else fills that disk")
+
+
 def write_failure_cause(directory: str, error: BaseException, needed_bytes: int) -> str:
     """Why writing about `needed_bytes` into `directory` failed with `error`, in words, with the figures
     that matter (free space, the file-size limit)."""
@@ -85,9 +95,7 @@ def write_failure_cause(directory: str, error: BaseException, needed_bytes: int)
         return f"{type(error).__name__}: {error}"
     cause = f"{_CAUSES[code]} ({errno.errorcode[code]})"
     if code in (errno.ENOSPC, errno.EDQUOT):
-        free = free_bytes(directory)
-        cause += (f": {megabytes(free) if free is not None else 'unknown'} free there, about "
-                  f"{megabytes(needed_bytes)} needed")
+        cause += _space_figures(free_bytes(directory), needed_bytes)
     elif code == errno.EFBIG and file_size_limit() is not None:
         cause += f": ulimit -f allows {file_size_limit()} bytes per file"
     return cause

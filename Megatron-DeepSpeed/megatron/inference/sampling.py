@@ -4,6 +4,7 @@ Sampling draws on the CPU from one torch.Generator per prompt, seeded by (--seed
 prompt's text then depends on neither the batch it shares, nor the data-parallel rank that decodes it, nor the
 device, and a rerun with the same seed repeats it exactly.
 """
+import math
 from dataclasses import dataclass
 from typing import List, Sequence
 
@@ -22,8 +23,9 @@ class SamplingParams:
     seed: int = 1234
 
     def __post_init__(self):
-        if self.temperature <= 0:
-            raise InputError(f"--temperature {self.temperature} must be greater than 0 (use --greedy for argmax)")
+        if not 0 < self.temperature < math.inf:  # also refuses nan, which every comparison fails
+            raise InputError(f"--temperature {self.temperature} must be a finite number greater than 0 (use "
+                             f"--greedy for argmax)")
         if self.top_k < 0:
             raise InputError(f"--top-k {self.top_k} must be 0 (off) or a positive number of tokens")
         if not 0.0 < self.top_p <= 1.0:

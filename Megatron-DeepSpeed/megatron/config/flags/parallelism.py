@@ -6,7 +6,8 @@ import os
 from types import MappingProxyType
 from typing import Mapping
 
-from megatron.config.ds_config import load_user_config
+from megatron.config.deepspeed_keys import OPT_OUT_FLAG, check_top_level_keys
+from megatron.config.ds_config import SECTIONS_HANDLED_HERE, load_user_config
 from megatron.config.flags.common import Limits, after_preset, same_named
 from megatron.config.job import ParallelConfig
 from megatron.errors import InputError, require_divisible
@@ -35,6 +36,9 @@ def add_flags(parser) -> None:
                        help="Accepted; training always runs on DeepSpeed.")
     group.add_argument("--deepspeed_config", "--deepscale_config",
                        help="DeepSpeed JSON; default: generated from these flags.")
+    group.add_argument(OPT_OUT_FLAG, action="store_true",
+                       help="Train with top-level keys of --deepspeed_config that DeepSpeed does not know (it "
+                            "ignores them); without it such a key is an error naming the closest known key.")
     group.add_argument("--local_rank", "--local-rank", type=int,
                        help="Passed by the deepspeed launcher: becomes LOCAL_RANK when the environment has "
                             "none, and must agree with it otherwise.")
@@ -120,6 +124,8 @@ def deepspeed_json(values: Mapping) -> dict:
             raise InputError(f"--deepspeed_config {path} does not exist; give a DeepSpeed JSON file, or drop the "
                              f"flag to generate one from the flags")
         user = MappingProxyType(load_user_config(path))
+        if not values["allow_unknown_deepspeed_keys"]:
+            check_top_level_keys(user, path, also_known=SECTIONS_HANDLED_HERE)
     if stage is None:
         zero = user.get("zero_optimization") if user is not None else None
         stage = zero.get("stage") if isinstance(zero, dict) else None
