@@ -27,17 +27,20 @@ def read_device_facts() -> DeviceFacts:
     """This process's answers (so: only in a process that may hold a device context, such as the child)."""
     from megatron import device
     name = device.device_name()
-    if name == "cpu":
+    count = 0 if name == "cpu" else device.device_count()
+    if count == 0:  # nothing more to ask (a launcher refuses an accelerator without devices in one line)
         return DeviceFacts(name, 0, False, True, None)
-    return DeviceFacts(name, device.device_count(), device.bf16_supported(), device.fp16_overflow_visible(),
-                       device.total_memory())
+    return DeviceFacts(name, count, device.bf16_supported(), device.fp16_overflow_visible(), device.total_memory())
 
 
 def probe_device_facts(script: str) -> DeviceFacts:
-    """The facts `script` prints as its last line of output; what it prints to stderr (the adaptor's summary, or
-    its one-line error) reaches the user directly. A failing child ends the launcher with its status, its own
-    line being the one the user reads."""
+    """The facts `script` prints as its last line of output; the lines before it (the adaptor's summary) are
+    printed here, and its one-line error on stderr reaches the user directly. A failing child ends the launcher
+    with its status, its own line being the one the user reads."""
     done = subprocess.run([sys.executable, script], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(done.returncode)
-    return DeviceFacts(**json.loads(done.stdout.strip().splitlines()[-1]))
+    *said, facts = done.stdout.strip().splitlines()
+    for line in said:
+        print(line, flush=True)
+    return DeviceFacts(**json.loads(facts))

@@ -1,12 +1,11 @@
 """Print this node's accelerator facts as one JSON line (megatron/device_probe.py): kind, count, bf16 support,
-fp16 overflow detection and memory per device. tools/launch_training.py runs it as a child process so that the
-launcher itself never opens a device; the adaptor's one-line summary goes to stderr."""
-import sys
+fp16 overflow detection and memory per device, after the NPU adaptor's one-line summary.
+tools/launch_training.py runs it as a child process so that the launcher itself never opens a device."""
 
 
 def main(argv=None):
     from deepspeed_npu import activate
-    print(activate().summary, file=sys.stderr, flush=True)  # explains a missing or broken torch_npu / CANN
+    print(activate().summary, flush=True)  # explains a missing or broken torch_npu / CANN
     from megatron.device_probe import read_device_facts
     print(read_device_facts().to_json(), flush=True)
 
