@@ -23,13 +23,16 @@ class DeviceFacts:
         return json.dumps(asdict(self))
 
 
+CPU_FACTS = DeviceFacts("cpu", 0, False, True, None)
+
+
 def read_device_facts() -> DeviceFacts:
     """This process's answers (so: only in a process that may hold a device context, such as the child)."""
     from megatron import device
     name = device.device_name()
     count = 0 if name == "cpu" else device.device_count()
     if count == 0:  # nothing more to ask (a launcher refuses an accelerator without devices in one line)
-        return DeviceFacts(name, 0, False, True, None)
+        return CPU_FACTS if name == "cpu" else DeviceFacts(name, 0, False, True, None)
     return DeviceFacts(name, count, device.bf16_supported(), device.fp16_overflow_visible(), device.total_memory())
 
 

@@ -36,7 +36,7 @@ MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 
 from megatron.config.presets import get_preset, preset_names
-from megatron.device_probe import DeviceFacts, probe_device_facts
+from megatron.device_probe import CPU_FACTS, DeviceFacts, probe_device_facts
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
 from megatron.launched_rank import end_with_parent
@@ -108,7 +108,8 @@ def detect_device(requested: str) -> DeviceFacts:
     child process (megatron/device_probe.py) so that the launcher holds no device for the length of the run."""
     if requested == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
-    elif requested in ("cuda", "npu"):
+        return CPU_FACTS  # nothing to ask
+    if requested in ("cuda", "npu"):
         os.environ["DS_ACCELERATOR"] = requested
     facts = probe_device_facts(os.path.join(TOOLS, "device_facts.py"))
     if requested != "auto" and facts.name != requested:
