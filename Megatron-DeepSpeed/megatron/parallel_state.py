@@ -1,13 +1,16 @@
 """Which processes work together: the tensor-, data- and pipeline-parallel groups of this process.
 
-Rank layout (docs/ARCHITECTURE.md, Rank layout): tensor-parallel innermost, then data, then pipeline:
-    global rank = pp_rank * (DP * TP) + dp_rank * TP + tp_rank
-which is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp=TP, num_dp), so our groups and the ones the
-DeepSpeed pipeline engine builds agree. Tensor-parallel neighbours are adjacent ranks, hence on one node.
+Rank layout (docs/ARCHITECTURE.md, Rank layout): tensor-parallel innermost, then DeepSpeed-Ulysses sequence
+parallel (SP), then data, then pipeline:
+    global rank = ((pp_rank * DP + dp_rank) * SP + sp_rank) * TP + tp_rank
+which at SP 1 is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp=TP, num_dp), so our groups and the ones
+the DeepSpeed pipeline engine builds agree, and at TP = PP = 1 upstream main's layout (consecutive ranks share a
+sequence). Tensor-parallel neighbours are adjacent ranks, hence on one node.
 
 One ParallelState object owns the groups (no module-level state) and is itself the `mpu` that
 deepspeed.initialize(mpu=...) expects.
 """
+import itertools
 import os
 import socket
 from dataclasses import dataclass
@@ -26,48 +29,74 @@ class RankLayout:
     tensor: int
     data: int
     pipeline: int
+    sequence: int = 1  # DeepSpeed-Ulysses sequence-parallel size (--ds-sequence-parallel-size)
 
     @classmethod
-    def for_world(cls, world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int) -> "RankLayout":
+    def for_world(cls, world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int,
+                  sequence_parallel_size: int = 1) -> "RankLayout":
         for flag, value in (("--tensor-model-parallel-size", tensor_parallel_size),
-                            ("--pipeline-model-parallel-size", pipeline_parallel_size)):
+                            ("--pipeline-model-parallel-size", pipeline_parallel_size),
+                            ("--ds-sequence-parallel-size", sequence_parallel_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"{flag} is {value!r}; it must be a positive integer")
-        model_parallel = tensor_parallel_size * pipeline_parallel_size
+        model_parallel = tensor_parallel_size * pipeline_parallel_size * sequence_parallel_size
         if world_size % model_parallel:
+            sequence = f" x --ds-sequence-parallel-size {sequence_parallel_size}" if sequence_parallel_size > 1 else ""
             raise InputError(
                 f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
-                f"{pipeline_parallel_size} = {model_parallel} does not divide the number of processes "
+                f"{pipeline_parallel_size}{sequence} = {model_parallel} does not divide the number of processes "
                 f"{world_size}; choose sizes whose product divides {world_size} (the rest is data parallelism)")
-        return cls(tensor_parallel_size, world_size // model_parallel, pipeline_parallel_size)
+        return cls(tensor_parallel_size, world_size // model_parallel, pipeline_parallel_size, sequence_parallel_size)
 
     @property
     def world_size(self) -> int:
-        return self.tensor * self.data * self.pipeline
+        return self.tensor * self.data * self.pipeline * self.sequence
 
-    def global_rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
-        return (pp_rank * self.data + dp_rank) * self.tensor + tp_rank
+    def global_rank(self, pp_rank: int, dp_rank: int, tp_rank: int, sp_rank: int = 0) -> int:
+        return ((pp_rank * self.data + dp_rank) * self.sequence + sp_rank) * self.tensor + tp_rank
 
     def coordinates(self, rank: int) -> Tuple[int, int, int]:
         """(pp_rank, dp_rank, tp_rank) of a global rank."""
-        return rank // (self.data * self.tensor), (rank // self.tensor) % self.data, rank % self.tensor
+        return (rank // (self.data * self.sequence * self.tensor), (rank // (self.sequence * self.tensor)) % self.data,
+                rank % self.tensor)
+
+    def sequence_rank(self, rank: int) -> int:
+        """Which chunk of each sequence a global rank holds."""
+        return (rank // self.tensor) % self.sequence
+
+    def _ranks(self, varying: str) -> List[List[int]]:
+        """The groups of ranks that differ only in the `varying` coordinates (a string of p, d, s, t)."""
+        sizes = {"p": self.pipeline, "d": self.data, "s": self.sequence, "t": self.tensor}
+        fixed = [axis for axis in "pdst" if axis not in varying]
+        groups = []
+        for fixed_values in itertools.product(*(range(sizes[axis]) for axis in fixed)):
+            group = []
+            for varying_values in itertools.product(*(range(sizes[axis]) for axis in varying)):
+                at = {**dict(zip(fixed, fixed_values)), **dict(zip(varying, varying_values))}
+                group.append(self.global_rank(at["p"], at["d"], at["t"], at["s"]))
+            groups.append(sorted(group))
+        return groups
 
     def tensor_groups(self) -> List[List[int]]:
-        return [[self.global_rank(p, d, t) for t in range(self.tensor)]
-                for p in range(self.pipeline) for d in range(self.data)]
+        return self._ranks("t")
 
     def data_groups(self) -> List[List[int]]:
-        return [[self.global_rank(p, d, t) for d in range(self.data)]
-                for p in range(self.pipeline) for t in range(self.tensor)]
+        return self._ranks("d")
 
     def pipeline_groups(self) -> List[List[int]]:
-        return [[self.global_rank(p, d, t) for p in range(self.pipeline)]
-                for d in range(self.data) for t in range(self.tensor)]
+        return self._ranks("p")
+
+    def sequence_groups(self) -> List[List[int]]:
+        return self._ranks("s")
+
+    def sequence_data_groups(self) -> List[List[int]]:
+        """The ranks ZeRO partitions over and DeepSpeed reduces gradients over: data and sequence parallel."""
+        return self._ranks("ds")
 
     def model_groups(self) -> List[List[int]]:
-        """One per data-parallel replica: every TP x PP rank that together holds one copy of the model."""
-        return [sorted(self.global_rank(p, d, t) for p in range(self.pipeline) for t in range(self.tensor))
-                for d in range(self.data)]
+        """One per data- and sequence-parallel position: every TP x PP rank that together holds one copy of the
+        model."""
+        return self._ranks("pt")
 
 
 class ParallelState:
@@ -75,20 +104,31 @@ class ParallelState:
     and Megatron's, which is why they are long)."""
 
     def __init__(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                 timeout: Optional[timedelta] = None):
-        """`timeout`: how long a collective in these groups waits for a peer (torch's default when None)."""
+                 timeout: Optional[timedelta] = None, sequence_parallel_size: int = 1):
+        """`timeout`: how long a collective in these groups waits for a peer (torch's default when None);
+        `sequence_parallel_size`: DeepSpeed-Ulysses ranks sharing each sequence (model/ulysses.py)."""
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs torch.distributed to be initialized first "
                                "(init_process_group / deepspeed.init_distributed)")
-        self.layout = RankLayout.for_world(dist.get_world_size(), tensor_parallel_size, pipeline_parallel_size)
+        self.layout = RankLayout.for_world(dist.get_world_size(), tensor_parallel_size, pipeline_parallel_size,
+                                           sequence_parallel_size)
         self.rank = dist.get_rank()
         self.pp_rank, self.dp_rank, self.tp_rank = self.layout.coordinates(self.rank)
+        self.sp_rank = self.layout.sequence_rank(self.rank)
         self._timeout = timeout
         # Every process must take part in creating every group, in the same order.
         self._tensor_group, self._tensor_ranks = self._new_groups(self.layout.tensor_groups())
         self._data_group, self._data_ranks = self._new_groups(self.layout.data_groups())
         self._pipeline_group, self._pipeline_ranks = self._new_groups(self.layout.pipeline_groups())
         self._model_group, self._model_ranks = self._new_groups(self.layout.model_groups())
+        # Without Ulysses the sequence-data-parallel group is the data-parallel group (as upstream's), and no
+        # sequence group is made: DeepSpeed asks for one only above size 1.
+        self._sequence_group = self._sequence_data_group = None
+        self._sequence_data_ranks = self._data_ranks
+        if sequence_parallel_size > 1:
+            self._sequence_group, _ = self._new_groups(self.layout.sequence_groups())
+            self._sequence_data_group, self._sequence_data_ranks = self._new_groups(
+                self.layout.sequence_data_groups())
 
     def _new_groups(self, rank_lists: List[List[int]]):
         group, _ = dist.new_subgroups_by_enumeration(rank_lists, timeout=self._timeout)
@@ -158,18 +198,34 @@ class ParallelState:
     get_pipe_parallel_world_size = get_pipeline_model_parallel_world_size
     get_pipe_parallel_rank = get_pipeline_model_parallel_rank
 
-    # DeepSpeed's own "sequence parallelism" (Ulysses) splits attention heads over an extra group; we do not use
-    # it (Megatron's sequence parallelism reuses the tensor group), so DeepSpeed must see size 1. We deliberately
-    # define no `initialize_sequence_parallel`: its mere presence switches DeepSpeed's ZeRO into Ulysses mode.
+    # --- DeepSpeed-Ulysses sequence parallel: the engine reduces gradients and ZeRO partitions over the
+    # sequence-data-parallel group (deepspeed/utils/groups.py `_get_sequence_data_parallel_group`), dividing by the
+    # data-parallel size only. Megatron's --sequence-parallel is another thing: it reuses the tensor group. We
+    # deliberately define no `initialize_sequence_parallel`: its mere presence makes DeepSpeed ignore this mpu's
+    # data-parallel and model-parallel groups (groups.py `_get_data_parallel_group`).
+    def get_sequence_parallel_group(self):
+        """The Ulysses group (None at size 1, where none exists and DeepSpeed asks for none)."""
+        return self._sequence_group
+
     def get_sequence_parallel_world_size(self) -> int:
-        return 1
+        return self.layout.sequence
 
     def get_sequence_parallel_rank(self) -> int:
-        return 0
+        return self.sp_rank
+
+    def get_sequence_data_parallel_group(self):
+        return self._data_group if self.layout.sequence == 1 else self._sequence_data_group
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return self.layout.data * self.layout.sequence
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self._sequence_data_ranks.index(self.rank)
 
     def __repr__(self) -> str:
         return (f"ParallelState(rank={self.rank}, tp={self.tp_rank}/{self.layout.tensor}, "
-                f"dp={self.dp_rank}/{self.layout.data}, pp={self.pp_rank}/{self.layout.pipeline})")
+                f"dp={self.dp_rank}/{self.layout.data}, pp={self.pp_rank}/{self.layout.pipeline}, "
+                f"sp={self.sp_rank}/{self.layout.sequence})")
 
 
 # HCCL's limits in seconds as CANN documents them (closed docs; not in torch_npu's sources): the connect timeout

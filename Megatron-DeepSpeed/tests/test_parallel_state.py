@@ -23,6 +23,24 @@ def test_layout_tp2_pp2_dp2_by_hand():
     assert all(layout.global_rank(*layout.coordinates(rank)) == rank for rank in range(8))
 
 
+def test_layout_with_ulysses_sequence_parallel_by_hand():
+    """Sequence-parallel ranks sit between tensor and data (upstream main's order at TP = PP = 1)."""
+    layout = RankLayout.for_world(8, tensor_parallel_size=1, pipeline_parallel_size=1, sequence_parallel_size=2)
+    assert (layout.data, layout.sequence) == (4, 2)
+    assert layout.sequence_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.data_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert layout.sequence_data_groups() == [list(range(8))]
+    assert layout.model_groups() == [[rank] for rank in range(8)]
+    assert [layout.sequence_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
+    layout = RankLayout.for_world(8, tensor_parallel_size=2, pipeline_parallel_size=1, sequence_parallel_size=2)
+    assert layout.sequence_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.data_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.sequence_data_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert all(layout.global_rank(*layout.coordinates(rank), layout.sequence_rank(rank)) == rank for rank in range(8))
+    with pytest.raises(InputError, match="x --ds-sequence-parallel-size 3 = 3 does not divide"):
+        RankLayout.for_world(8, 1, 1, 3)
+
+
 @pytest.mark.parametrize("world, tp, pp", [(8, 2, 2), (8, 4, 1), (8, 1, 4), (12, 2, 3)])
 def test_layout_equals_deepspeed_topology(world, tp, pp):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
@@ -82,6 +100,13 @@ def groups_on_four_ranks():
             "deepspeed_names": (state.get_slice_parallel_rank(), state.get_pipe_parallel_world_size(),
                                 state.get_sequence_parallel_world_size()),
         }
+    ulysses = ParallelState(1, 1, sequence_parallel_size=2)
+    results["ulysses"] = (members(ulysses.get_sequence_parallel_group()), members(ulysses.get_data_parallel_group()),
+                          members(ulysses.get_sequence_data_parallel_group()),
+                          members(ulysses.get_model_parallel_group()),
+                          (ulysses.get_sequence_parallel_rank(), ulysses.get_sequence_parallel_world_size(),
+                           ulysses.get_sequence_data_parallel_rank(), ulysses.get_sequence_data_parallel_world_size(),
+                           ulysses.get_data_parallel_world_size()))
     try:
         ParallelState(3, 1)
     except InputError as error:
@@ -119,6 +144,13 @@ def test_groups_really_connect_the_expected_ranks(four_ranks, sizes):
         assert got["stages"] == (ranks[2] == 0, ranks[2] == pp - 1)
         assert got["deepspeed_view"] == (ranks[0], tp, pp, tensor, pipeline)
         assert got["deepspeed_names"] == (ranks[0], pp, 1)
+
+
+def test_ulysses_groups_are_those_deepspeed_reduces_over(four_ranks):
+    """SP 2 x DP 2: gradients are reduced over all four ranks, the data-parallel group pairs equal chunks."""
+    for rank, result in enumerate(four_ranks):
+        pair = [rank - rank % 2, rank - rank % 2 + 1]
+        assert result["ulysses"] == (pair, [rank % 2, rank % 2 + 2], [0, 1, 2, 3], [rank], (rank % 2, 2, rank, 4, 2))
 
 
 def test_invalid_sizes_fail_on_every_rank_before_any_group_is_made(four_ranks):
