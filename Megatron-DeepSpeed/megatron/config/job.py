@@ -74,6 +74,8 @@ class ParallelConfig:
     zero_allgather_bucket_size: int
     remote_device: str
     use_pin_memory: bool
+    # DeepSpeed-Ulysses: ranks sharing each sequence (model/ulysses.py); world = tensor x pipeline x data x this.
+    ds_sequence_parallel_size: int = 1
 
 
 @dataclass(frozen=True)

@@ -62,14 +62,31 @@ def make_batch(text, eod, *, reset_position_ids=False, reset_attention_mask=Fals
             "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+SEQUENCE_CHUNKED = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+def sequence_chunk(batch: dict, index: int, count: int) -> dict:
+    """Chunk `index` of `count` equal chunks of each sequence, as upstream main's get_batch cuts it for
+    DeepSpeed-Ulysses (model/ulysses.py): tokens, labels, loss mask and position ids (global positions) sliced;
+    the attention mask, which the whole-sequence attention core reads, stays whole."""
+    if count == 1:
+        return batch
+    length = batch["tokens"].shape[1] // count
+    return {name: tensor[:, index * length:(index + 1) * length].contiguous() if name in SEQUENCE_CHUNKED else tensor
+            for name, tensor in batch.items()}
+
+
 class BatchMaker:
     """A data loader's collate function that returns model inputs (make_batch of the stacked samples), so that
-    with --num-workers > 0 the loader's worker processes build the batches ahead of the training step."""
+    with --num-workers > 0 the loader's worker processes build the batches ahead of the training step. With
+    `sequence_chunk` (index, count), this rank's chunk of each sequence (DeepSpeed-Ulysses)."""
 
-    def __init__(self, eod, *, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False):
+    def __init__(self, eod, *, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                 sequence_chunk=(0, 1)):
         self.eod = eod
         self.options = dict(reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
                             eod_mask_loss=eod_mask_loss)
+        self.sequence_chunk = sequence_chunk
 
     def __call__(self, samples):
-        return make_batch(collate(samples), self.eod, **self.options)
+        return sequence_chunk(make_batch(collate(samples), self.eod, **self.options), *self.sequence_chunk)

@@ -227,6 +227,9 @@ class SelfAttention(nn.Module):
         # How selective recomputation recomputes the core; tensor parallelism swaps in one that also rewinds its
         # own random streams (attention dropout draws from them).
         self.checkpoint_core = checkpoint_layer
+        # Which equal chunk of the sequence `hidden` is (model/ulysses.py sets it under DeepSpeed-Ulysses, which
+        # also swaps `attend` for an all-to-all around it): rotary positions start at that chunk.
+        self.sequence_chunk_index = 0
 
     def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:
@@ -240,8 +243,8 @@ class SelfAttention(nn.Module):
         query = qkv[:, :, :, :-2].flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
         key, value = (qkv[:, :, :, i].transpose(1, 2) for i in (-2, -1))  # [b, groups, s, head_dim]
         if self.rotary is not None:
-            cached = 0 if kv_cache is None else kv_cache.length
-            query, key = self.rotary(query, cached), self.rotary(key, cached)
+            first = self.sequence_chunk_index * seq_length if kv_cache is None else kv_cache.length
+            query, key = self.rotary(query, first), self.rotary(key, first)
         if kv_cache is not None:
             key, value = kv_cache.extend(key, value)
         if self.queries_per_group > 1:  # each key/value head serves its group's query heads

@@ -9,12 +9,13 @@ from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, SelfAtten
 from megatron.model.moe import MoEGPTModel, expert_parallel_rank
 from megatron.model.parallelize import apply_tensor_parallel, piece_sharder
 from megatron.model.pipe import GPTPipe
+from megatron.model.ulysses import ulysses_pieces
 
 
 def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, parallel_state, rng_tracker):
     """Its pipeline stage on DeepSpeed's pipeline engine (the default, as upstream), or with
-    --no-pipeline-parallel the whole plain model (with experts: this rank's); tensor-parallel pieces sharded
-    either way; with
+    --no-pipeline-parallel the whole plain model (with experts: this rank's; with DeepSpeed-Ulysses its attention
+    and loss over the whole sequence, model/ulysses.py); tensor-parallel pieces sharded either way; with
     --torch-compile each transformer layer and the loss's per-chunk math compiled."""
     if parallel_config.pipeline_engine:
         model = GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
@@ -33,7 +34,8 @@ def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parall
     experts an MoEGPTModel holding this rank's experts (model/moe.py), built whole and then sharded."""
     sequence_parallel = parallel_config.sequence_parallel
     if model_config.moe is None:
-        return GPTModel(model_config, piece_sharder(parallel_state, sequence_parallel, rng_tracker))
+        return GPTModel(model_config, ulysses_pieces(piece_sharder(parallel_state, sequence_parallel, rng_tracker),
+                                                     parallel_state))
     if parallel_config.tensor > 1 and dist.get_backend(parallel_state.get_tensor_model_parallel_group()) == "gloo":
         raise InputError(f"--tensor-model-parallel-size {parallel_config.tensor} with --num-experts above 1 over "
                          "gloo: DeepSpeed's MoE layer (0.19.8) gathers its expert outputs over the tensor-parallel "

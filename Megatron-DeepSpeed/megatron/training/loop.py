@@ -314,7 +314,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
         if adopted:
             config = with_flags(config, adopted)
     parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline,
-                             timedelta(minutes=config.stopping.distributed_timeout_minutes))
+                             timedelta(minutes=config.stopping.distributed_timeout_minutes),
+                             config.parallel.ds_sequence_parallel_size)
     device.manual_seed(config.model.seed)  # the default stream (dropout): identical on every rank
     rng_tracker = model_parallel_rng_tracker(config, parallel)
 
@@ -375,7 +376,9 @@ def data_loader_factory(trainer: Trainer) -> Callable:
     """build_data_loader(dataset, consumed_samples) for this rank's micro-batches."""
     parallel, batch, data = trainer.parallel, trainer.config.batch, trainer.config.data
     batch_maker = BatchMaker(trainer.tokenizer.eod, reset_position_ids=data.reset_position_ids,
-                             reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss)
+                             reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss,
+                             sequence_chunk=(parallel.get_sequence_parallel_rank(),
+                                             parallel.get_sequence_parallel_world_size()))
     return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
                              num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
                              data_parallel_size=parallel.get_data_parallel_world_size(),
@@ -475,8 +478,9 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_
 
 def reduces_gradients(trainer: Trainer) -> bool:
     """Whether DeepSpeed's plain engine must all-reduce the gradients after backward: not with one
-    data-parallel rank under ZeRO 0, where that would only copy them into a flat buffer and back."""
-    return trainer.parallel.get_data_parallel_world_size() > 1 or trainer.config.parallel.zero_stage > 0
+    data-parallel rank under ZeRO 0, where that would only copy them into a flat buffer and back (with
+    DeepSpeed-Ulysses each sequence-parallel rank holds only its tokens' share, so they are reduced)."""
+    return trainer.parallel.get_sequence_data_parallel_world_size() > 1 or trainer.config.parallel.zero_stage > 0
 
 
 def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:

@@ -32,7 +32,7 @@ def parameters_norm(model: torch.nn.Module, parallel) -> float:
         if not is_moe_param(parameter) and counted_once_per_replica(parameter, parallel.tp_rank):
             squares += _local_piece(parameter).detach().float().pow(2).sum()
     if partitioned:
-        dist.all_reduce(squares, group=parallel.get_data_parallel_group())
+        dist.all_reduce(squares, group=parallel.get_sequence_data_parallel_group())  # ZeRO's partitions
     dist.all_reduce(squares, group=parallel.get_model_parallel_group())
     return (squares + expert_squares(model)).sqrt().item()
 
@@ -91,7 +91,7 @@ def optimizer_state_statistics(optimizer: torch.optim.Optimizer, parallel, parti
                 maxima[index] = max(maxima[index].item(), piece.abs().max().item())
     groups = [parallel.get_model_parallel_group()]
     if partitioned:
-        groups.append(parallel.get_data_parallel_group())
+        groups.append(parallel.get_sequence_data_parallel_group())  # ZeRO's partitions
     target = device.current_device()
     sums, maxima = sums.to(target), maxima.to(target)
     for group in groups:

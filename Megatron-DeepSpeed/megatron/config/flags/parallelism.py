@@ -17,7 +17,7 @@ BACKEND_BY_DEVICE = MappingProxyType(
     {"cuda": "nccl", "npu": "hccl", "hpu": "hccl", "xpu": "ccl", "cpu": "gloo"})
 REMOTE_DEVICES = ("none", "cpu", "nvme")
 DEEPSPEED_JSON = "deepspeed_json"  # the value holding the user's DeepSpeed JSON as read (None without one)
-LIMITS = Limits(positive=("tensor_model_parallel_size", "pipeline_model_parallel_size"))
+LIMITS = Limits(positive=("tensor_model_parallel_size", "pipeline_model_parallel_size", "ds_sequence_parallel_size"))
 PRESET_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "no_pipeline_parallel": False}
 
 _log = logging.getLogger(__name__)
@@ -28,6 +28,10 @@ def add_flags(parser) -> None:
     add_model_parallel_flags(group)
     group.add_argument("--sequence-parallel", action="store_true",
                        help="Split LayerNorm/dropout activations along the sequence over TP.")
+    group.add_argument("--ds-sequence-parallel-size", "--ds_sequence_parallel_size", type=int, default=1,
+                       help="DeepSpeed-Ulysses: split each sequence over N ranks, attention heads exchanged by "
+                            "all-to-all (needs TP 1, PP 1, --no-pipeline-parallel; N divides the heads and "
+                            "--seq-length). World = TP x PP x DP x N.")
     group.add_argument("--no-pipeline-parallel", action="store_true", default=None,
                        help="Use DeepSpeed's plain engine instead of its pipeline engine "
                             "(needs --pipeline-model-parallel-size 1).")
@@ -99,19 +103,22 @@ def _add_ddp_switches(parser) -> None:
 
 
 def sizes(values: Mapping, world_size: int) -> dict:
-    """The world size and the data-parallel size it leaves: DP = world / (TP x PP)."""
-    tp, pp = values["tensor_model_parallel_size"], values["pipeline_model_parallel_size"]
+    """The world size and the data-parallel size it leaves: DP = world / (TP x PP x SP)."""
+    tp, pp, sp = (values["tensor_model_parallel_size"], values["pipeline_model_parallel_size"],
+                  values["ds_sequence_parallel_size"])
     if world_size < 1:
         raise InputError(f"world size {world_size} must be at least 1; check the launcher (WORLD_SIZE)")
-    if world_size < tp * pp:
+    sizes_named = f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp}" + (
+        f" x --ds-sequence-parallel-size {sp}" if sp > 1 else "")
+    model_parallel = tp * pp * sp
+    if world_size < model_parallel:
         raise InputError(
-            f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} needs at least "
-            f"{tp * pp} processes (one per device), but world size is {world_size}; launch {tp * pp} "
-            f"or a multiple (e.g. torchrun --nproc_per_node {tp * pp}), or lower those sizes")
-    require_divisible("world size", world_size,
-                      f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} =", tp * pp,
-                      f"launch a multiple of {tp * pp} processes or lower those sizes")
-    return {"world_size": world_size, "data_parallel_size": world_size // (tp * pp)}
+            f"{sizes_named} needs at least {model_parallel} processes (one per device), but world size is "
+            f"{world_size}; launch {model_parallel} or a multiple (e.g. torchrun --nproc_per_node {model_parallel}), "
+            f"or lower those sizes")
+    require_divisible("world size", world_size, f"{sizes_named} =", model_parallel,
+                      f"launch a multiple of {model_parallel} processes or lower those sizes")
+    return {"world_size": world_size, "data_parallel_size": world_size // model_parallel}
 
 
 def deepspeed_json(values: Mapping) -> dict:
@@ -174,6 +181,8 @@ def features(values: Mapping) -> dict:
                          f"engine supports only ZeRO stages 0 and 1; {fix}")
     if sequence_parallel:
         _check_sequence_parallel_gradients(zero_stage, values["bf16"], pipeline_engine)
+    if values["ds_sequence_parallel_size"] > 1:
+        _check_ulysses(values, pipeline_engine)
     return {"sequence_parallel": sequence_parallel, "ds_pipeline_enabled": pipeline_engine}
 
 
@@ -190,6 +199,31 @@ def _check_sequence_parallel_gradients(zero_stage: int, bf16: bool, pipeline_eng
                          "bf16 pipeline optimizer moves each micro-batch's gradients into fp32 buffers during "
                          "backward, before the sequence-parallel gradients are summed at the end of the step; "
                          "use --zero-stage 1")
+
+
+def _check_ulysses(values: Mapping, pipeline_engine: bool) -> None:
+    """DeepSpeed-Ulysses as upstream main runs it (megatron/core/parallel_state.py refuses TP or PP with it):
+    on the plain engine, each rank holding whole attention heads of the whole sequence between two all-to-alls."""
+    sp = values["ds_sequence_parallel_size"]
+    flag = f"--ds-sequence-parallel-size {sp}"
+    tp, pp = values["tensor_model_parallel_size"], values["pipeline_model_parallel_size"]
+    if tp > 1 or pp > 1:
+        raise InputError(f"{flag} with --tensor-model-parallel-size {tp} and --pipeline-model-parallel-size {pp}: "
+                         "DeepSpeed-Ulysses runs with tensor and pipeline parallel size 1, as upstream "
+                         "Megatron-DeepSpeed's; use sizes 1 (the rest of the ranks become data parallel)")
+    if pipeline_engine:
+        raise InputError(f"{flag} runs on DeepSpeed's plain engine, as upstream's sequence-parallel scripts do; "
+                         "add --no-pipeline-parallel")
+    heads, groups = values["num_attention_heads"], values["num_key_value_heads"] or values["num_attention_heads"]
+    require_divisible("--num-attention-heads", heads, flag, sp, "each sequence-parallel rank attends with whole "
+                      "heads; choose a size that divides the head count")
+    require_divisible("--num-key-value-heads", groups, flag, sp, "each sequence-parallel rank needs whole "
+                      "key/value heads; choose a size that divides them")
+    require_divisible("--seq-length", values["seq_length"], flag, sp, "each rank holds an equal chunk of every "
+                      "sequence; choose a length that is a multiple of the size")
+    if values["num_experts"] and max(values["num_experts"]) > 1:
+        raise InputError(f"{flag} with --num-experts {values['num_experts']}: mixture-of-experts layers are not "
+                         "built with DeepSpeed-Ulysses here; use one of them")
 
 
 def backend(values: Mapping, device_name: str) -> dict:

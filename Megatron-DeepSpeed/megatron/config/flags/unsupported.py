@@ -57,10 +57,6 @@ def _removed(flag, replacement, **spec):
                            message=f"{flag}: Megatron-DeepSpeed itself no longer accepts it; use {replacement}")
 
 
-def _not_one(value, default, values) -> bool:
-    return value != 1
-
-
 DISTILLATION = "knowledge distillation"
 FPDT = "FPDT (fully pipelined distributed transformer) chunked long-context attention"
 ZERO_BUBBLE = "zero-bubble (ZB-H1) pipeline schedule"
@@ -128,8 +124,6 @@ UNSUPPORTED_FLAGS = (
     _switch("--num-channels", VIT, type=int, default=3),
     _switch("--patch-dim", VIT, type=int, default=16),
     # Upstream main (2023-2025) features not built here.
-    _switch("--ds-sequence-parallel-size", "DeepSpeed-Ulysses sequence parallelism (size above 1)", _not_one,
-            type=int, default=1),
     _switch("--force-ds-sequence-parallel", "DeepSpeed-Ulysses sequence parallelism", action="store_true"),
     _switch("--ds-sequence-parallel-fpdt", FPDT, action="store_true"),
     _knob("--ds-sequence-parallel-fpdt-chunk-size", FPDT, type=int, default=65536),

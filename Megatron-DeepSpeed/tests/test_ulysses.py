@@ -1,0 +1,45 @@
+"""DeepSpeed-Ulysses sequence parallelism (model/ulysses.py) on real gloo processes equals single-process training
+(fp32, dropout 0): GPT-2 at SP 2 and SP 2 x DP 2, a Llama-style model (rotary positions, grouped-query attention)
+at SP 2; a checkpoint resumes at the same SP size exactly and loads at another (SP holds whole weights)."""
+import pytest
+import torch
+
+from tests.distributed_helpers import run_on_ranks
+from tests.training_helpers import COMMON, ITERATIONS, assert_same_training, train
+
+pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+
+ULYSSES = ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"]
+LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
+         "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--num-key-value-heads", "2"]
+
+
+@pytest.mark.parametrize("ranks, flags", [(2, ["--zero-stage", "1"]), (4, ["--zero-stage", "0"])],
+                         ids=["sp2-zero1", "sp2-dp2-zero0"])
+def test_ulysses_equals_single_process(ranks, flags, data_prefix, single_process):
+    result = run_on_ranks(train, ranks, [*COMMON, "--data-path", data_prefix, *ULYSSES, *flags])[0]
+    assert_same_training(result, single_process)
+
+
+def test_llama_under_ulysses_equals_single_process(data_prefix):
+    """Rotary angles must follow each chunk's global positions, and each rank must hold whole key/value heads."""
+    flags = [*COMMON, "--data-path", data_prefix, *LLAMA, "--no-pipeline-parallel"]
+    reference = run_on_ranks(train, 1, flags)[0]
+    assert_same_training(run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2"])[0], reference)
+
+
+def test_checkpoint_resumes_at_the_same_and_loads_at_another_sequence_parallel_size(data_prefix, tmp_path):
+    flags = [*COMMON, "--data-path", data_prefix, "--no-pipeline-parallel", "--zero-stage", "1"]
+    straight = run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2", "--save", str(tmp_path),
+                                       "--save-interval", "3"])[0]
+    (tmp_path / "latest").write_text("global_step3")
+    resumed = run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2", "--load", str(tmp_path)])[0]
+    assert resumed[0] == straight[0][3:]
+    for name, tensor in resumed[1].items():
+        torch.testing.assert_close(tensor, straight[1][name], rtol=0, atol=0, msg=name)
+    # The same files at SP 1 x DP 2: ZeRO kept its partitions over the same two ranks, and the weights are whole.
+    elsewhere = run_on_ranks(train, 2, [*flags, "--load", str(tmp_path)])[0]
+    assert len(elsewhere[0]) == ITERATIONS - 3
+    assert elsewhere[0] == pytest.approx(straight[0][3:], rel=1e-5)
+    for name, tensor in elsewhere[1].items():
+        torch.testing.assert_close(tensor, straight[1][name], rtol=1e-4, atol=1e-5, msg=name)
