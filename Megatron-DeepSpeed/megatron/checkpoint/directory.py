@@ -52,7 +52,7 @@ class Layout:
     writer.py (universal) fixes only the tensor- and pipeline-parallel sizes and the engine."""
     tensor: int
     pipeline: int
-    data: Optional[int]  # None: any (universal)
+    data: Optional[int]  # ZeRO's partitions: data- x Ulysses sequence-parallel ranks; None: any (universal)
     zero_stage: Optional[int]  # None: any (universal)
     pipeline_engine: bool  # DeepSpeed's pipeline engine (one file per piece) or its plain engine
     megatron: bool = False  # Megatron's layout (iter_N/mp_rank_XX/model_optim_rng.pt): weights, no engine state
@@ -280,7 +280,8 @@ def layout_of(state: Mapping[str, object], tag_dir: Optional[str] = None) -> Lay
     universal = bool(state.get(UNIVERSAL_MARK)) or megatron or (
         tag_dir is not None and os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR)))
     return Layout(tensor=int(args["tensor_model_parallel_size"]), pipeline=int(args["pipeline_model_parallel_size"]),
-                  data=None if universal else int(args["data_parallel_size"]),
+                  data=None if universal else int(args["data_parallel_size"]) * int(
+                      args.get("ds_sequence_parallel_size", 1)),
                   zero_stage=None if universal else int(args["zero_stage"]),
                   pipeline_engine=pipeline_engine_of(args), megatron=megatron)
 

@@ -226,7 +226,8 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
     """What --load will restore (None: nothing to resume from), checked against this job's layout, model and
     loading flags before the engine is built."""
     parallel, precision = config.parallel, config.precision
-    run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=parallel.data,
+    zero_partitions = parallel.data * parallel.ds_sequence_parallel_size  # ZeRO partitions over both
+    run = Layout(tensor=parallel.tensor, pipeline=parallel.pipeline, data=zero_partitions,
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
     model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in (*MOE_FLAGS, EXPERT_SPLIT_FLAG)}}
     return plan_resume(config.checkpoint.load, run, load_options(config), precision.name,
