@@ -33,7 +33,7 @@ RUNS = "runs"
 KD = "--kd: Megatron-DeepSpeed's knowledge distillation"
 MOS = "--mos: Megatron-DeepSpeed's mixture-of-students distillation"
 CURRICULUM = "curriculum_learning: Megatron-DeepSpeed's curriculum learning"
-ULYSSES = "--ds-sequence-parallel-size: Megatron-DeepSpeed's DeepSpeed-Ulysses"
+FPDT = "--ds-sequence-parallel-fpdt: Megatron-DeepSpeed's FPDT"
 # Each script's outcome: RUNS, or the start of the one line that refuses it.
 EXPECTED = {
     "MoE/ds_pretrain_gpt_1.3B_MoE128.sh": RUNS,
@@ -76,9 +76,9 @@ EXPECTED = {
     "rebase/ds_pretrain_gpt_125M_flashattn.sh": RUNS,
     "rebase/ds_pretrain_gpt_13B.sh": RUNS,
     "run_deepspeed_example.sh": RUNS,
-    "sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh": ULYSSES,
-    "sequence_parallel/ds_pretrain_gpt_30B_seq_parallel_32k.sh": ULYSSES,
-    "sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh": ULYSSES,  # its FPDT flags are refused too
+    "sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh": RUNS,
+    "sequence_parallel/ds_pretrain_gpt_30B_seq_parallel_32k.sh": RUNS,
+    "sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh": FPDT,  # DeepSpeed-Ulysses itself runs
     "universal_checkpointing/llama/run_llama_bf16.sh": RUNS,
     "universal_checkpointing/llama/run_universal_llama_bf16.sh": RUNS,
     "universal_checkpointing/megatron_gpt/run_bf16.sh": RUNS,
