@@ -1,6 +1,7 @@
 """The layout planner (megatron/planning, tools/plan_layout.py): its model-state terms equal the tensors of a built
 model per rank (dense and mixture-of-experts), and its table, JSON and refusals."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -317,7 +318,7 @@ def test_plan_layout_tool_plans_moe_presets_and_flags(capsys):
     assert main(["--model-size", "125M_MoE64", "--devices", "8", "--device-memory", "80", "--top", "3"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert "PP > 1 are left out" in table[0]
-    assert table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | EP |") and len(table) == 6
+    assert table[1].startswith("| TP | PP | DP | ZeRO | mbs | recompute | SP | Ulysses | EP |") and len(table) == 6
     main(["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
           "--global-batch-size", "8", "--vocab-size", "200", "--devices", "4", "--device-memory", "1", "--json",
           "--num-experts", "2", "4", "--mlp-type", "residual", "--topk", "2"])
@@ -394,3 +395,22 @@ def test_a_layers_activations_match_what_autograd_keeps(shape):
     settings = TrainingSettings(8, dtype="bf16", hidden_dropout=0.0)
     estimate = layer_activation_bytes(shape, Layout(1, 1, 1, 0, 2, False, False), settings)
     assert estimate == pytest.approx(measured, rel=0.05)
+
+
+def test_ulysses_divides_activations_and_zero_partitions_by_its_size():
+    """DeepSpeed-Ulysses: each rank holds s/SP tokens (inside attention 1/SP of the heads over the whole sequence),
+    whole weights, and ZeRO partitions over DP x SP; the search offers it only where the trainer runs it."""
+    settings = TrainingSettings(global_batch_size=8, pipeline_engine=False, fused_attention=False)
+    base = Layout(1, 1, 2, 1, 1, False, False)
+    one, four = (estimate_memory(SHAPE, replace(base, ulysses=sp), settings) for sp in (1, 4))
+    assert four.activations == pytest.approx(one.activations / 4)
+    assert four.logits_and_loss < one.logits_and_loss and four.weights == one.weights
+    assert four.optimizer == pytest.approx(one.optimizer / 4)
+    from megatron.planning.step_time import Hardware, estimate_step_time
+    hardware = Hardware(devices_per_node=8)
+    assert estimate_step_time(SHAPE, replace(base, ulysses=4), settings, hardware).sequence_parallel > 0
+    assert estimate_step_time(SHAPE, base, settings, hardware).sequence_parallel == 0
+    layouts = list(candidate_layouts(SHAPE, settings, 8, 8))
+    assert {layout.ulysses for layout in layouts} == {1, 2, 4}  # 8 would split SHAPE's 4 heads
+    assert all((layout.tensor, layout.pipeline) == (1, 1) for layout in layouts if layout.ulysses > 1)
+    assert {layout.ulysses for layout in candidate_layouts(SHAPE, replace(settings, pipeline_engine=True), 8, 8)} == {1}

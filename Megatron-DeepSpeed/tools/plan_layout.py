@@ -5,7 +5,8 @@
         --global-batch-size 512 --devices 64 --nodes 8 --device-memory 80 --json
     plan_layout.py --model-size 1.3B_MoE128 --devices 64 --nodes 8 --device-memory 80 --topk 2
 
-Prints one row per layout (TP, PP, DP, ZeRO stage, micro-batch, recompute, sequence parallelism, and for a
+Prints one row per layout (TP, PP, DP, ZeRO stage, micro-batch, recompute, sequence parallelism, the
+DeepSpeed-Ulysses size (layouts with it need --no-pipeline-parallel, as the trainer does), and for a
 mixture-of-experts model (the MoE presets or pretrain_gpt.py's MoE flags) expert parallelism EP) with the
 estimated memory per device by term (GiB) and the estimated step time; layouts that fit come first, fastest
 first. The estimates are megatron/planning's (docs/ARCHITECTURE.md, Layout planner, and docs/benchmarks.md compares them
@@ -24,9 +25,9 @@ from megatron.planning.shape import GPT2_VOCAB_SIZE, ModelShape, TrainingSetting
 from megatron.planning.step_time import Hardware
 
 SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
-COLUMNS = ("TP", "PP", "DP", "ZeRO", "mbs", "recompute", "SP", "weights", "grads", "optimizer", "activations",
+COLUMNS = ("TP", "PP", "DP", "ZeRO", "mbs", "recompute", "SP", "Ulysses", "weights", "grads", "optimizer", "activations",
            "in flight", "logits", "stage", "total GiB", "fits", "step s", "samples/s")
-MOE_COLUMNS = COLUMNS[:7] + ("EP",) + COLUMNS[7:]
+MOE_COLUMNS = COLUMNS[:8] + ("EP",) + COLUMNS[8:]
 
 
 def positive(kind):
@@ -117,7 +118,7 @@ def table_row(plan, settings, experts: bool) -> list:
     gib = [getattr(memory, term) / GIB for term in ("weights", "gradients", "optimizer", "activations",
                                                       "pipeline_in_flight", "logits_and_loss")]
     return [layout.tensor, layout.pipeline, layout.data, layout.zero_stage, layout.micro_batch,
-            "yes" if layout.recompute else "no", "yes" if layout.sequence_parallel else "no",
+            "yes" if layout.recompute else "no", "yes" if layout.sequence_parallel else "no", layout.ulysses,
             *([layout.expert_parallel] if experts else []), *(f"{value:.2f}" for value in gib), memory.stage,
             f"{memory.total / GIB:.2f}", "yes" if plan.fits else "NO",
             f"{plan.step_time.total:.3f}", f"{plan.samples_per_second(settings):.1f}"]

@@ -107,7 +107,7 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
     """weights, gradients, optimizer and step_gradients for `parameters` on one rank, `experts` of which belong to
     its experts (ZeRO shards those over data / expert_parallel ranks), and DeepSpeed's buckets."""
     size, half, zero = settings.dtype_bytes, settings.dtype != "fp32", layout.zero_stage
-    groups = ((parameters - experts, layout.data), (experts, layout.data // layout.expert_parallel))
+    groups = ((parameters - experts, layout.zero_partitions), (experts, layout.data // layout.expert_parallel))
 
     def per_rank(bytes_each: float, from_stage: int) -> float:
         return sum(bytes_each * count / (d if zero >= from_stage else 1) for count, d in groups)
@@ -125,19 +125,26 @@ def model_state_bytes(parameters: int, layout: Layout, settings: TrainingSetting
 def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings,
                            layer_number: int = 1) -> float:
     """One layer, one micro-batch, everything kept for backward without recomputation. The MLP's share is its
-    input and mlp_values / t of s b h values, which an MoE layer replaces by its own."""
-    t, sbh = layout.tensor, shape.seq_length * layout.micro_batch * shape.hidden_size
+    input and mlp_values / t of s b h values, which an MoE layer replaces by its own. Under DeepSpeed-Ulysses every
+    term is 1/SP of it: a rank holds s/SP tokens, and inside attention the whole sequence of 1/SP of the heads."""
+    t, sbh = layout.tensor, local_tokens(shape, layout) * shape.hidden_size
     replicated = replicated_values(shape, settings) / (t if layout.sequence_parallel else 1)
     values = sbh * (replicated + split_values(shape) / t)
     masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
     scores = 0 if settings.fused_attention or layout.selective_recompute else (
-        shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / t * settings.dtype_bytes)
+        shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / (t * layout.ulysses)
+        * settings.dtype_bytes)
     experts = shape.experts_of_layer(layer_number)
     mlp = 0.0
     if experts > 1:  # no sequence parallelism with experts
         values -= sbh * (1 + mlp_values(shape) / t)
         mlp = moe.mlp_activation_bytes(shape, layout, settings, experts)
     return settings.dtype_bytes * values + masks + scores + mlp
+
+
+def local_tokens(shape: ModelShape, layout: Layout) -> float:
+    """Tokens of one micro-batch a rank holds between layers: the whole sequences, or 1/SP of each under Ulysses."""
+    return shape.seq_length * layout.micro_batch / layout.ulysses
 
 
 def replicated_values(shape: ModelShape, settings: TrainingSettings) -> float:
@@ -178,15 +185,14 @@ def stage_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
     if not layout.recompute:
         return sum(full) + transient
     recomputed = layers if layout.recompute_layers is None else min(layout.recompute_layers, layers)
-    layer_input = shape.seq_length * layout.micro_batch * shape.hidden_size * settings.dtype_bytes
+    layer_input = local_tokens(shape, layout) * shape.hidden_size * settings.dtype_bytes
     kept_inputs = recomputed * layer_input / (layout.tensor if layout.sequence_parallel else 1)
     # Backward frees the kept layers (the last ones) before it rebuilds the recomputed ones, one at a time.
     return kept_inputs + max(sum(full[recomputed:]), max(full[:recomputed], default=0.0)) + transient
 
 
 def logits_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:
-    return layout.micro_batch * shape.seq_length * shape.padded_vocab(layout.tensor) / layout.tensor \
-        * settings.dtype_bytes
+    return local_tokens(shape, layout) * shape.padded_vocab(layout.tensor) / layout.tensor * settings.dtype_bytes
 
 
 def logits_and_loss_bytes(shape: ModelShape, layout: Layout, settings: TrainingSettings) -> float:

@@ -1,7 +1,7 @@
 """The layouts a job can run with on N devices, each with its memory and step-time estimates, ranked: the ones
 that fit first, fastest first. Also the check the entry scripts make before they start a job."""
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from megatron.errors import InputError
@@ -49,7 +49,24 @@ def candidate_layouts(shape: ModelShape, settings: TrainingSettings, devices: in
     """Every layout the trainer accepts: TP within a node and dividing the heads and the FFN; PP up to the layer
     count; the global batch a multiple of micro-batch x DP; ZeRO 2-3 only on the plain engine (PP 1, DP > 1);
     sequence parallelism with TP > 1 and ZeRO 0-1. With experts (config/flags/moe.py's rules): PP 1, no
-    sequence parallelism, ZeRO 0-2, and each EP size of expert_parallel_sizes."""
+    sequence parallelism, ZeRO 0-2, and each EP size of expert_parallel_sizes. DeepSpeed-Ulysses sizes where the
+    trainer takes them (parallelism._check_ulysses): TP 1, PP 1, the plain engine, dense, dividing the heads, the
+    key/value heads and the sequence."""
+    for ulysses in ulysses_sizes(shape, settings, devices):
+        for layout in _layouts(shape, settings, devices // ulysses, devices_per_node, expert_parallel):
+            if ulysses == 1 or (layout.tensor, layout.pipeline) == (1, 1):
+                yield layout if ulysses == 1 else replace(layout, ulysses=ulysses)
+
+
+def ulysses_sizes(shape: ModelShape, settings: TrainingSettings, devices: int) -> list:
+    if settings.pipeline_engine or shape.has_experts:
+        return [1]
+    return [sp for sp in _divisors(devices) if not (shape.num_attention_heads % sp or shape.key_value_heads % sp
+                                                    or shape.seq_length % sp)]
+
+
+def _layouts(shape: ModelShape, settings: TrainingSettings, devices: int, devices_per_node: int,
+             expert_parallel: Optional[int]):
     experts = shape.has_experts
     for tensor in _divisors(devices):
         if tensor > devices_per_node or shape.num_attention_heads % tensor or shape.ffn % tensor:

@@ -90,10 +90,16 @@ class Layout:
     expert_parallel: int = 1  # ranks a layer's experts are spread over; divides data
     recompute_layers: Optional[int] = None  # upstream main's --recompute-method block: layers recomputed per stage
     selective_recompute: bool = False  # --recompute-granularity selective: each layer's attention core recomputed
+    ulysses: int = 1  # DeepSpeed-Ulysses ranks sharing each sequence (--ds-sequence-parallel-size)
 
     @property
     def devices(self) -> int:
-        return self.tensor * self.pipeline * self.data
+        return self.tensor * self.pipeline * self.data * self.ulysses
+
+    @property
+    def zero_partitions(self) -> int:
+        """The ranks ZeRO partitions over (and gradients are reduced over): data x Ulysses."""
+        return self.data * self.ulysses
 
 
 @dataclass(frozen=True)
@@ -239,5 +245,6 @@ def from_flags(flags, vocab_size: int):
                     flags.zero_stage, flags.micro_batch_size, flags.checkpoint_activations or full,
                     flags.sequence_parallel, flags.moe_expert_parallel_size if shape.has_experts else 1,
                     recompute_layers=flags.recompute_num_layers if full and flags.recompute_method == "block" else None,
-                    selective_recompute=flags.recompute_granularity == "selective")
+                    selective_recompute=flags.recompute_granularity == "selective",
+                    ulysses=flags.ds_sequence_parallel_size)
     return shape, layout, settings

@@ -41,11 +41,12 @@ class StepTime:
     pipeline_parallel: float
     data_parallel: float
     expert_parallel: float = 0.0
+    sequence_parallel: float = 0.0  # DeepSpeed-Ulysses' all-to-alls
 
     @property
     def total(self) -> float:
         return (self.compute + self.tensor_parallel + self.pipeline_parallel + self.data_parallel
-                + self.expert_parallel)
+                + self.expert_parallel + self.sequence_parallel)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -78,12 +79,29 @@ def estimate_step_time(shape: ModelShape, layout: Layout, settings: TrainingSett
     pipeline = micro_batches * 2 * sent / _bandwidth(p, t * d, hardware) if p > 1 else 0.0
     experts = stage_expert_parameters(shape, ep, t)
     gradients = max(stage_parameters(shape, t, p, stage, settings.pipeline_engine, ep) for stage in (0, p - 1))
-    volume = _all_reduce_bytes((gradients - experts) * settings.dtype_bytes, d) * (
+    reduced_over = d * layout.ulysses  # Ulysses ranks hold whole weights: their gradients are reduced too
+    volume = _all_reduce_bytes((gradients - experts) * settings.dtype_bytes, reduced_over) * (
         1.5 if layout.zero_stage == 3 else 1)
-    data = volume / _bandwidth(d, t, hardware) if d > 1 else 0.0
+    data = volume / _bandwidth(reduced_over, t, hardware) if reduced_over > 1 else 0.0
     if experts and d // ep > 1:
         data += _all_reduce_bytes(experts * settings.dtype_bytes, d // ep) / _bandwidth(d // ep, t * ep, hardware)
     all_to_alls = micro_batches * (6 if layout.recompute else 4) * sum(
         moe.all_to_all_bytes(shape, layout, settings, count) for count in shape.moe_layer_experts())
     expert = all_to_alls / _bandwidth(ep, t, hardware) if ep > 1 else 0.0
-    return StepTime(compute, tensor, pipeline, data, expert)
+    return StepTime(compute, tensor, pipeline, data, expert, ulysses_all_to_all(shape, layout, settings, hardware,
+                                                                                micro_batches))
+
+
+def ulysses_all_to_all(shape: ModelShape, layout: Layout, settings: TrainingSettings, hardware: Hardware,
+                       micro_batches: int) -> float:
+    """DeepSpeed-Ulysses: per layer and micro-batch, all-to-alls of q, k, v and the context forward and of their
+    gradients backward (again in a recomputed forward), each sending (SP - 1) / SP of this rank's s/SP x h
+    chunk (k and v at the key/value heads' width)."""
+    sp = layout.ulysses
+    if sp == 1:
+        return 0.0
+    chunk = shape.seq_length * layout.micro_batch / sp * shape.hidden_size * settings.dtype_bytes * (sp - 1) / sp
+    tensors = 2 + 2 * shape.key_value_heads / shape.num_attention_heads  # q and context, k and v
+    passes = 3 if layout.recompute else 2
+    return (micro_batches * layers_per_stage(shape.num_layers, layout.pipeline) * passes * tensors * chunk
+            / _bandwidth(sp, layout.tensor, hardware))
