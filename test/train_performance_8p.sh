@@ -7,6 +7,8 @@
 # Options: --model_size=345M|1.3B|2.7B|3.7B|345M_without_mp|125M_MoE64|1.3B_MoE128|tiny|llama2-7B|llama2-13B|
 #          llama3-8B|tinyllama-1.1B|llama-tiny  --data_path=PREFIX_OR_DIR  --train_iters=N
 #   --device=auto|cuda|npu|cpu  --nproc=N  --vocab_file=F --merge_file=F | --tokenizer_model=F
+#   --ds_sequence_parallel_size=N (DeepSpeed-Ulysses; with --tensor-model-parallel-size 1
+#     --pipeline-model-parallel-size 1 --no-pipeline-parallel)
 #   multi-node: --nnodes=N --node_rank=I --master_addr=HOST [--master_port=P] (run on every node)
 #   any Megatron flag (with dashes) is passed to pretrain_gpt.py, e.g. --zero-stage 1 --bf16
 # Logs, run.json, checkpoints and loss_curve.png go to test/output/<run>/; the last three lines are the summary.

@@ -3,7 +3,8 @@ launch one pretrain_gpt.py process per device with torchrun, keep the log under 
 with the three summary lines of docs/ARCHITECTURE.md, Log lines.
 
   launch_training.py --run full|performance [--model_size=tiny] [--data_path=DIR_OR_PREFIX] [--train_iters=N]
-      [--device=auto|cuda|npu|cpu] [--nproc=N] [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
+      [--device=auto|cuda|npu|cpu] [--nproc=N] [--ds_sequence_parallel_size=N]
+      [--nnodes=N --node_rank=I --master_addr=HOST --master_port=P]
       [--vocab_file=F --merge_file=F | --tokenizer_model=F] [--output_dir=DIR] [--skip_memory_check]
       [Megatron flags passed through, e.g. --zero-stage 1]
 
@@ -21,6 +22,7 @@ the others keep their output in train.node<I>.log of the same run directory and 
 import argparse
 import glob
 import json
+import math
 import os
 import platform
 import shlex
@@ -76,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train_iters", type=positive_int("--train_iters"))
     parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--nproc", type=positive_int("--nproc"), help="processes on this node (default: one "
-                        "per accelerator; on CPU TP x PP x 2)")
+                        "per accelerator; on CPU TP x PP x SP x 2)")
+    parser.add_argument("--ds_sequence_parallel_size", "--ds-sequence-parallel-size",
+                        type=positive_int("--ds_sequence_parallel_size"), default=1,
+                        help="DeepSpeed-Ulysses: ranks sharing each sequence (pretrain_gpt.py's "
+                             "--ds-sequence-parallel-size; with --tensor-model-parallel-size 1 "
+                             "--pipeline-model-parallel-size 1 --no-pipeline-parallel). World = TP x PP x DP x this")
     parser.add_argument("--nnodes", type=positive_int("--nnodes"), default=1)
     parser.add_argument("--node_rank", type=int, default=0)
     parser.add_argument("--master_addr", default="127.0.0.1")
@@ -255,14 +262,15 @@ def main(argv=None):
     model_size = args.model_size or ("tiny" if device_name == "cpu" else "345M")
     preset = get_preset(model_size, args.run)  # InputError listing the valid names
     train_iters = args.train_iters or preset["train_iters"]
-    model_parallel = preset["tensor_model_parallel_size"] * preset["pipeline_model_parallel_size"]
+    sizes = model_parallel_sizes(preset, passthrough, args.ds_sequence_parallel_size)
+    model_parallel = math.prod(sizes.values())
     nproc = args.nproc or (device_count if device_name != "cpu" else 2 * model_parallel)
     if device_name != "cpu" and nproc > device_count:
         raise InputError(f"--nproc={nproc} but this node has {device_count} {device_name} devices")
     world_size = nproc * args.nnodes
     if world_size < model_parallel or world_size % model_parallel:
-        raise InputError(f"--model_size={model_size} needs a multiple of TP {preset['tensor_model_parallel_size']}"
-                         f" x PP {preset['pipeline_model_parallel_size']} = {model_parallel} processes, but "
+        named = " x ".join(f"{axis} {size}" for axis, size in sizes.items() if axis != "SP" or size > 1)
+        raise InputError(f"--model_size={model_size} needs a multiple of {named} = {model_parallel} processes, but "
                          f"{world_size} are launched ({nproc} per node x {args.nnodes} nodes); add devices or pick "
                          f"a smaller --model_size")
     last_node = check_nodes(args)
@@ -273,7 +281,8 @@ def main(argv=None):
     precision, precision_line = precision_flags(facts, passthrough)
     print(precision_line, flush=True)
     timeout, timeout_minutes = timeout_flags(passthrough)
-    flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix,
+    ulysses = ["--ds-sequence-parallel-size", str(args.ds_sequence_parallel_size)]
+    flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix, *ulysses,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
              "--tensorboard-dir", os.path.join(run_dir, "tensorboard"), *precision, *timeout]
     if args.run == "full":
@@ -315,6 +324,16 @@ def main(argv=None):
     if not logs_here:
         print(f"Node {args.node_rank} done. The summary is on node {last_node} (node_rank={last_node}), which holds "
               f"the logging rank {world_size - 1}: its output and run.json are in {run_dir}", flush=True)
+
+
+def model_parallel_sizes(preset: dict, passthrough: list, ulysses: int) -> dict:
+    """TP, PP and SP of the job: the preset's TP and PP unless pretrain_gpt.py flags passed through override them,
+    and the DeepSpeed-Ulysses size; their product divides the world size."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--tensor-model-parallel-size", type=int, default=preset["tensor_model_parallel_size"])
+    parser.add_argument("--pipeline-model-parallel-size", type=int, default=preset["pipeline_model_parallel_size"])
+    given, _ = parser.parse_known_args(passthrough)
+    return {"TP": given.tensor_model_parallel_size, "PP": given.pipeline_model_parallel_size, "SP": ulysses}
 
 
 def check_nodes(args) -> int:
