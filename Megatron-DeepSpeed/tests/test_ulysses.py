@@ -4,21 +4,23 @@ at SP 2; a checkpoint resumes at the same SP size exactly and loads at another (
 import pytest
 import torch
 
+from megatron.config.arguments import parse_args, validate_args
+from megatron.errors import InputError
 from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, ITERATIONS, assert_same_training, train
-
-pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
+from tests.training_helpers import COMMON, ITERATIONS, TINY_FLAGS, assert_same_training, train
 
 ULYSSES = ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"]
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--num-key-value-heads", "2"]
 
 
+@pytest.mark.full  # multi-process / whole-run tests: the full tier
 def test_sp2_dp2_equals_single_process(data_prefix, single_process):
     result = run_on_ranks(train, 4, [*COMMON, "--data-path", data_prefix, *ULYSSES, "--zero-stage", "0"])[0]
     assert_same_training(result, single_process)
 
 
+@pytest.mark.full
 def test_llama_under_ulysses_equals_single_process(data_prefix):
     """Rotary angles must follow each chunk's global positions, and each rank must hold whole key/value heads."""
     flags = [*COMMON, "--data-path", data_prefix, *LLAMA, "--no-pipeline-parallel"]
@@ -26,6 +28,7 @@ def test_llama_under_ulysses_equals_single_process(data_prefix):
     assert_same_training(run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2"])[0], reference)
 
 
+@pytest.mark.full
 def test_sp2_equals_single_process_and_its_checkpoint_loads_at_any_sequence_parallel_size(
         data_prefix, single_process, tmp_path):
     flags = [*COMMON, "--data-path", data_prefix, "--no-pipeline-parallel", "--zero-stage", "1"]
@@ -43,3 +46,31 @@ def test_sp2_equals_single_process_and_its_checkpoint_loads_at_any_sequence_para
     assert elsewhere[0] == pytest.approx(straight[0][3:], rel=1e-5)
     for name, tensor in elsewhere[1].items():
         torch.testing.assert_close(tensor, straight[1][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("flags, world_size, message", [
+    (["--ds-sequence-parallel-size", "3"], 6, "--num-attention-heads 4 is not divisible by --ds-sequence-parallel-size 3"),
+    (["--ds-sequence-parallel-size", "2", "--num-key-value-heads", "1"], 2,
+     "--num-key-value-heads 1 is not divisible by --ds-sequence-parallel-size 2"),
+    (["--ds-sequence-parallel-size", "4", "--seq-length", "30", "--max-position-embeddings", "32"], 4,
+     "--seq-length 30 is not divisible by --ds-sequence-parallel-size 4"),
+    (["--ds-sequence-parallel-size", "2", "--tensor-model-parallel-size", "2"], 4,
+     "DeepSpeed-Ulysses runs with tensor and pipeline parallel size 1"),
+    (["--ds_sequence_parallel_size", "2"], 2, "runs on DeepSpeed's plain engine, as upstream's sequence-parallel "
+                                              "scripts do; add --no-pipeline-parallel"),
+    (["--ds-sequence-parallel-size", "2"], 3, "world size 3 is not divisible by --tensor-model-parallel-size 1 x "
+     "--pipeline-model-parallel-size 1 x --ds-sequence-parallel-size 2 = 2"),
+    (["--ds-sequence-parallel-size", "2", "--num-experts", "2"], 2, "mixture-of-experts layers are not built"),
+])
+def test_layouts_ulysses_cannot_run_are_refused_in_one_line(flags, world_size, message):
+    base = [*TINY_FLAGS, "--micro-batch-size", "1", "--train-iters", "4", "--mock-data"]
+    plain = [] if "--ds_sequence_parallel_size" in flags else ["--no-pipeline-parallel"]
+    with pytest.raises(InputError) as caught:
+        validate_args(parse_args([*base, *plain, *flags]), world_size, "cpu")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_data_parallel_size_leaves_out_the_sequence_parallel_ranks():
+    base = [*TINY_FLAGS, "--micro-batch-size", "1", "--train-iters", "4", "--mock-data", "--no-pipeline-parallel"]
+    values = validate_args(parse_args([*base, "--ds-sequence-parallel-size", "2"]), 8, "cpu")
+    assert (values.data_parallel_size, values.global_batch_size) == (4, 4)

@@ -124,7 +124,8 @@ UNSUPPORTED_FLAGS = (
     _switch("--num-channels", VIT, type=int, default=3),
     _switch("--patch-dim", VIT, type=int, default=16),
     # Upstream main (2023-2025) features not built here.
-    _switch("--force-ds-sequence-parallel", "DeepSpeed-Ulysses sequence parallelism", action="store_true"),
+    _switch("--force-ds-sequence-parallel", "DeepSpeed-Ulysses attention forced on at size 1 "
+            "(--ds-sequence-parallel-size above 1 is supported)", action="store_true"),
     _switch("--ds-sequence-parallel-fpdt", FPDT, action="store_true"),
     _knob("--ds-sequence-parallel-fpdt-chunk-size", FPDT, type=int, default=65536),
     _switch("--ds-sequence-parallel-fpdt-offloading", FPDT, action="store_true"),
