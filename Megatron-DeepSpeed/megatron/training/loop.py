@@ -278,7 +278,7 @@ def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
 def report_parameter_count(model: torch.nn.Module, parallel: ParallelState) -> None:
     """Each data-parallel rank 0 prints its model piece's size, as upstream does (an MoE model: with its local
     experts), and for an MoE model also the parameters a token uses."""
-    if parallel.dp_rank == 0:
+    if parallel.dp_rank == 0 and parallel.sp_rank == 0:  # sequence-parallel ranks hold the same piece
         count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         _log.info(parameter_count_line(parallel.tp_rank, parallel.pp_rank, count))
         if isinstance(model, MoEGPTModel):
