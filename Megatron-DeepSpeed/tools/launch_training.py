@@ -281,7 +281,7 @@ def main(argv=None):
     precision, precision_line = precision_flags(facts, passthrough)
     print(precision_line, flush=True)
     timeout, timeout_minutes = timeout_flags(passthrough)
-    ulysses = ["--ds-sequence-parallel-size", str(args.ds_sequence_parallel_size)]
+    ulysses = ["--ds-sequence-parallel-size", str(sizes["SP"])] if sizes["SP"] > 1 else []
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix, *ulysses,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
              "--tensorboard-dir", os.path.join(run_dir, "tensorboard"), *precision, *timeout]
