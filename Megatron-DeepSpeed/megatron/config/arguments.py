@@ -12,6 +12,7 @@ import argparse
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from megatron.config.curriculum import seqlen_curriculum
 from megatron.config.flags import (activation_checkpointing, checkpointing, common, data, logging_flags, model, moe,
                                    optimizer, parallelism, precision, schedule, stopping, tokenizer, training,
                                    unsupported)
@@ -85,10 +86,17 @@ def resolve(values: Mapping, world_size: int, device_name: str) -> dict:
     data.validate(values)
     tokenizer.validate(values)
     values.update(parallelism.features(values))
+    _curriculum(values)
     moe.validate(values)
     values.update(parallelism.backend(values, device_name))
     checkpointing.validate(values)
     return values
+
+
+def _curriculum(values: Mapping):
+    """The DeepSpeed JSON's sequence-length curriculum, checked against the sequence length and its split."""
+    split = values["tensor_model_parallel_size"] if values["sequence_parallel"] else 1
+    return seqlen_curriculum(values[DEEPSPEED_JSON], values["deepspeed_config"], values["seq_length"], split)
 
 
 def validate_args(args: argparse.Namespace, world_size: int, device_name: str) -> argparse.Namespace:
@@ -115,6 +123,7 @@ def build_job_config(values: Mapping[str, Any]) -> JobConfig:
         deepspeed_config=values["deepspeed_config"],
         deepspeed_json=values[DEEPSPEED_JSON],
         flags=MappingProxyType({dest: value for dest, value in values.items() if dest != DEEPSPEED_JSON}),
+        curriculum=_curriculum(values),
     )
 
 

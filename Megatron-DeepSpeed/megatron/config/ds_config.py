@@ -7,6 +7,7 @@ something other than what either says, so a contradiction is an error naming bot
 import json
 import math
 
+from megatron.config.curriculum import SECTION as CURRICULUM_SECTION
 from megatron.config.job import JobConfig, ParallelConfig
 from megatron.errors import InputError
 from megatron.files.user_json import read_json_object
@@ -15,12 +16,12 @@ from megatron.files.user_json import read_json_object
 STEPS_PER_PRINT_NEVER = 10 ** 12
 
 # Sections of a user's JSON that switch on DeepSpeed features this trainer does not drive, with their names.
-_UNSUPPORTED_SECTIONS = {"curriculum_learning": "curriculum learning", "data_efficiency": "data efficiency "
-                         "(curriculum learning / random layer-token drop)", "compression_training":
-                         "compression training"}
-# Top-level keys of a user's JSON this module deals with itself (dropped when off, refused when on), whether or not
-# DeepSpeed's engine reads them.
-SECTIONS_HANDLED_HERE = frozenset(_UNSUPPORTED_SECTIONS)
+_UNSUPPORTED_SECTIONS = {"data_efficiency": "data efficiency (data-analyzer curriculum learning / random "
+                         "layer-token drop)", "compression_training": "compression training"}
+# Top-level keys of a user's JSON this module deals with itself (dropped when off, refused when on; the
+# sequence-length curriculum, which current DeepSpeed refuses in its config, is driven by the training loop),
+# whether or not DeepSpeed's engine reads them.
+SECTIONS_HANDLED_HERE = frozenset(_UNSUPPORTED_SECTIONS) | {CURRICULUM_SECTION}
 
 
 def _zero_flag_keys(parallel: ParallelConfig):
@@ -152,10 +153,10 @@ _SECTIONS_THE_FLAGS_OWN = {
 
 
 def _without_unsupported_sections(user, path):
-    """The user's JSON minus switched-off sections of features this trainer does not drive (upstream's GPT
-    templates carry a disabled top-level curriculum_learning block, a key current DeepSpeed refuses even when
-    disabled); an enabled one is an InputError."""
-    kept = dict(user)
+    """The user's JSON minus switched-off sections of features this trainer does not drive, and minus the
+    curriculum_learning section (upstream's GPT templates carry one, enabled or not, a key current DeepSpeed
+    refuses either way; the loop drives it: JobConfig.curriculum); an enabled unsupported one is an InputError."""
+    kept = {key: value for key, value in user.items() if key != CURRICULUM_SECTION}
     for section, feature in _UNSUPPORTED_SECTIONS.items():
         if section not in kept:
             continue

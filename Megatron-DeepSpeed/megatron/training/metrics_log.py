@@ -69,6 +69,8 @@ class IterationFigures:
     params_norm: Optional[float] = None
     optimizer_states: Optional[dict] = None
     moe: Optional[MoEFigures] = None  # an MoE model's
+    consumed_tokens: Optional[int] = None  # after the iteration; None: consumed samples x --seq-length
+    curriculum_seqlen: Optional[int] = None  # the iteration's length under a sequence-length curriculum
 
 
 def tensorboard_options(logging_config: LoggingConfig) -> TensorBoardOptions:
@@ -111,7 +113,9 @@ class MetricsLog:
     def iteration(self, state, figures: IterationFigures) -> None:
         """After iteration `state.iteration` (state: training.TrainState, already advanced)."""
         config, tensorboard = self.config, self.tensorboard
-        tokens = state.consumed_train_samples * config.data.seq_length
+        tokens = figures.consumed_tokens
+        if tokens is None:
+            tokens = state.consumed_train_samples * config.data.seq_length
         self.losses.append(figures.loss)
         if figures.moe is not None:
             self.moe_figures.append(figures.moe)
@@ -139,7 +143,8 @@ class MetricsLog:
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
             figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,
             figures.grad_norm, state.skipped_iterations, state.nan_iterations, self.samples / (seconds * iterations),
-            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm, **self._take_moe_means()))
+            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm,
+            curriculum_seqlen=figures.curriculum_seqlen, **self._take_moe_means()))
         if self.memory_reported_at is None:
             self._report_memory(state.iteration)
         timer_means = self.timers.take_means(iterations)
