@@ -96,14 +96,10 @@ class MetricsLog:
         self.moe_figures = []
         self.memory_reported_at: Optional[int] = None  # Megatron's memory line: after the first logged iteration
         self.last_iteration = 0
-        shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
-        # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
-        # MFU counts the model's work only.
+        # Per iteration, as the batch may ramp up and a curriculum shortens the sequences (upstream counts its
+        # length too). Logged TFLOPs count the recomputed forward as upstream's do; MFU counts the model's work only.
         # An MoE model's counts are of its active parameters (megatron/training/flops.py).
-        layer = LayerMatrices.of(model)
-        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=recomputes_every_layer(model),
-                                                             moe=model.moe, layer=layer)
-        self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False, moe=model.moe, layer=layer)
+        self.hardware_flops = self.model_flops = 0.0  # since the last log line
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)
 
     def _print(self, text: str) -> None:
@@ -121,6 +117,7 @@ class MetricsLog:
             self.moe_figures.append(figures.moe)
         self.last_iteration = state.iteration
         self.samples += figures.batch_size
+        self._count_flops(figures.batch_size, figures.curriculum_seqlen or config.data.seq_length)
         if tensorboard is not None and tensorboard.due(state.iteration):
             tensorboard.training(state.iteration, state.consumed_train_samples, tokens, loss=figures.loss,
                                  learning_rate=figures.learning_rate, batch_size=figures.batch_size,
@@ -135,9 +132,9 @@ class MetricsLog:
         device.synchronize()
         iterations = len(self.losses)
         seconds = (time.perf_counter() - self.interval_start) / iterations
-        mean_batch, world_size = self.samples / iterations, config.parallel.world_size
-        tflops = tflops_per_device(self.hardware_flops_per_sample * mean_batch, seconds, world_size)
-        mfu = model_flops_utilization(tflops_per_device(self.model_flops_per_sample * mean_batch, seconds, world_size),
+        world_size = config.parallel.world_size
+        tflops = tflops_per_device(self.hardware_flops / iterations, seconds, world_size)
+        mfu = model_flops_utilization(tflops_per_device(self.model_flops / iterations, seconds, world_size),
                                       self.peak)
         self._print(iteration_line(
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
@@ -155,6 +152,15 @@ class MetricsLog:
             tensorboard.timers(state.iteration, timer_means)
         state.skipped_iterations = state.nan_iterations = 0
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+        self.hardware_flops = self.model_flops = 0.0
+
+    def _count_flops(self, batch_size: int, seq_length: int) -> None:
+        model = self.model
+        shape = (batch_size, seq_length, model.num_layers, model.hidden_size, model.vocab_size)
+        layer = LayerMatrices.of(model)
+        self.hardware_flops += flops_per_iteration(*shape, recompute=recomputes_every_layer(model), moe=model.moe,
+                                                   layer=layer)
+        self.model_flops += flops_per_iteration(*shape, recompute=False, moe=model.moe, layer=layer)
 
     def _take_moe_means(self) -> dict:
         """The interval's mean MoE loss and its dropped assignments, for the line; none for a dense model."""
