@@ -14,6 +14,7 @@ import torch
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import TINY_FLAGS
 
+from megatron.checkpoint.directory import read_client_state
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.curriculum import seqlen_curriculum
 from megatron.config.learning_rates import learning_rate
@@ -203,6 +204,9 @@ def test_tp2_pp2_grows_its_sequences_like_one_process_and_resumes_the_curriculum
     for name, tensor in parallel.weights.items():
         torch.testing.assert_close(tensor, one.weights[name], rtol=1e-4, atol=1e-5, msg=name)
     assert [record.curriculum_seqlen for record in parse_log(runs[-1].stdout).iterations] == LENGTHS
+
+    # upstream's `tokens`, from which its trainer resumes the count: 8 x 64 + 8 x 80
+    assert read_client_state(str(save / "global_step2"))["tokens"] == tokens[1] == 1152
 
     (save / "latest").write_text("global_step2")  # resume after the 80-token iteration
     resumed = run_on_ranks(train, 4, [*flags, *layout, "--load", str(save)])

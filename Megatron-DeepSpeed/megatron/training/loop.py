@@ -532,7 +532,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                 divergence.require_finite_weights(engine.module, state.iteration)
                 save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
                                 trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng)
+                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng,
+                                consumed_train_tokens=state.consumed_train_tokens)
 
         def validate() -> float:
             with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
