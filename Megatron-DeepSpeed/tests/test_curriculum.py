@@ -185,8 +185,10 @@ def curriculum_flags(tmp_path, data_prefix):
 
 @pytest.mark.full
 def test_tp2_pp2_grows_its_sequences_like_one_process_and_resumes_the_curriculum(data_prefix, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     flags = curriculum_flags(tmp_path, data_prefix)
-    one = run_on_ranks(train, 1, [*flags, "--no-pipeline-parallel"])[0]
+    one = run_on_ranks(train, 1, [*flags, "--no-pipeline-parallel", "--tensorboard-dir", str(tmp_path / "tb")])[0]
     records = parse_log(one.stdout).iterations
     assert [record.curriculum_seqlen for record in records] == LENGTHS
     tokens = upstream_token_count(GROWING, [8] * ITERATIONS)
@@ -194,6 +196,12 @@ def test_tp2_pp2_grows_its_sequences_like_one_process_and_resumes_the_curriculum
         [learning_rate(8 * (index + 1), max_lr=1e-2, min_lr=1e-3, warmup_samples=16, decay_samples=40,
                        decay_style="cosine", warmup_tokens=600, decay_tokens=8000, consumed_tokens=count)
          for index, count in enumerate(tokens)], rel=1e-3)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [event.value for event in events.Scalars("curriculum_seqlen")] == LENGTHS
+    assert [event.step for event in events.Scalars("lm-loss-training/lm loss vs tokens")] == tokens
+    assert [event.step for event in events.Scalars("lm-loss-validation/lm loss validation vs tokens")] == \
+        [tokens[1], tokens[3], tokens[4]]
 
     layout = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
     save = tmp_path / "checkpoints"

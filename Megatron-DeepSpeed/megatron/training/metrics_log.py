@@ -122,7 +122,8 @@ class MetricsLog:
             tensorboard.training(state.iteration, state.consumed_train_samples, tokens, loss=figures.loss,
                                  learning_rate=figures.learning_rate, batch_size=figures.batch_size,
                                  loss_scale=figures.loss_scale, grad_norm=figures.grad_norm,
-                                 num_zeros=figures.num_zeros, params_norm=figures.params_norm)
+                                 num_zeros=figures.num_zeros, params_norm=figures.params_norm,
+                                 curriculum_seqlen=figures.curriculum_seqlen)
             if figures.optimizer_states is not None:
                 tensorboard.optimizer_states(state.iteration, tokens, figures.optimizer_states)
             if tensorboard.options.memory:
@@ -173,9 +174,8 @@ class MetricsLog:
     def validation(self, state, loss: float) -> None:
         self._print(validation_lines(state.iteration, loss))
         if self.tensorboard is not None:
-            self.tensorboard.validation(state.iteration, state.consumed_train_samples,
-                                        state.consumed_train_samples * self.config.data.seq_length, loss,
-                                        perplexity(loss))
+            self.tensorboard.validation(state.iteration, state.consumed_train_samples, state.consumed_train_tokens,
+                                        loss, perplexity(loss))
 
     def exclude_from_timing(self, seconds: float) -> None:
         """Evaluation and checkpointing inside a log interval do not count as iteration time."""
