@@ -22,7 +22,7 @@ from megatron.data.gpt_batch import make_batch, truncated_batch
 from megatron.errors import InputError
 from megatron.training.curriculum import SequenceLengthCurriculum
 from megatron.training.log_lines import parse_log
-from megatron.training.loop import TrainState, curriculum_warmup_tokens, resumed_curriculum
+from megatron.training.loop import TrainState, curriculum_warmup_tokens, learning_rate_schedule, resumed_curriculum
 
 LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 64, "max_difficulty": 128,
           "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 3, "difficulty_step": 32}}
@@ -136,6 +136,12 @@ def test_the_learning_rate_follows_the_tokens_consumed_not_samples_x_seq_length(
     # A token warmup counts the curriculum's tokens too: 640 of 1000 warmup tokens after two iterations of 4.
     assert learning_rate(8, consumed_tokens=640, **{**schedule, "warmup_tokens": 1000}) == pytest.approx(6.4e-3)
     assert curriculum_warmup_tokens(job(tmp_path=tmp_path)) is None  # no token decay: nothing to start
+    # A decay of 1500 tokens ends after the curriculum's warmup (1280 tokens), not after 16 x 128 = 2048.
+    shorter = job("--lr-decay-tokens", "1500", tmp_path=tmp_path)
+    assert learning_rate_schedule(shorter.schedule, curriculum_warmup_tokens(shorter))(16, consumed_tokens=1280) \
+        == pytest.approx(1e-2)
+    with pytest.raises(InputError, match=r"ends before the warmup of 16 samples \(2048 tokens\) does"):
+        learning_rate_schedule(shorter.schedule)
 
 
 # --- TP2 x PP2 against one process ---------------------------------------------------------------------------

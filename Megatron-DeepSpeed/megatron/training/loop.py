@@ -178,11 +178,13 @@ def learning_rate_schedule(schedule: ScheduleConfig, warmup_end_tokens: Optional
     """Megatron's schedule as a function of consumed samples (and consumed tokens, by default samples x
     --seq-length): stateless, so a resumed run continues it. `warmup_end_tokens`: the tokens a sample warmup
     consumed, where that is not warmup samples x --seq-length (a sequence-length curriculum)."""
+    if warmup_end_tokens is None:
+        warmup_end_tokens = schedule.warmup_samples * schedule.tokens_per_sample
     if schedule.decay_tokens is not None and schedule.warmup_tokens is None and \
-            schedule.warmup_samples * schedule.tokens_per_sample >= schedule.decay_tokens:
+            warmup_end_tokens >= schedule.decay_tokens:
         raise InputError(f"--lr-decay-tokens {schedule.decay_tokens} ends before the warmup of "
-                         f"{schedule.warmup_samples:g} samples x --seq-length {schedule.tokens_per_sample} tokens "
-                         "does; lengthen the decay or shorten the warmup")
+                         f"{schedule.warmup_samples:g} samples ({warmup_end_tokens:g} tokens) does; lengthen the "
+                         "decay or shorten the warmup")
     return functools.partial(learning_rate, max_lr=schedule.lr, min_lr=schedule.min_lr,
                              warmup_samples=schedule.warmup_samples, decay_samples=schedule.decay_samples,
                              decay_style=schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
@@ -489,6 +491,16 @@ def resumed_curriculum(config: JobConfig, state: TrainState) -> tuple[Optional[S
     return curriculum, curriculum.replay(state.iteration, config.batch.schedule.batch_size)
 
 
+def iteration_batches(config: JobConfig, curriculum: Optional[SequenceLengthCurriculum], batches: Batches,
+                      iteration: int) -> tuple:
+    """The training micro-batches of iteration `iteration` + 1 and their length: whole, or cut to the curriculum's
+    length then (upstream's get_batch_pipe cuts them so)."""
+    if curriculum is None:
+        return batches, config.data.seq_length
+    length = curriculum.length(iteration)
+    return map(functools.partial(truncated_batch, length=length), batches), length
+
+
 def curriculum_warmup_tokens(config: JobConfig) -> Optional[int]:
     """Under a sequence-length curriculum, the tokens consumed by the end of a sample warmup (where a token decay
     starts, as upstream's scheduler records it); None otherwise."""
@@ -574,14 +586,13 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         tensorboard_interval = logging_config.tensorboard_log_interval if logging_config.tensorboard_dir else None
         while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_tokens):
             batch_size = batch.schedule.batch_size(state.consumed_train_samples)
-            length = config.data.seq_length if curriculum is None else curriculum.length(state.iteration)
+            step_batches, length = iteration_batches(config, curriculum, train_batches, state.iteration)
             with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
                 if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
                     engine.set_train_batch_size(batch_size)
                 set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples,
                                                              consumed_tokens=state.consumed_train_tokens))
-                loss, moe = train_step(engine, train_batches if curriculum is None else
-                                       map(functools.partial(truncated_batch, length=length), train_batches),
+                loss, moe = train_step(engine, step_batches,
                                        batch.schedule.micro_batches(state.consumed_train_samples), parallel,
                                        reduce_gradients)
                 grad_norm = clipping.norm if clipping else engine.get_global_grad_norm()
