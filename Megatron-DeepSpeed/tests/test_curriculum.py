@@ -17,6 +17,7 @@ from tests.training_helpers import TINY_FLAGS
 from megatron.checkpoint.directory import read_client_state
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.curriculum import seqlen_curriculum
+from megatron.config.ds_config import resolve_deepspeed_config
 from megatron.config.learning_rates import learning_rate
 from megatron.data.gpt_batch import make_batch, truncated_batch
 from megatron.errors import InputError
@@ -61,6 +62,24 @@ def test_what_the_scheduler_cannot_run_is_refused_in_one_line(change, seq_length
     with pytest.raises(InputError, match="^--deepspeed_config ds.json") as raised:
         checked({**LINEAR, **change}, seq_length, split)
     assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("turned_on", [None, ("data_sampling", "curriculum_learning"), ("data_routing", "random_ltd")],
+                         ids=["every-part-off", "data-sampling-curriculum", "random-ltd"])
+def test_the_data_efficiency_library_is_refused_once_a_part_of_it_is_on(turned_on, tmp_path):
+    parts = {"data_sampling": {"enabled": False, "curriculum_learning": {"enabled": False}},
+             "data_routing": {"enabled": False, "random_ltd": {"enabled": False}}}
+    if turned_on:  # DeepSpeed reads each part's switch whatever its parent's says
+        parts[turned_on[0]][turned_on[1]]["enabled"] = True
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"data_efficiency": {"enabled": True, **parts}}))
+    config = job_config(validate_args(parse_args([*TINY_FLAGS, "--micro-batch-size", "2", "--train-iters", "2",
+                                                  "--data-path", "unused", "--deepspeed_config", str(path)]), 1, "cpu"))
+    if turned_on is None:  # upstream's baseline script: the library on, every part off
+        assert "data_efficiency" not in resolve_deepspeed_config(config)
+        return
+    with pytest.raises(InputError, match="data_efficiency: Megatron-DeepSpeed's data efficiency .* is not supported"):
+        resolve_deepspeed_config(config)
 
 
 # --- the schedule, the batches, the tokens --------------------------------------------------------------------

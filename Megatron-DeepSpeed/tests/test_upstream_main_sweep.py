@@ -60,8 +60,8 @@ EXPECTED = {
     # Its JSON also configures an optimizer, which DeepSpeed would ignore beside the trainer's (upstream's too).
     "curriculum_learning/ds_pretrain_gpt2.sh": "has an 'optimizer' section, which would be ignored",
     "curriculum_learning/ds_pretrain_gpt_1.3B_rope_slw.sh": RUNS,
-    "data_efficiency/gpt/pretrain/ds_pretrain_gpt_1.3B_dense_base_script.sh":
-        "data_efficiency: Megatron-DeepSpeed's data efficiency",
+    # The data-efficiency library enabled with every part off: the baseline, which trains as without it.
+    "data_efficiency/gpt/pretrain/ds_pretrain_gpt_1.3B_dense_base_script.sh": RUNS,
     "deepspeed4science/megatron_long_seq_support/pretrain_gpt_1.3B_seq_parallel.sh": RUNS,
     "deepspeed4science/megatron_long_seq_support/pretrain_gpt_30B_seq_parallel.sh": RUNS,
     # Upstream's own script contradicts itself: --fp16 on the command line, bf16 in the JSON it writes.

@@ -152,6 +152,24 @@ _SECTIONS_THE_FLAGS_OWN = {
 }
 
 
+def _switches(value) -> list:
+    """The `enabled` values found below a section (in its parts, their parts ...)."""
+    if not isinstance(value, dict):
+        return []
+    return [part["enabled"] for part in value.values() if isinstance(part, dict) and "enabled" in part] + \
+        [switch for part in value.values() for switch in _switches(part)]
+
+
+def _switches_on(section) -> bool:
+    """Whether a section turns its feature on: `enabled`, and where its parts have switches of their own, one of
+    them too (DeepSpeed reads each part's switch whatever the section's says; upstream's data-efficiency baseline
+    script enables the library with every part off, which trains as without it)."""
+    if not isinstance(section, dict) or not section.get("enabled"):
+        return False
+    parts = _switches(section)
+    return not parts or any(parts)
+
+
 def _without_unsupported_sections(user, path):
     """The user's JSON minus switched-off sections of features this trainer does not drive, and minus the
     curriculum_learning section (upstream's GPT templates carry one, enabled or not, a key current DeepSpeed
@@ -160,7 +178,7 @@ def _without_unsupported_sections(user, path):
     for section, feature in _UNSUPPORTED_SECTIONS.items():
         if section not in kept:
             continue
-        if isinstance(kept[section], dict) and kept[section].get("enabled"):
+        if _switches_on(kept[section]):
             raise InputError(f"--deepspeed_config {path}: {section}: Megatron-DeepSpeed's {feature} is not "
                              f"supported by this trainer; set {section}.enabled to false or remove the section")
         del kept[section]
