@@ -48,7 +48,7 @@ def test_an_enabled_seqlen_section_is_taken_as_written_and_a_disabled_one_ignore
     ({"schedule_type": "custom"}, 128, 1, "a schedule given as Python code"),
     ({"schedule_type": "fixed_cubic"}, 128, 1, "use one of fixed_linear, fixed_root, fixed_discrete"),
     ({"max_difficulty": 256}, 128, 1, "min <= max <= --seq-length 128"),
-    ({"min_difficulty": 0}, 128, 1, "min_difficulty=0; it must be a positive whole number"),
+    ({"min_difficulty": 0}, 128, 1, "min_difficulty: 0 is not a positive whole number"),
     ({"schedule_config": {"total_curriculum_step": 3}}, 128, 1, "needs difficulty_step for schedule_type"),
     ({"schedule_config": {"total_curriculum_step": 3, "difficulty_step": 12}}, 128, 8,
      "difficulty_step 12, but --sequence-parallel splits every sequence over --tensor-model-parallel-size 8"),
@@ -56,8 +56,10 @@ def test_an_enabled_seqlen_section_is_taken_as_written_and_a_disabled_one_ignore
      "a list of difficulty one longer than its non-empty list of max_step"),
     ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [64, 256], "max_step": [2]}}, 128, 1,
      "longer than --seq-length 128"),
+    ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [64, 128], "max_step": [2.5]}}, 128, 1,
+     "schedule_config.max_step: 2.5 is not a positive whole number"),
 ], ids=["type", "custom", "schedule", "too-long", "zero", "missing-key", "sp-split", "discrete-lists",
-        "discrete-too-long"])
+        "discrete-too-long", "discrete-step"])
 def test_what_the_scheduler_cannot_run_is_refused_in_one_line(change, seq_length, split, expected):
     with pytest.raises(InputError, match="^--deepspeed_config ds.json") as raised:
         checked({**LINEAR, **change}, seq_length, split)

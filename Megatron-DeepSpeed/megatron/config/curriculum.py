@@ -24,11 +24,10 @@ def _where(path: Optional[str], key: str) -> str:
     return f"--deepspeed_config {path} sets {SECTION}.{key}"
 
 
-def _positive_int(section: Mapping, key: str, path: Optional[str], container: str = "") -> int:
-    value = (section.get(key) if not container else section[container].get(key))
-    name = f"{container}.{key}" if container else key
+def _positive_int(value: Any, what: str, path: Optional[str]) -> int:
+    """`value` (read from `what` of the section) if it is a whole number of at least 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{_where(path, name)}={value!r}; it must be a positive whole number")
+        raise InputError(f"--deepspeed_config {path}: {SECTION}.{what}: {value!r} is not a positive whole number")
     return value
 
 
@@ -50,7 +49,7 @@ def _lengths_of_schedule(section: Mapping, path: Optional[str], seq_length: int)
                          f"schedule_type {schedule_type}; add them")
     if schedule_type != "fixed_discrete":
         for key in SCHEDULE_KEYS[schedule_type]:
-            _positive_int(section, key, path, "schedule_config")
+            _positive_int(config[key], f"schedule_config.{key}", path)
         return (("schedule_config.difficulty_step", config["difficulty_step"]),)
     difficulties, max_steps = config["difficulty"], config["max_step"]
     if not isinstance(difficulties, list) or not isinstance(max_steps, list) or not max_steps or \
@@ -58,10 +57,9 @@ def _lengths_of_schedule(section: Mapping, path: Optional[str], seq_length: int)
         raise InputError(f"--deepspeed_config {path}: {SECTION}.schedule_config needs a list of difficulty one "
                          f"longer than its non-empty list of max_step (the last difficulty holds after the last "
                          f"step); it has {difficulties!r} and {max_steps!r}")
-    for value in difficulties + max_steps:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{_where(path, 'schedule_config')} with {value!r} among its difficulty / max_step; "
-                             f"each must be a positive whole number")
+    for key, values in (("difficulty", difficulties), ("max_step", max_steps)):
+        for value in values:
+            _positive_int(value, f"schedule_config.{key}", path)
     if max(difficulties) > seq_length:
         raise InputError(f"{_where(path, 'schedule_config.difficulty')}={difficulties!r}, longer than --seq-length "
                          f"{seq_length} (the samples' length); use lengths up to {seq_length}")
@@ -82,8 +80,8 @@ def seqlen_curriculum(user_json: Optional[Mapping[str, Any]], path: Optional[str
         raise InputError(f"{_where(path, 'curriculum_type')}={curriculum_type!r}: only the sequence-length "
                          f"curriculum (\"seqlen\") is supported by this trainer; set it to \"seqlen\" or set "
                          f"{SECTION}.enabled to false")
-    smallest = _positive_int(section, "min_difficulty", path)
-    largest = _positive_int(section, "max_difficulty", path)
+    smallest = _positive_int(section.get("min_difficulty"), "min_difficulty", path)
+    largest = _positive_int(section.get("max_difficulty"), "max_difficulty", path)
     if smallest > largest or largest > seq_length:
         raise InputError(f"--deepspeed_config {path}: {SECTION} grows sequences from min_difficulty {smallest} to "
                          f"max_difficulty {largest}, which must satisfy min <= max <= --seq-length {seq_length}")
