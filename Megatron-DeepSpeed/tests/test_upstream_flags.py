@@ -175,12 +175,15 @@ def test_zero_stage_comes_from_the_json_unless_given(tmp_path):
         resolve_deepspeed_config(job("--deepspeed_config", path, "--zero-stage", "2", "--no-pipeline-parallel"))
 
 
-def test_json_curriculum_learning_is_refused_and_a_disabled_section_dropped(tmp_path):
+def test_json_curriculum_learning_goes_to_the_loop_never_to_deepspeed(tmp_path):
     disabled = write_json(tmp_path, {"curriculum_learning": {"enabled": False, "min_difficulty": 8}})
     assert "curriculum_learning" not in resolve_deepspeed_config(job("--deepspeed_config", disabled))
-    enabled = write_json(tmp_path, {"curriculum_learning": {"enabled": True}})
-    with pytest.raises(InputError, match="curriculum_learning: Megatron-DeepSpeed's curriculum learning is not"):
-        resolve_deepspeed_config(job("--deepspeed_config", enabled))
+    assert job("--deepspeed_config", disabled).curriculum is None
+    enabled = write_json(tmp_path, {"curriculum_learning": {
+        "enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 16,
+        "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}}})
+    assert "curriculum_learning" not in resolve_deepspeed_config(job("--deepspeed_config", enabled))
+    assert job("--deepspeed_config", enabled).curriculum["max_difficulty"] == 16
 
 
 def test_sgd_under_zero_is_allowed_explicitly():

@@ -26,11 +26,14 @@ def recorded_args(flags: Mapping[str, Any], consumed_train_samples: int, padded_
 
 
 def build_client_state(args: argparse.Namespace, iteration: int, rng: Optional[Mapping[str, Any]],
-                       tracker_states: Optional[Mapping[str, Any]], universal_info: Mapping[str, Any]) -> dict:
+                       tracker_states: Optional[Mapping[str, Any]], universal_info: Mapping[str, Any],
+                       tokens: Optional[int] = None) -> dict:
     """What DeepSpeed's save_checkpoint is handed as client_state. `rng` holds python / numpy / torch /
-    device generator states (None: --no-save-rng). `tokens` counts samples x --seq-length (0 for flags that
-    record no sequence length, as an imported model's may not)."""
-    tokens = getattr(args, CONSUMED_TRAIN_SAMPLES) * int(getattr(args, "seq_length", None) or 0)
+    device generator states (None: --no-save-rng). `tokens`, the consumed tokens upstream resumes its count from,
+    by default samples x --seq-length (0 for flags that record no sequence length, as an imported model's may
+    not); a sequence-length curriculum's run gives its own count."""
+    if tokens is None:
+        tokens = getattr(args, CONSUMED_TRAIN_SAMPLES) * int(getattr(args, "seq_length", None) or 0)
     state = {ARGS: args, CHECKPOINT_VERSION: CHECKPOINT_VERSION_VALUE, ITERATION: iteration, TOKENS: tokens,
              UNIVERSAL_CHECKPOINT_INFO: dict(universal_info)}
     if rng is not None:

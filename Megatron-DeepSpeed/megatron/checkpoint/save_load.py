@@ -137,12 +137,14 @@ def _save_failure(save_dir: str, tag: str, error: BaseException, parameters_here
 
 def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: int, consumed_train_samples: int,
                     rng_tracker, padded_vocab_size: int, tokenizer_vocab_size: Optional[int] = None,
-                    save_optimizer: bool = True, save_rng: bool = True) -> str:
+                    save_optimizer: bool = True, save_rng: bool = True,
+                    consumed_train_tokens: Optional[int] = None) -> str:
     """Save through the DeepSpeed engine (collective: every rank calls it). Returns the checkpoint dir.
     `flags` (the job's flags as plain values) are recorded with the padded and the tokenizer's vocabulary
     sizes, so the checkpoint can be read (and exported) without this code base. Without save_optimizer
     (--no-save-optim) the optimizer state DeepSpeed wrote is removed again; without save_rng (--no-save-rng)
-    no random state is recorded (a resume then keeps its own seeding)."""
+    no random state is recorded (a resume then keeps its own seeding). `consumed_train_tokens` (default: samples x
+    --seq-length) is recorded as upstream's `tokens`."""
     import torch.distributed as dist
 
     tag = checkpoint_tag(iteration)
@@ -156,7 +158,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     info = universal_info(names, flags["num_layers"], pipeline_engine, tokenizer_vocab_size or padded_vocab_size,
                           padded_vocab_size)
     state = build_client_state(args, iteration, _rng_state() if save_rng else None,
-                         rng_tracker.get_states() if save_rng else None, info)
+                         rng_tracker.get_states() if save_rng else None, info, consumed_train_tokens)
     state[OPTIMIZER_SAVED] = save_optimizer
     if getattr(engine, "has_moe_layers", False):  # DeepSpeed writes its own for MoE and refuses ours
         del state[UNIVERSAL_CHECKPOINT_INFO]

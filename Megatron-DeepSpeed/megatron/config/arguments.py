@@ -12,12 +12,14 @@ import argparse
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from megatron.config.curriculum import seqlen_curriculum
 from megatron.config.flags import (activation_checkpointing, checkpointing, common, data, logging_flags, model, moe,
                                    optimizer, parallelism, precision, schedule, stopping, tokenizer, training,
                                    unsupported)
 from megatron.config.flags.parallelism import DEEPSPEED_JSON
 from megatron.config.job import JobConfig
 from megatron.config.presets import get_preset, preset_names
+from megatron.errors import InputError
 
 # Registration order is the order of --help.
 _GROUPS = (model, moe, activation_checkpointing, training, schedule, optimizer, precision, data, tokenizer, checkpointing,
@@ -85,10 +87,23 @@ def resolve(values: Mapping, world_size: int, device_name: str) -> dict:
     data.validate(values)
     tokenizer.validate(values)
     values.update(parallelism.features(values))
+    _curriculum(values)
     moe.validate(values)
     values.update(parallelism.backend(values, device_name))
     checkpointing.validate(values)
     return values
+
+
+def _curriculum(values: Mapping):
+    """The DeepSpeed JSON's sequence-length curriculum, checked against the sequence length and its split."""
+    split = values["tensor_model_parallel_size"] if values["sequence_parallel"] else 1
+    curriculum = seqlen_curriculum(values[DEEPSPEED_JSON], values["deepspeed_config"], values["seq_length"], split)
+    if curriculum is not None and values["ds_sequence_parallel_size"] > 1:
+        raise InputError(f"--deepspeed_config {values['deepspeed_config']} enables a sequence-length curriculum, which "
+                         f"cuts whole sequences, but --ds-sequence-parallel-size "
+                         f"{values['ds_sequence_parallel_size']} gives each rank a chunk of every sequence; use one "
+                         f"of the two")
+    return curriculum
 
 
 def validate_args(args: argparse.Namespace, world_size: int, device_name: str) -> argparse.Namespace:
@@ -115,6 +130,7 @@ def build_job_config(values: Mapping[str, Any]) -> JobConfig:
         deepspeed_config=values["deepspeed_config"],
         deepspeed_json=values[DEEPSPEED_JSON],
         flags=MappingProxyType({dest: value for dest, value in values.items() if dest != DEEPSPEED_JSON}),
+        curriculum=_curriculum(values),
     )
 
 

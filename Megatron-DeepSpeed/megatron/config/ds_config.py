@@ -7,6 +7,7 @@ something other than what either says, so a contradiction is an error naming bot
 import json
 import math
 
+from megatron.config.curriculum import SECTION as CURRICULUM_SECTION
 from megatron.config.job import JobConfig, ParallelConfig
 from megatron.errors import InputError
 from megatron.files.user_json import read_json_object
@@ -15,12 +16,12 @@ from megatron.files.user_json import read_json_object
 STEPS_PER_PRINT_NEVER = 10 ** 12
 
 # Sections of a user's JSON that switch on DeepSpeed features this trainer does not drive, with their names.
-_UNSUPPORTED_SECTIONS = {"curriculum_learning": "curriculum learning", "data_efficiency": "data efficiency "
-                         "(curriculum learning / random layer-token drop)", "compression_training":
-                         "compression training"}
-# Top-level keys of a user's JSON this module deals with itself (dropped when off, refused when on), whether or not
-# DeepSpeed's engine reads them.
-SECTIONS_HANDLED_HERE = frozenset(_UNSUPPORTED_SECTIONS)
+_UNSUPPORTED_SECTIONS = {"data_efficiency": "data efficiency (data-analyzer curriculum learning / random "
+                         "layer-token drop)", "compression_training": "compression training"}
+# Top-level keys of a user's JSON this module deals with itself (dropped when off, refused when on; the
+# sequence-length curriculum, which current DeepSpeed refuses in its config, is driven by the training loop),
+# whether or not DeepSpeed's engine reads them.
+SECTIONS_HANDLED_HERE = frozenset(_UNSUPPORTED_SECTIONS) | {CURRICULUM_SECTION}
 
 
 def _zero_flag_keys(parallel: ParallelConfig):
@@ -151,15 +152,33 @@ _SECTIONS_THE_FLAGS_OWN = {
 }
 
 
+def _switches(value) -> list:
+    """The `enabled` values found below a section (in its parts, their parts ...)."""
+    if not isinstance(value, dict):
+        return []
+    return [part["enabled"] for part in value.values() if isinstance(part, dict) and "enabled" in part] + \
+        [switch for part in value.values() for switch in _switches(part)]
+
+
+def _switches_on(section) -> bool:
+    """Whether a section turns its feature on: `enabled`, and where its parts have switches of their own, one of
+    them too (DeepSpeed reads each part's switch whatever the section's says; upstream's data-efficiency baseline
+    script enables the library with every part off, which trains as without it)."""
+    if not isinstance(section, dict) or not section.get("enabled"):
+        return False
+    parts = _switches(section)
+    return not parts or any(parts)
+
+
 def _without_unsupported_sections(user, path):
-    """The user's JSON minus switched-off sections of features this trainer does not drive (upstream's GPT
-    templates carry a disabled top-level curriculum_learning block, a key current DeepSpeed refuses even when
-    disabled); an enabled one is an InputError."""
-    kept = dict(user)
+    """The user's JSON minus switched-off sections of features this trainer does not drive, and minus the
+    curriculum_learning section (upstream's GPT templates carry one, enabled or not, a key current DeepSpeed
+    refuses either way; the loop drives it: JobConfig.curriculum); an enabled unsupported one is an InputError."""
+    kept = {key: value for key, value in user.items() if key != CURRICULUM_SECTION}
     for section, feature in _UNSUPPORTED_SECTIONS.items():
         if section not in kept:
             continue
-        if isinstance(kept[section], dict) and kept[section].get("enabled"):
+        if _switches_on(kept[section]):
             raise InputError(f"--deepspeed_config {path}: {section}: Megatron-DeepSpeed's {feature} is not "
                              f"supported by this trainer; set {section}.enabled to false or remove the section")
         del kept[section]

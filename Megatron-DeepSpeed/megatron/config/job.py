@@ -240,3 +240,5 @@ class JobConfig:
     deepspeed_config: Optional[str]  # the path of the user's DeepSpeed JSON, if any
     deepspeed_json: Optional[Mapping[str, Any]]  # its content, read once while the flags were checked
     flags: Mapping[str, Any]  # every flag as a plain value, as checkpoints record them
+    # the JSON's enabled sequence-length curriculum, checked (config/curriculum.py); None: every batch whole
+    curriculum: Optional[Mapping[str, Any]] = None

@@ -12,18 +12,24 @@ DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 
 def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_samples,
-                  decay_style, tokens_per_sample=1, warmup_tokens=None, decay_tokens=None):
+                  decay_style, tokens_per_sample=1, warmup_tokens=None, decay_tokens=None, consumed_tokens=None,
+                  warmup_end_tokens=None):
     """The rate after `consumed_samples`: linear warmup from 0 to max_lr, then the decay style
     down to min_lr at decay_samples, min_lr after that (inverse-square-root, upstream main's: max_lr x
     sqrt(warmup / consumed), never below min_lr).
 
     Token-based variants (--lr-warmup-tokens, --lr-decay-tokens; upstream's AnnealingLR) count
     consumed_samples x tokens_per_sample instead: a token warmup replaces the sample warmup, a token
-    decay replaces the sample decay and starts where the warmup ended, whichever unit that was in."""
+    decay replaces the sample decay and starts where the warmup ended, whichever unit that was in. Where samples
+    differ in length (a sequence-length curriculum), `consumed_tokens` is the count, and `warmup_end_tokens` the
+    tokens a sample warmup consumed."""
     if decay_style not in DECAY_STYLES:
         raise InputError(f"--lr-decay-style {decay_style!r} is unknown; use one of "
                          f"{', '.join(DECAY_STYLES)}")
-    consumed_tokens = consumed_samples * tokens_per_sample
+    if consumed_tokens is None:
+        consumed_tokens = consumed_samples * tokens_per_sample
+    if warmup_end_tokens is None:
+        warmup_end_tokens = warmup_samples * tokens_per_sample
     if warmup_tokens is None:
         if warmup_samples > 0 and consumed_samples <= warmup_samples:
             return max_lr * consumed_samples / warmup_samples
@@ -35,7 +41,7 @@ def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_sam
         position, start, end = consumed_samples, warmup_samples, decay_samples
     else:
         position, end = consumed_tokens, decay_tokens
-        start = warmup_tokens if warmup_tokens is not None else warmup_samples * tokens_per_sample
+        start = warmup_tokens if warmup_tokens is not None else warmup_end_tokens
     if position > end:
         return min_lr
     if decay_style == "inverse-square-root":  # upstream main's: max_lr x sqrt(warmup / consumed), at least min_lr
@@ -43,7 +49,7 @@ def learning_rate(consumed_samples, *, max_lr, min_lr, warmup_samples, decay_sam
         # consumed when the decay is token-based.
         if warmup_tokens is not None or (decay_tokens is not None and warmup_samples > 0):
             consumed = consumed_tokens
-            warmup = warmup_tokens if warmup_tokens is not None else warmup_samples * tokens_per_sample
+            warmup = warmup_tokens if warmup_tokens is not None else warmup_end_tokens
         else:
             consumed, warmup = consumed_samples, warmup_samples
         return max(min_lr, max_lr * math.sqrt(max(warmup, 1)) / math.sqrt(max(consumed, 1)))

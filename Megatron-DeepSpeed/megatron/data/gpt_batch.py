@@ -76,6 +76,16 @@ def sequence_chunk(batch: dict, index: int, count: int) -> dict:
             for name, tensor in batch.items()}
 
 
+def truncated_batch(batch, length):
+    """Model inputs of make_batch cut to their first `length` positions (a sequence-length curriculum's batch, as
+    upstream cuts it: the same tokens, labels, masks and positions, fewer of them)."""
+    cut = {name: None if tensor is None else tensor[:, :length].contiguous() for name, tensor in batch.items()
+           if name != "attention_mask"}
+    mask = batch["attention_mask"]
+    cut["attention_mask"] = None if mask is None else mask[:, :, :length, :length].contiguous()
+    return cut
+
+
 class BatchMaker:
     """A data loader's collate function that returns model inputs (make_batch of the stacked samples), so that
     with --num-workers > 0 the loader's worker processes build the batches ahead of the training step. With

@@ -34,6 +34,7 @@ class IterationRecord:
     params_norm: float | None = None
     moe_loss: float | None = None
     dropped_tokens: int | None = None
+    curriculum_seqlen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ _ITERATION_FIELDS = {
     "grad norm": ("grad_norm", float),
     "num zeros": ("num_zeros", float),
     "params norm": ("params_norm", float),
+    "curriculum seqlen": ("curriculum_seqlen", int),
     "number of skipped iterations": ("skipped_iterations", int),
     "number of nan iterations": ("nan_iterations", int),
     "samples per second": ("samples_per_second", float),
@@ -98,18 +100,21 @@ def perplexity(loss):
 def iteration_line(iteration, train_iters, consumed_samples, elapsed_ms, learning_rate,
                    global_batch_size, lm_loss, loss_scale, grad_norm, skipped_iterations,
                    nan_iterations, samples_per_second, tflops, mfu=None, num_zeros=None, params_norm=None,
-                   moe_loss=None, dropped_tokens=None):
+                   moe_loss=None, dropped_tokens=None, curriculum_seqlen=None):
     """The periodic training line, byte for byte as Megatron-DeepSpeed prints it, plus model FLOPs
     utilisation at the end (megatron/training/flops.py). TFLOPs below 0.01 (a tiny CPU model) keep two significant
     digits instead of rounding to 0.00. num_zeros and params_norm (--log-num-zeros-in-grad, --log-params-norm)
     appear only when given, after the grad norm as upstream puts them. An MoE model's moe_loss follows the lm loss
-    as upstream's `moe loss`, then (ours) the expert assignments its gates dropped over the interval."""
+    as upstream's `moe loss`, then (ours) the expert assignments its gates dropped over the interval. Under a
+    sequence-length curriculum, the iteration's length follows as upstream's `curriculum seqlen`."""
     tflops_text = f"{tflops:.2f}" if tflops >= 0.01 or tflops == 0 else f"{tflops:.1e}"
     optional = ""
     if num_zeros is not None:
         optional += f" num zeros: {num_zeros:.1f} |"
     if params_norm is not None:
         optional += f" params norm: {params_norm:.3f} |"
+    if curriculum_seqlen is not None:
+        optional += f" curriculum seqlen: {curriculum_seqlen:5d} |"
     moe = "" if moe_loss is None else f" moe loss: {moe_loss:.6E} | dropped tokens: {dropped_tokens:d} |"
     return (f" iteration {iteration:8d}/{train_iters:8d} |"
             f" consumed samples: {consumed_samples:12d} |"

@@ -31,7 +31,7 @@ from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_c
 from megatron.config.job import CheckpointConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
-from megatron.data.gpt_batch import BatchMaker
+from megatron.data.gpt_batch import BatchMaker, truncated_batch
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, recomputed_checkpoints
 from megatron.model.gpt_config import gpt_config
@@ -47,6 +47,7 @@ from megatron.training.exit_requests import ExitRequests
 from megatron.training.log_lines import (active_parameter_count_line, exit_line, final_evaluation_lines,
                                          parameter_count_line)
 from megatron.training.clipping import Fp32GradientClipping
+from megatron.training.curriculum import SequenceLengthCurriculum
 from megatron.training.metrics import optimizer_state_statistics, parameters_norm, stepped_optimizer
 from megatron.training.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.training.moe_losses import MoEFigures, take_moe_figures
@@ -62,6 +63,7 @@ _log = logging.getLogger(__name__)
 class TrainState:
     iteration: int = 0
     consumed_train_samples: int = 0
+    consumed_train_tokens: int = 0  # samples x their length: --seq-length, or the curriculum's at the time
     skipped_iterations: int = 0  # since the last log line
     nan_iterations: int = 0  # since the last log line
 
@@ -172,17 +174,22 @@ def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, 
     return moe.lm_loss if moe else data_parallel_mean(total / (eval_iters * num_micro_batches), parallel)
 
 
-def learning_rate_schedule(schedule: ScheduleConfig) -> Callable[[int], float]:
-    """Megatron's schedule as a function of consumed samples: stateless, so a resumed run continues it."""
+def learning_rate_schedule(schedule: ScheduleConfig, warmup_end_tokens: Optional[int] = None) -> Callable:
+    """Megatron's schedule as a function of consumed samples (and consumed tokens, by default samples x
+    --seq-length): stateless, so a resumed run continues it. `warmup_end_tokens`: the tokens a sample warmup
+    consumed, where that is not warmup samples x --seq-length (a sequence-length curriculum)."""
+    if warmup_end_tokens is None:
+        warmup_end_tokens = schedule.warmup_samples * schedule.tokens_per_sample
     if schedule.decay_tokens is not None and schedule.warmup_tokens is None and \
-            schedule.warmup_samples * schedule.tokens_per_sample >= schedule.decay_tokens:
+            warmup_end_tokens >= schedule.decay_tokens:
         raise InputError(f"--lr-decay-tokens {schedule.decay_tokens} ends before the warmup of "
-                         f"{schedule.warmup_samples:g} samples x --seq-length {schedule.tokens_per_sample} tokens "
-                         "does; lengthen the decay or shorten the warmup")
+                         f"{schedule.warmup_samples:g} samples ({warmup_end_tokens:g} tokens) does; lengthen the "
+                         "decay or shorten the warmup")
     return functools.partial(learning_rate, max_lr=schedule.lr, min_lr=schedule.min_lr,
                              warmup_samples=schedule.warmup_samples, decay_samples=schedule.decay_samples,
                              decay_style=schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
-                             warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens)
+                             warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens,
+                             warmup_end_tokens=warmup_end_tokens)
 
 
 def set_learning_rate(optimizer, lr: float) -> None:
@@ -453,20 +460,22 @@ def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[obje
         save_lock.release_all()
 
 
-def tokens_budget_spent(schedule: ScheduleConfig, consumed_samples: int) -> bool:
-    """--train-tokens: stop once that many tokens (samples x --seq-length) are consumed."""
-    return schedule.train_tokens is not None and consumed_samples * schedule.tokens_per_sample >= schedule.train_tokens
+def tokens_budget_spent(schedule: ScheduleConfig, consumed_tokens: int) -> bool:
+    """--train-tokens: stop once that many tokens are consumed."""
+    return schedule.train_tokens is not None and consumed_tokens >= schedule.train_tokens
 
 
 def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_size: int,
-                    lr: float, moe: Optional[MoEFigures] = None) -> IterationFigures:
+                    lr: float, moe: Optional[MoEFigures] = None, curriculum_seqlen: Optional[int] = None
+                    ) -> IterationFigures:
     """The iteration's figures for the log (loss, gradient norm and zero count may still be tensors, read later
     by PendingSteps); norms and statistics are collectives, so every rank computes them."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     logging_config = config.logging
     figures = IterationFigures(loss=loss, learning_rate=lr, batch_size=batch_size,
                                loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)), grad_norm=grad_norm,
-                               num_zeros=clipping.num_zeros if clipping else None, moe=moe)
+                               num_zeros=clipping.num_zeros if clipping else None, moe=moe,
+                               consumed_tokens=state.consumed_train_tokens, curriculum_seqlen=curriculum_seqlen)
     if logging_config.log_params_norm:
         figures.params_norm = parameters_norm(engine.module, parallel)
     if logging_config.log_optimizer_states_to_tensorboard and \
@@ -474,6 +483,35 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_
         figures.optimizer_states = optimizer_state_statistics(stepped_optimizer(engine.optimizer), parallel,
                                                               partitioned=config.parallel.zero_stage > 0)
     return figures
+
+
+def resumed_curriculum(config: JobConfig, state: TrainState) -> tuple[Optional[SequenceLengthCurriculum], int]:
+    """The job's sequence-length curriculum (None without one) caught up with the iterations `state` says were
+    trained, and the tokens those consumed."""
+    if config.curriculum is None:
+        return None, state.consumed_train_samples * config.data.seq_length
+    curriculum = SequenceLengthCurriculum(config.curriculum)
+    return curriculum, curriculum.replay(state.iteration, config.batch.schedule.batch_size)
+
+
+def iteration_batches(config: JobConfig, curriculum: Optional[SequenceLengthCurriculum], batches: Batches,
+                      iteration: int) -> tuple:
+    """The training micro-batches of iteration `iteration` + 1 and their length: whole, or cut to the curriculum's
+    length then (upstream's get_batch_pipe cuts them so)."""
+    if curriculum is None:
+        return batches, config.data.seq_length
+    length = curriculum.length(iteration)
+    return map(functools.partial(truncated_batch, length=length), batches), length
+
+
+def curriculum_warmup_tokens(config: JobConfig) -> Optional[int]:
+    """Under a sequence-length curriculum, the tokens consumed by the end of a sample warmup (where a token decay
+    starts, as upstream's scheduler records it); None otherwise."""
+    schedule = config.schedule
+    if config.curriculum is None or schedule.warmup_tokens is not None or schedule.decay_tokens is None:
+        return None
+    return SequenceLengthCurriculum(config.curriculum).tokens_at(schedule.warmup_samples,
+                                                                 config.batch.schedule.batch_size)
 
 
 def reduces_gradients(trainer: Trainer) -> bool:
@@ -491,10 +529,11 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     with watchdog.phase("loading the checkpoint"), torch.no_grad():  # the pipeline engine re-synchronises
         state.iteration, state.consumed_train_samples = load_checkpoint(  # tied weights in place while loading
             engine, checkpoint.load, trainer.rng_tracker, trainer.resume, parallel)
+    curriculum, state.consumed_train_tokens = resumed_curriculum(config, state)
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
     with releasing(train_batches, valid):
-        schedule = learning_rate_schedule(config.schedule)
+        schedule = learning_rate_schedule(config.schedule, curriculum_warmup_tokens(config))
         train_iters = config.schedule.total_iterations(batch)
         timers = StepTimers(logging_config.timing_log_level)
         metrics = MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers)
@@ -509,7 +548,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                 divergence.require_finite_weights(engine.module, state.iteration)
                 save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
                                 trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng)
+                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng,
+                                consumed_train_tokens=state.consumed_train_tokens)
 
         def validate() -> float:
             with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
@@ -548,13 +588,15 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         # Every rank takes the pending figures at the same iterations (their reading is a collective), so this
         # asks whether the run writes TensorBoard at all, not whether this rank does (only the last one does).
         tensorboard_interval = logging_config.tensorboard_log_interval if logging_config.tensorboard_dir else None
-        while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_samples):
+        while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_tokens):
             batch_size = batch.schedule.batch_size(state.consumed_train_samples)
+            step_batches, length = iteration_batches(config, curriculum, train_batches, state.iteration)
             with watchdog.phase(f"iteration {state.iteration + 1}", deadline=True), timers.measure("train-step"):
                 if batch_size != engine.train_batch_size():  # --rampup-batch-size: more accumulation steps
                     engine.set_train_batch_size(batch_size)
-                set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples))
-                loss, moe = train_step(engine, train_batches,
+                set_learning_rate(engine.optimizer, schedule(state.consumed_train_samples,
+                                                             consumed_tokens=state.consumed_train_tokens))
+                loss, moe = train_step(engine, step_batches,
                                        batch.schedule.micro_batches(state.consumed_train_samples), parallel,
                                        reduce_gradients)
                 grad_norm = clipping.norm if clipping else engine.get_global_grad_norm()
@@ -562,14 +604,16 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                 exit_reason = exits.reason()
             state.iteration += 1
             state.consumed_train_samples += batch_size
+            state.consumed_train_tokens += batch_size * length
             pending.add(StepRecord(state.iteration, state.consumed_train_samples, figures_of_step(
                 trainer, state, loss, 0.0 if grad_norm is None else grad_norm, batch_size,
-                schedule(state.consumed_train_samples), moe), skipped, loss_averaged=moe is not None))
+                schedule(state.consumed_train_samples, consumed_tokens=state.consumed_train_tokens), moe,
+                None if curriculum is None else length), skipped, loss_averaged=moe is not None))
             exit_interval = logging_config.exit_interval
             exiting = bool(exit_interval) and state.iteration % exit_interval == 0
             saving = checkpoint.save and (state.iteration % checkpoint.save_interval == 0 or exiting or exit_reason)
             finished = state.iteration >= train_iters or tokens_budget_spent(config.schedule,
-                                                                             state.consumed_train_samples)
+                                                                             state.consumed_train_tokens)
             if saving or exiting or exit_reason or finished or \
                     due(state.iteration, logging_config.log_interval, tensorboard_interval):
                 settle()

@@ -69,6 +69,8 @@ class IterationFigures:
     params_norm: Optional[float] = None
     optimizer_states: Optional[dict] = None
     moe: Optional[MoEFigures] = None  # an MoE model's
+    consumed_tokens: Optional[int] = None  # after the iteration; None: consumed samples x --seq-length
+    curriculum_seqlen: Optional[int] = None  # the iteration's length under a sequence-length curriculum
 
 
 def tensorboard_options(logging_config: LoggingConfig) -> TensorBoardOptions:
@@ -94,14 +96,10 @@ class MetricsLog:
         self.moe_figures = []
         self.memory_reported_at: Optional[int] = None  # Megatron's memory line: after the first logged iteration
         self.last_iteration = 0
-        shape = (config.data.seq_length, model.num_layers, model.hidden_size, model.vocab_size)
-        # Per sample, as the batch may ramp up. Logged TFLOPs count the recomputed forward as upstream's do;
-        # MFU counts the model's work only.
+        # Per iteration, as the batch may ramp up and a curriculum shortens the sequences (upstream counts its
+        # length too). Logged TFLOPs count the recomputed forward as upstream's do; MFU counts the model's work only.
         # An MoE model's counts are of its active parameters (megatron/training/flops.py).
-        layer = LayerMatrices.of(model)
-        self.hardware_flops_per_sample = flops_per_iteration(1, *shape, recompute=recomputes_every_layer(model),
-                                                             moe=model.moe, layer=layer)
-        self.model_flops_per_sample = flops_per_iteration(1, *shape, recompute=False, moe=model.moe, layer=layer)
+        self.hardware_flops = self.model_flops = 0.0  # since the last log line
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)
 
     def _print(self, text: str) -> None:
@@ -111,17 +109,21 @@ class MetricsLog:
     def iteration(self, state, figures: IterationFigures) -> None:
         """After iteration `state.iteration` (state: training.TrainState, already advanced)."""
         config, tensorboard = self.config, self.tensorboard
-        tokens = state.consumed_train_samples * config.data.seq_length
+        tokens = figures.consumed_tokens
+        if tokens is None:
+            tokens = state.consumed_train_samples * config.data.seq_length
         self.losses.append(figures.loss)
         if figures.moe is not None:
             self.moe_figures.append(figures.moe)
         self.last_iteration = state.iteration
         self.samples += figures.batch_size
+        self._count_flops(figures.batch_size, figures.curriculum_seqlen or config.data.seq_length)
         if tensorboard is not None and tensorboard.due(state.iteration):
             tensorboard.training(state.iteration, state.consumed_train_samples, tokens, loss=figures.loss,
                                  learning_rate=figures.learning_rate, batch_size=figures.batch_size,
                                  loss_scale=figures.loss_scale, grad_norm=figures.grad_norm,
-                                 num_zeros=figures.num_zeros, params_norm=figures.params_norm)
+                                 num_zeros=figures.num_zeros, params_norm=figures.params_norm,
+                                 curriculum_seqlen=figures.curriculum_seqlen)
             if figures.optimizer_states is not None:
                 tensorboard.optimizer_states(state.iteration, tokens, figures.optimizer_states)
             if tensorboard.options.memory:
@@ -131,15 +133,16 @@ class MetricsLog:
         device.synchronize()
         iterations = len(self.losses)
         seconds = (time.perf_counter() - self.interval_start) / iterations
-        mean_batch, world_size = self.samples / iterations, config.parallel.world_size
-        tflops = tflops_per_device(self.hardware_flops_per_sample * mean_batch, seconds, world_size)
-        mfu = model_flops_utilization(tflops_per_device(self.model_flops_per_sample * mean_batch, seconds, world_size),
+        world_size = config.parallel.world_size
+        tflops = tflops_per_device(self.hardware_flops / iterations, seconds, world_size)
+        mfu = model_flops_utilization(tflops_per_device(self.model_flops / iterations, seconds, world_size),
                                       self.peak)
         self._print(iteration_line(
             state.iteration, self.train_iters, state.consumed_train_samples, seconds * 1000.0,
             figures.learning_rate, figures.batch_size, sum(self.losses) / iterations, figures.loss_scale,
             figures.grad_norm, state.skipped_iterations, state.nan_iterations, self.samples / (seconds * iterations),
-            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm, **self._take_moe_means()))
+            tflops, mfu, num_zeros=figures.num_zeros, params_norm=figures.params_norm,
+            curriculum_seqlen=figures.curriculum_seqlen, **self._take_moe_means()))
         if self.memory_reported_at is None:
             self._report_memory(state.iteration)
         timer_means = self.timers.take_means(iterations)
@@ -150,6 +153,15 @@ class MetricsLog:
             tensorboard.timers(state.iteration, timer_means)
         state.skipped_iterations = state.nan_iterations = 0
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
+        self.hardware_flops = self.model_flops = 0.0
+
+    def _count_flops(self, batch_size: int, seq_length: int) -> None:
+        model = self.model
+        shape = (batch_size, seq_length, model.num_layers, model.hidden_size, model.vocab_size)
+        layer = LayerMatrices.of(model)
+        self.hardware_flops += flops_per_iteration(*shape, recompute=recomputes_every_layer(model), moe=model.moe,
+                                                   layer=layer)
+        self.model_flops += flops_per_iteration(*shape, recompute=False, moe=model.moe, layer=layer)
 
     def _take_moe_means(self) -> dict:
         """The interval's mean MoE loss and its dropped assignments, for the line; none for a dense model."""
@@ -162,9 +174,8 @@ class MetricsLog:
     def validation(self, state, loss: float) -> None:
         self._print(validation_lines(state.iteration, loss))
         if self.tensorboard is not None:
-            self.tensorboard.validation(state.iteration, state.consumed_train_samples,
-                                        state.consumed_train_samples * self.config.data.seq_length, loss,
-                                        perplexity(loss))
+            self.tensorboard.validation(state.iteration, state.consumed_train_samples, state.consumed_train_tokens,
+                                        loss, perplexity(loss))
 
     def exclude_from_timing(self, seconds: float) -> None:
         """Evaluation and checkpointing inside a log interval do not count as iteration time."""

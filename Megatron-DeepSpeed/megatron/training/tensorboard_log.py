@@ -41,8 +41,9 @@ class TensorBoardLog:
 
     def training(self, iteration: int, samples: int, tokens: int, *, loss: float, learning_rate: float,
                  batch_size: int, loss_scale: float, grad_norm: Optional[float], num_zeros: Optional[float],
-                 params_norm: Optional[float]) -> None:
-        """One iteration's scalars (call when `due`)."""
+                 params_norm: Optional[float], curriculum_seqlen: Optional[int] = None) -> None:
+        """One iteration's scalars (call when `due`); under a sequence-length curriculum its length, as b4d4a0e's
+        "curriculum_seqlen"."""
         options = self.options
         self.writer.add_scalar("steps-vs-samples/y=steps,x=samples", iteration, samples)
         self.writer.add_scalar("steps-vs-samples/y=samples,x=steps", samples, iteration)
@@ -59,6 +60,8 @@ class TensorBoardLog:
                            ("params-norm/params-norm", params_norm)):
             if value is not None:
                 self._write(tag, value, iteration, samples, tokens)
+        if curriculum_seqlen is not None:
+            self.writer.add_scalar("curriculum_seqlen", curriculum_seqlen, iteration)
 
     def timers(self, iteration: int, milliseconds: dict) -> None:
         """Mean milliseconds per iteration of the --timing-log-level timers, as "<name>-time"."""

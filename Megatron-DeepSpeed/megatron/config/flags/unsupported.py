@@ -143,8 +143,9 @@ UNSUPPORTED_FLAGS = (
     _switch("--use-distributed-optimizer", "Megatron's distributed optimizer (DeepSpeed's ZeRO stage 1, "
             "--zero-stage 1, shards the same optimizer state)", action="store_true"),
     _switch("--random-ltd", "random layerwise token dropping (DeepSpeed data efficiency)", action="store_true"),
-    _switch("--data-efficiency-curriculum-learning", "DeepSpeed data-efficiency curriculum learning",
-            action="store_true"),
+    _switch("--data-efficiency-curriculum-learning", "DeepSpeed data-efficiency curriculum learning (metric "
+            "indices of its data analyzer; the DeepSpeed JSON's curriculum_learning section with curriculum_type "
+            "seqlen is supported)", action="store_true"),
     _switch("--weight-decay-incr-style", "weight-decay schedule", choices=("constant", "linear", "cosine"),
             default="constant"),
     _knob("--start-weight-decay", "weight-decay schedule", type=float),
