@@ -13,7 +13,7 @@ import socket
 import time
 import traceback
 
-import flat_gather_backend
+from tests import flat_gather_backend
 
 PRELOADED_MODULES = ["torch", "torch.distributed", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer"]
 

@@ -1,6 +1,6 @@
 """The checkpoint layout as upstream Megatron-DeepSpeed b4d4a0e writes it (file numbering, keys, client-state types,
 DeepSpeed's universal_checkpoint_info), and reading every layout a user brings: checkpoints of earlier versions
-of this project and the Megatron layout that upstream's deepspeed_to_megatron.py wrote (tests/data/README.md)."""
+of this project and the Megatron layout that upstream's deepspeed_to_megatron.py wrote (tests/fixtures/README.md)."""
 import argparse
 import os
 import re
@@ -25,8 +25,9 @@ from megatron.checkpoint.shards import shard_of, split_dim
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel
+from tests.helpers.paths import FIXTURES
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "checkpoints")
+DATA = os.path.join(FIXTURES, "checkpoints")
 OLD, MEGATRON = os.path.join(DATA, "old_tp2pp2"), os.path.join(DATA, "megatron_tp1pp1")
 CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=3, hidden_size=16, num_attention_heads=2,
                    ffn_hidden_size=32)

@@ -15,6 +15,7 @@ from megatron.checkpoint.reader import read_checkpoint
 from megatron.checkpoint.writer import TargetLayout
 from tests.distributed_helpers import run_on_ranks
 from tests.training_helpers import COMMON, ITERATIONS, train
+from tests.helpers.paths import FIXTURES
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 SAVED_AT = 3
@@ -93,8 +94,8 @@ def test_deepspeeds_universal_conversion_continues_at_another_layout(data_prefix
     assert_continues(resumed, straight)
 
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "checkpoints")
-# The model of tests/data/checkpoints (its README), on synthetic tokens.
+DATA = os.path.join(FIXTURES, "checkpoints")
+# The model of tests/fixtures/checkpoints (its README), on synthetic tokens.
 DATA_MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
               "--max-position-embeddings", "16", "--tokenizer-type", "NullTokenizer", "--vocab-size", "40",
               "--make-vocab-size-divisible-by", "32", "--mock-data", "--micro-batch-size", "2", "--global-batch-size",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.test_run_failures import ROOT, assert_one_line_error, run_pretrain
+from tests.training.test_run_failures import ROOT, assert_one_line_error, run_pretrain
 
 from megatron.checkpoint import save_lock
 

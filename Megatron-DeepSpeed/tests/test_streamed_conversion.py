@@ -21,6 +21,7 @@ from megatron.checkpoint.weight_units import StreamedWeights, Units, names_in
 from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.gpt_config import gpt_config
+from tests.helpers.paths import FIXTURES
 
 CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=3, hidden_size=16, num_attention_heads=2,
                    ffn_hidden_size=32)
@@ -216,7 +217,7 @@ def adam(weights: dict) -> OptimizerState:
                           exp_avg_sq=moment(), param_groups=default_param_groups(FLAGS))
 
 
-OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints", "old_tp2pp2")
+OLD = os.path.join(FIXTURES, "checkpoints", "old_tp2pp2")
 
 
 def adam_source(kind: str, directory: str) -> str:

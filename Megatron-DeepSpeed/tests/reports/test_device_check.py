@@ -1,0 +1,147 @@
+"""tools/device_check.sh: the accelerator report, run for real in its reduced CPU mode, and its one-line refusal
+on an Ascend host whose torch_npu is missing; the attention-kernel probe it reports."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from megatron.errors import InputError
+from megatron.model.kernels import sdpa_attention
+from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
+                                           check_layouts, node_layouts, report, speed_grid, speed_row, speed_table,
+                                           train_in_fresh_process)
+from megatron.training.log_lines import iteration_line, memory_line
+from tests.helpers.paths import TOOLS
+
+SCRIPT = os.path.join(TOOLS, "device_check.sh")
+
+
+def test_attention_kernel_names_the_sdpa_kernel_that_runs():
+    # The causal path passes no mask, so PyTorch may pick its flash kernel: on CPU, the CPU flash kernel.
+    assert attention_kernel(sdpa_attention, heads=4, seq=64, head_dim=16) == (
+        "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert attention_kernel(lambda q, k, v, mask, dropout: q @ k.transpose(-1, -2) @ v, 4, 64, 16) == (
+        "not an SDPA kernel")
+
+
+@pytest.mark.full  # whole training runs
+def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = report.read_text()
+    assert "device: cpu (cpu), 1 used" in text
+    assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
+    recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
+    assert recompute < 1e-6  # recomputation repeats the same arithmetic
+    bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap ([^;\s]+)", text).group(1))
+    assert 0 < bf16 < 1e-2
+    rows = [line for line in text.splitlines() if line.startswith("| toy |")]
+    assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
+    moe = [line.split(" | ") for line in text.splitlines() if line.startswith("| toy-MoE4 |")]
+    assert len(moe) == 1 and moe[0][1] == "mbs 2, no recompute, ZeRO 1 **best**" and float(moe[0][2]) > 0
+
+
+@pytest.mark.full
+def test_npu_requested_without_torch_npu_is_one_line():
+    done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "DS_ACCELERATOR": "npu"})
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: DS_ACCELERATOR=npu asks for the NPUs, but torch_npu is not installed")
+    assert "Traceback" not in done.stderr
+
+
+def fake_log(samples_per_second, peak_mib):
+    lines = [iteration_line(i, 4, 2 * i, 100.0, 1e-4, 2, 5.0, 1.0, 1.0, 0, 0, samples_per_second, 1.0, 0.25)
+             for i in range(1, 5)]
+    stats = {"allocated_bytes": 0, "peak_allocated_bytes": peak_mib * 2 ** 20, "reserved_bytes": 0,
+             "peak_reserved_bytes": 0}
+    return "\n".join(lines + [memory_line(0, 4, stats)])
+
+
+def test_speed_cells_average_after_warm_up_and_failed_cells_say_why():
+    shape = ("toy", 2, 64, 4, 64)
+
+    def out_of_memory(argv):
+        raise TrainingFailed("out of device memory")
+
+    finished = speed_row(shape, "mbs 2", ["--micro-batch-size", "2"], 4, lambda argv: fake_log(10.0, 512))
+    planned = finished.planned_memory_gib
+    assert finished == SpeedRow("toy", "mbs 2", 10.0, 640.0, 1.0, 0.25, 0.5, planned)
+    failed = speed_row(shape, "mbs 64", ["--micro-batch-size", "64"], 4, out_of_memory)
+    assert failed.failure == "out of device memory"
+    table = speed_table([failed, finished])
+    failed_planned = failed.planned_memory_gib
+    assert f"| toy | mbs 64: failed, out of device memory | - | - | - | - | - | {failed_planned:.2f} |" in table
+    # the best row is a finished one; the planner's error is against the measured peak
+    assert f"| toy | mbs 2 **best** | 10.00 | 640 | 1 | 25.0% | 0.50 | {planned:.2f} ({(planned - 0.5) / 0.5:+.1%}) |" \
+        in table
+    assert f"| 0.50 | {planned:.2f} |" in speed_table([finished], allocator_peaks=False)  # a CPU's peak is its RSS
+
+
+def test_each_speed_cell_carries_the_planners_estimate_for_its_flags():
+    """Micro-batch 2 and 64 of the toy shape: the activations grow with it, the weights do not."""
+    shape = ("toy", 2, 64, 4, 64)
+    small, large = (speed_row(shape, f"mbs {micro}", ["--micro-batch-size", str(micro)], 4,
+                              lambda argv: fake_log(10.0, 512)).planned_memory_gib for micro in (2, 64))
+    assert 0 < small < large
+
+
+@pytest.mark.full  # starts a training process
+def test_a_failing_training_process_is_reported_by_its_error_line():
+    with pytest.raises(TrainingFailed, match="--hidden-size"):
+        train_in_fresh_process(["--num-layers", "2", "--hidden-size", "30", "--num-attention-heads", "4",
+                                "--seq-length", "16", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                "--vocab-size", "100", "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3"])
+
+
+def test_unknown_shapes_are_refused_before_any_work():
+    said = []
+    with pytest.raises(InputError, match="--shapes toy,345M: 345M unknown here; choose from toy, toy-MoE4"):
+        report(False, pretrain=None, iterations=1, say=said.append, shapes=["toy", "345M"])
+    assert said == []
+
+
+@pytest.mark.full  # starts the script
+def test_an_existing_report_file_is_refused_untouched(tmp_path):
+    report_file = tmp_path / "report.md"
+    report_file.write_text("the user's report")
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--output", str(report_file)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"error: --output {report_file} already exists; choose another file, or remove "
+                                   "it first")
+    assert report_file.read_text() == "the user's report"
+
+
+def test_a_node_checks_the_layouts_its_devices_allow():
+    assert [layout.name for layout in node_layouts(8)] == ["DP2", "TP2", "PP2", "TP2xPP2xDP2"]
+    assert [layout.name for layout in node_layouts(2)] == ["DP2", "TP2", "PP2"]
+    assert node_layouts(1) == [] and Layout(1, 1, 1).name == "one device"
+
+
+@pytest.mark.full  # four training jobs, three of them over two processes
+def test_each_layout_on_several_processes_trains_as_one_device():
+    said = []
+    check_layouts(CPU_SHAPES[0], 2, False, 2, said.append)
+    assert [line.split(" vs one")[0] for line in said] == [
+        "[toy] DP2 on 2 devices", "[toy] TP2 on 2 devices", "[toy] PP2 on 2 devices"]
+    gaps = [float(line.rsplit(" ", 1)[1]) for line in said]
+    assert max(gaps) < 1e-5, said
+
+
+def flag_value(flags, name):
+    return flags[len(flags) - 1 - flags[::-1].index(name) + 1]  # the last one given, as argparse takes it
+
+
+def test_accelerator_speed_cells_accumulate_half_a_million_tokens_and_log_every_ten_iterations():
+    for label, flags in speed_grid("345M", on_accelerator=True, seq=1024):
+        assert flag_value(flags, "--global-batch-size") == "512", label
+        assert flag_value(flags, "--log-interval") == "10"
+        assert "--bf16" in flags
+    micro_batches = [int(flag_value(flags, "--micro-batch-size")) for _, flags in speed_grid("345M", True, 1024)]
+    assert max(micro_batches) == 32
+    [(_, cpu_flags)] = speed_grid("toy", on_accelerator=False, seq=64)[:1]
+    assert flag_value(cpu_flags, "--global-batch-size") == "2" and flag_value(cpu_flags, "--log-interval") == "1"
