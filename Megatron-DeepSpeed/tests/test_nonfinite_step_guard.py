@@ -1,7 +1,7 @@
-"""NonFiniteStepGuard on plain torch optimizers, one rank: a step with a non-finite gradient changes neither the
+"""NonFiniteStepGuard on plain torch optimizers, one rank: a step whose norm is not finite changes neither the
 weights nor the optimizer state, with the fused AdamW (skipped on the device through found_inf) and with an
-optimizer that has no such input (gradients dropped); finite steps go through. Inside DeepSpeed's ZeRO:
-test_divergence.py."""
+optimizer that has no such input (gradients dropped); finite steps go through; a step taken group by group, as
+ZeRO takes it, is judged once. Inside DeepSpeed's ZeRO (the norm its clipping computes): test_divergence.py."""
 import functools
 
 import pytest
@@ -35,7 +35,8 @@ def steps_with_one_bad_gradient(optimizer_name):
     """Three steps, the second with a NaN gradient: the weights and state after each, and the skipped count."""
     weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     optimizer = OPTIMIZERS[optimizer_name]([weight])
-    guard = NonFiniteStepGuard(FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
+    guard = NonFiniteStepGuard(lambda: torch.linalg.vector_norm(weight.grad),
+                               FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
     optimizer.register_step_pre_hook(guard)
     history = step_history(optimizer, weight, ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]))
     return history, guard.skipped_steps
@@ -62,3 +63,23 @@ def test_a_non_finite_step_changes_nothing_and_the_others_go_through(optimizer_n
         assert torch.equal(state_bad[name], state_first[name]), name
     assert not torch.equal(after_third, after_bad)
     assert torch.equal(after_third, unguarded_steps(optimizer_name))  # as if the bad step had never come
+
+
+def test_a_step_taken_one_parameter_group_at_a_time_is_judged_and_counted_once():
+    """ZeRO steps the torch optimizer once per parameter group, each time with the step's one norm."""
+    weights = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))]
+    optimizer = torch.optim.AdamW([{"params": [weights[0]]}, {"params": [weights[1]]}], lr=0.1, fused=True)
+    norms = [torch.tensor(float("nan"))]
+    guard = NonFiniteStepGuard(lambda: norms[-1])
+    optimizer.register_step_pre_hook(guard)
+    all_groups = optimizer.param_groups
+    for _ in range(2):  # a bad step, then a good one
+        for weight in weights:
+            weight.grad = torch.ones_like(weight)
+        for group in all_groups:
+            optimizer.param_groups = [group]
+            optimizer.step()
+        optimizer.param_groups = all_groups
+        norms.append(torch.tensor(2.0))
+    assert guard.skipped_steps == 1
+    assert [optimizer.state[weight]["step"].item() for weight in weights] == [1.0, 1.0]  # the good step only
