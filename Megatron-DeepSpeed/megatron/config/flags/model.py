@@ -116,7 +116,7 @@ def _add_kernel_switches(parser) -> None:
                               "embedding to the loss, so bias and GeLU, residual add and norm, and the loss's fp32 "
                               "math fuse; on the pipeline engine each piece of a stage. The first iterations take "
                               "longer while it compiles. Off by default on every device: only the earlier "
-                              "layer-by-layer compile was measured (5-7% faster on an H100); the device check's "
+                              "layer-by-layer compile was measured (5 to 7 percent faster on an H100); the device check's "
                               "eager and compiled cells settle the whole model's (docs/benchmarks.md).")
     kernels.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion",
                          help="Attention by explicit matmul, mask and softmax (honouring query-key layer scaling "
