@@ -3,13 +3,17 @@ weights nor the optimizer state, with the fused AdamW (skipped on the device thr
 optimizer that has no such input (gradients dropped); finite steps go through; a step taken group by group, as
 ZeRO takes it, is judged once. Inside DeepSpeed's ZeRO (the norm its clipping computes): test_divergence.py."""
 import functools
+import json
 
 import pytest
 import torch
 from distributed_helpers import run_on_ranks
-from training_helpers import step_history
+from training_helpers import TINY_FLAGS, step_history
 
+from megatron.config.arguments import job_config, parse_args, validate_args
+from megatron.errors import InputError
 from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
+from megatron.training.loop import engine_config
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
 
 class FoundInfIgnoredAdamW(torch.optim.AdamW):
@@ -83,3 +87,15 @@ def test_a_step_taken_one_parameter_group_at_a_time_is_judged_and_counted_once()
         norms.append(torch.tensor(2.0))
     assert guard.skipped_steps == 1
     assert [optimizer.state[weight]["step"].item() for weight in weights] == [1.0, 1.0]  # the good step only
+
+
+def test_a_users_json_without_zeros_norm_is_refused_where_the_guard_reads_it(tmp_path):
+    user_json = tmp_path / "ds.json"
+    user_json.write_text(json.dumps({"zero_optimization": {"compute_grad_norm": False}}))
+    argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--train-iters", "5", "--mock-data", "--bf16", "--zero-stage",
+            "1", "--clip-grad", "0", "--deepspeed_config", str(user_json)]
+    config = job_config(validate_args(parse_args(argv), 1, "cpu"))
+    assert engine_config(config, pipelined=False, clipping_ourselves=False)["zero_optimization"][
+        "compute_grad_norm"] is False  # nothing reads it without the guard
+    with pytest.raises(InputError, match=f"--deepspeed_config {user_json} sets zero_optimization.compute_grad_norm="):
+        engine_config(config, pipelined=False, clipping_ourselves=False, guarding_steps_ourselves=True)
