@@ -33,7 +33,11 @@ LAYOUTS = {"plain-z0-dp1": (1, ["--no-pipeline-parallel", "--zero-stage", "0"]),
            "plain-z1-dp1": (1, ["--no-pipeline-parallel", "--zero-stage", "1"]),
            "plain-z0-dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "0"]),
            "plain-z1-dp2": (2, ["--no-pipeline-parallel", "--zero-stage", "1"]),
-           "pipeline-pp1": (1, ["--zero-stage", "0"])}  # pretrain_gpt.py's default engine
+           "pipeline-pp1": (1, ["--zero-stage", "0"]),  # pretrain_gpt.py's default engine
+           # bf16 ZeRO (the accelerators' path: NonFiniteStepGuard); the bare loop stays fp32, so compare ours
+           # against ours of another version here, not the ratio
+           "plain-z1-dp1-bf16": (1, ["--no-pipeline-parallel", "--zero-stage", "1", "--bf16"]),
+           "plain-z1-dp2-bf16": (2, ["--no-pipeline-parallel", "--zero-stage", "1", "--bf16"])}
 
 
 def pretrain_flags(shape: dict, processes: int, iterations: int, log_interval: int) -> list:

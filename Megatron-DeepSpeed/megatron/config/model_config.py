@@ -45,7 +45,7 @@ class ModelConfig:
     masked_softmax_fusion: bool = _flag(True)  # False: Megatron's unfused attention, where the next two apply
     apply_query_key_layer_scaling: bool = _flag(True)
     attention_softmax_in_fp32: bool = _flag(False)
-    torch_compile: bool = _flag(False)  # each transformer layer through torch.compile
+    torch_compile: bool = _flag(False)  # the model through torch.compile (model/provider.py)
     # Architecture variants (upstream main's flags; the defaults are GPT-2's, so older checkpoints read as it):
     normalization: str = _flag("layernorm", architecture=True)  # or "rmsnorm"
     add_position_embedding: bool = _flag(True, architecture=True)  # learned absolute positions

@@ -6,8 +6,9 @@ for backward and builds three fp32 vocabulary-sized tensors there: about 40 byte
 14 bytes of live memory per logit. Here the work goes in row chunks whose fp32 temporaries stay small, through
 softmax with dtype=fp32, and backward writes the gradient straight in the logits' dtype. Only the logits
 themselves (which exist anyway), the labels and one fp32 value per token are kept for backward. Eager, the memory traffic
-is about that of the textbook way; under --torch-compile the per-chunk math is fused (ChunkKernels), down to
-about 12 bytes per logit (two reading passes forward, three backward).
+is about that of the textbook way; compiled, the per-chunk math is fused, down to about 12 bytes per logit (two
+reading passes forward, three backward): under --torch-compile the loss is traced with the whole model, and
+ChunkKernels compiles the chunk math alone (tools/benchmark_cross_entropy.py).
 
 The model's own loss (model/gpt.py's LanguageModelLoss) lets backward write the gradient over the logits, chunk by
 chunk once each chunk's softmax is taken (as Megatron's loss does): the logits are made for the loss alone, so no

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megatron.errors import InputError, require_divisible
-from megatron.model.cross_entropy import EAGER_CHUNK_KERNELS, cross_entropy
+from megatron.model.cross_entropy import cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
@@ -64,7 +64,7 @@ class GPTConfig:
     apply_query_key_layer_scaling: bool = True
     attention_softmax_in_fp32: bool = False
     kernels: Kernels = PORTABLE_KERNELS  # attention and layer norm implementations (megatron/model/kernels.py)
-    torch_compile: bool = False  # model/provider.py compiles each layer (--torch-compile)
+    torch_compile: bool = False  # model/provider.py compiles the model (--torch-compile)
     # Mixture of experts (None: dense): config/job.py's MoEConfig, which model/moe.py reads to build those layers
     # with DeepSpeed's MoE; this file stays dense.
     moe: Optional[object] = None
@@ -326,18 +326,17 @@ class LanguageModelLoss(nn.Module):
     """Mean token cross entropy over the positions where loss_mask is 1, computed in fp32 so bf16/fp16 logits do
     not lose precision in the softmax (megatron/model/cross_entropy.py: without an fp32 copy of them). The logits
     are the LM head's, made for this loss alone: backward writes their gradient over them. Set from outside:
-    vocab_group, the ranks the vocabulary is split across (tensor parallelism), and chunk_kernels, the compiled
-    per-chunk math under --torch-compile."""
+    vocab_group, the ranks the vocabulary is split across (tensor parallelism). Under --torch-compile the loss is
+    traced with the rest of the model (model/provider.py's apply_torch_compile)."""
 
     def __init__(self, chunk_bytes: int = PORTABLE_KERNELS.loss_chunk_bytes):
         super().__init__()
         self.chunk_bytes = chunk_bytes  # the device's (kernels.loss_chunk_bytes)
         self.vocab_group = None
-        self.chunk_kernels = EAGER_CHUNK_KERNELS
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return masked_mean(cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes, self.chunk_kernels,
+        return masked_mean(cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes,
                                          overwrite_logits=True), loss_mask)
 
 

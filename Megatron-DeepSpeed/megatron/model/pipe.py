@@ -169,6 +169,17 @@ class LanguageModelLossPipe(nn.Module):
         return self.loss(logits, labels, loss_mask)
 
 
+def compiled_pieces(stage: PipelineModule) -> list:
+    """The modules of a stage that --torch-compile compiles (model/provider.py's apply_torch_compile): each piece
+    the engine calls, and the LM head (whichever module the tensor-parallel plan made it), which the tied spec
+    calls through lm_head_logits rather than as a piece."""
+    pieces = [module for module in stage.modules()
+              if isinstance(module, (EmbeddingPipe, TransformerLayerPipe, FinalLayerNormPipe, LanguageModelLossPipe))]
+    heads = [module.lm_head for module in stage.modules() if isinstance(module, (EmbeddingPipe, OutputLayerPipe))
+             and getattr(module, "lm_head", None) is not None]
+    return pieces + heads
+
+
 def pipeline_micro_batch(batch: dict) -> tuple:
     """A micro-batch of data/gpt_batch.make_batch as DeepSpeed's pipeline engine reads it: (first-stage inputs,
     last-stage labels). The attention mask is left out when attention is plain causal."""

@@ -4,11 +4,10 @@ from torch import nn
 
 from megatron.config.job import ParallelConfig
 from megatron.errors import InputError
-from megatron.model.cross_entropy import compiled_chunk_kernels
-from megatron.model.gpt import GPTConfig, GPTModel, LanguageModelLoss, SelfAttention, TransformerLayer
+from megatron.model.gpt import GPTConfig, GPTModel, SelfAttention
 from megatron.model.moe import MoEGPTModel, expert_parallel_rank
 from megatron.model.parallelize import apply_tensor_parallel, piece_sharder
-from megatron.model.pipe import GPTPipe
+from megatron.model.pipe import GPTPipe, compiled_pieces
 from megatron.model.ulysses import ulysses_pieces
 
 
@@ -16,7 +15,7 @@ def model_provider(model_config: GPTConfig, parallel_config: ParallelConfig, par
     """Its pipeline stage on DeepSpeed's pipeline engine (the default, as upstream), or with
     --no-pipeline-parallel the whole plain model (with experts: this rank's; with DeepSpeed-Ulysses its attention
     and loss over the whole sequence, model/ulysses.py); tensor-parallel pieces sharded either way; with
-    --torch-compile each transformer layer and the loss's per-chunk math compiled."""
+    --torch-compile compiled whole (apply_torch_compile)."""
     if parallel_config.pipeline_engine:
         model = GPTPipe(model_config, parallel_state, rng_tracker, parallel_config.sequence_parallel)
     else:
@@ -49,12 +48,13 @@ def plain_model(model_config: GPTConfig, parallel_config: ParallelConfig, parall
     return model
 
 
-def apply_torch_compile(model: nn.Module) -> None:
-    """Each transformer layer's forward, and the loss's per-chunk math, through torch.compile, applied from
-    outside like the parallel plans. The layers are instances of one class, so they share the compiled code:
-    compiling costs one layer's time."""
-    for module in model.modules():
-        if isinstance(module, TransformerLayer):
-            module.compile()
-        elif isinstance(module, LanguageModelLoss):
-            module.chunk_kernels = compiled_chunk_kernels()
+def apply_torch_compile(model: nn.Module, backend: str = "inductor") -> None:
+    """torch.compile over the module the engine calls, applied from outside like the parallel plans. The plain
+    model is one compiled region from tokens to loss: embedding, every layer, final norm, head and the chunked
+    loss (its autograd function traced forward and backward), so inductor fuses across piece boundaries too:
+    each residual add with the norm that reads it, a linear's bias with the GeLU after it (in the GEMM's
+    epilogue or in the GeLU's kernel), the loss's fp32 conversions with its reductions. A pipeline stage is run
+    piece by piece by DeepSpeed's engine, so each of its pieces is compiled (pipe.compiled_pieces): the same
+    fusions inside each piece, none across them. `backend`: torch.compile's (tests use a cheaper one)."""
+    for module in compiled_pieces(model) if isinstance(model, GPTPipe) else (model,):
+        module.compile(backend=backend)

@@ -143,16 +143,18 @@ class TrainingFailed(Exception):
 _PROCESS_GROUP_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def train_in_fresh_process(argv: Sequence[str], nproc: int = 1) -> str:
+def train_in_fresh_process(argv: Sequence[str], nproc: int = 1, keep: Optional[Callable[[str], None]] = None) -> str:
     """The log of `pretrain_gpt.py argv` run as its own process (`nproc` > 1: that many under torchrun, one per
     device, as a real job runs): one cell's memory (or its running out of it) and compiled kernels cannot touch
-    the next."""
+    the next. `keep`, if given, receives the command and its whole output, whether or not it succeeded."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "pretrain_gpt.py")
     environment = {key: value for key, value in os.environ.items() if key not in _PROCESS_GROUP_VARIABLES}
     launcher = [] if nproc == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     done = subprocess.run([sys.executable, *launcher, script, *argv], capture_output=True, text=True,
                           env=environment)
     output = done.stdout + done.stderr
+    if keep is not None:
+        keep(f"$ pretrain_gpt.py {' '.join(argv)}  (processes: {nproc}, exit status {done.returncode})\n{output}")
     if done.returncode == 0:
         return output
     if "out of memory" in output.lower():
@@ -210,12 +212,13 @@ def check_layouts(shape, nproc: int, on_accelerator: bool, iterations: int, say:
             f"{max_relative_gap(curve, reference):.2e}")
 
 
-# Speed grid cells per shape: (micro batch, recompute, ZeRO stage, torch.compile, pipeline engine). On an H100 the
-# default accelerator grid (345M and 1.3B) is sized to finish in about 8 minutes at the goal speeds; 1.3B at micro
-# batch 16 without recomputation does not fit 80 GB. MoE runs on the plain engine only, and only when named.
+# Speed grid cells per shape: (micro batch, recompute, ZeRO stage, torch.compile, pipeline engine). Each shape's
+# fastest eager cell is also run under --torch-compile, so one run settles whether compiling is faster (its
+# default). tools/device_run.sh sizes the run to the time of one device session (docs/benchmarks.md); 1.3B at
+# micro batch 16 without recomputation does not fit 80 GB. MoE runs on the plain engine only, and only when named.
 SPEED_GRIDS = {
     "345M": ((16, False, 1, False, False), (32, False, 1, False, False), (32, False, 1, True, False)),
-    "1.3B": ((8, False, 1, False, False),),
+    "1.3B": ((8, False, 1, False, False), (8, False, 1, True, False)),
     "toy": ((2, False, 1, False, False), (2, True, 1, False, False)),
     "345M-MoE8": ((8, False, 1, False, False), (16, True, 1, False, False)),
     "toy-MoE4": ((2, False, 1, False, False),),
@@ -225,14 +228,16 @@ NAMED_ONLY = ("345M-MoE8",)  # left out of an accelerator run that names no --sh
 
 # What a speed cell measures on an accelerator: what users run, a global batch of about 0.5 M tokens (512 x 1024)
 # reached by gradient accumulation, so the optimizer and DeepSpeed's per-step work are amortised as in a real job,
-# logged every 10 iterations (the first window, warm-up and compilation, is not timed). On the CPU: one micro-batch
-# per step, every iteration logged, so that CI runs the same code quickly.
+# logged every 10 iterations unless the run says otherwise (the first window, warm-up and compilation, is not
+# timed). On the CPU: one micro-batch per step, every iteration logged, so that CI runs the same code quickly.
 GLOBAL_BATCH_TOKENS = 512 * 1024
 SPEED_LOG_INTERVAL = 10
 
 
-def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024) -> List[tuple]:
-    """(label, flags) of the settings tried for a shape, with torch's fused AdamW throughout."""
+def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024,
+               log_interval: int = SPEED_LOG_INTERVAL) -> List[tuple]:
+    """(label, flags) of the settings tried for a shape, with torch's fused AdamW throughout; an accelerator's
+    cells log every `log_interval` iterations."""
     grid = []
     for micro, recompute, zero, compiled, pipelined in SPEED_GRIDS[shape_name]:
         global_batch = max(micro, GLOBAL_BATCH_TOKENS // seq // micro * micro) if on_accelerator else micro
@@ -240,7 +245,7 @@ def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024) -> List[t
                  f"{', torch.compile' if compiled else ''}{', pipeline engine' if pipelined else ''}")
         flags = [*(["--bf16"] if on_accelerator else []), "--micro-batch-size", str(micro), "--zero-stage", str(zero),
                  "--global-batch-size", str(global_batch),
-                 "--log-interval", str(SPEED_LOG_INTERVAL if on_accelerator else 1),
+                 "--log-interval", str(log_interval if on_accelerator else 1),
                  *([] if pipelined else ["--no-pipeline-parallel"]),
                  *(["--checkpoint-activations"] if recompute else []), *(["--torch-compile"] if compiled else [])]
         grid.append((label, flags))
@@ -252,11 +257,13 @@ CHECKS = ("correctness", "speed")
 
 def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Callable[[str], None],
            attention: Callable = sdpa_attention, checks: Sequence[str] = CHECKS,
-           shapes: Optional[Sequence[str]] = None, nproc: int = 1) -> List[SpeedRow]:
+           shapes: Optional[Sequence[str]] = None, nproc: int = 1, log_interval: int = SPEED_LOG_INTERVAL,
+           keep_log: Optional[Callable[[str], None]] = None) -> List[SpeedRow]:
     """Run the `checks` (correctness, speed) on the `shapes` (by name; None = all), saying each result as it
     comes; returns the speed rows (best first per shape). `attention` is the kernel training uses on this device
     (select_kernels'). With `nproc` > 1 devices, correctness also compares each parallel layout they allow with
-    one device, and the speed grid's first cell runs at each of those layouts."""
+    one device, and the speed grid's first cell runs at each of those layouts. Speed cells log every
+    `log_interval` iterations on an accelerator; `keep_log` receives each speed cell's whole output."""
     speed_candidates = ACCELERATOR_SHAPES if on_accelerator else CPU_SHAPES
     correctness_candidates = CORRECTNESS_SHAPES_ACCELERATOR if on_accelerator else CORRECTNESS_SHAPES_CPU
     known = {shape[0] for shape in (*speed_candidates, *correctness_candidates)}
@@ -280,18 +287,21 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
     rows = []
     if "speed" in checks:
         for shape in speed_shapes:
-            shape_rows = [speed_row(shape, label, flags, iterations, train_in_fresh_process)
-                          for label, flags in speed_grid(shape[0], on_accelerator, shape[4])]
-            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations)
+            train = functools.partial(train_in_fresh_process, keep=keep_log)
+            shape_rows = [speed_row(shape, label, flags, iterations, train)
+                          for label, flags in speed_grid(shape[0], on_accelerator, shape[4], log_interval)]
+            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log)
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
         say(speed_table(rows, allocator_peaks=on_accelerator))
     return rows
 
 
-def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int) -> List[SpeedRow]:
+def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int,
+                      log_interval: int = SPEED_LOG_INTERVAL,
+                      keep_log: Optional[Callable[[str], None]] = None) -> List[SpeedRow]:
     """The shape's first grid cell at each layout `nproc` devices allow (samples/s of the whole job; memory and
     the planner's estimate per device)."""
-    label, flags = speed_grid(shape[0], on_accelerator, shape[4])[0]
+    label, flags = speed_grid(shape[0], on_accelerator, shape[4], log_interval)[0]
     rows = []
     for layout in node_layouts(nproc):
         engine = [flag for flag in flags if flag != "--no-pipeline-parallel" or layout.pipeline == 1]
@@ -299,7 +309,8 @@ def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int) 
         global_batch = max(step, int(flags[flags.index("--global-batch-size") + 1]) // step * step)
         cell_flags = [*engine, *layout.flags(), "--global-batch-size", str(global_batch)]
         rows.append(speed_row(shape, f"{label}, {layout.name} on {layout.devices} devices", cell_flags, iterations,
-                              functools.partial(train_in_fresh_process, nproc=layout.devices), layout.devices))
+                              functools.partial(train_in_fresh_process, nproc=layout.devices, keep=keep_log),
+                              layout.devices))
     return rows
 
 

@@ -51,7 +51,7 @@ from megatron.training.curriculum import SequenceLengthCurriculum
 from megatron.training.metrics import optimizer_state_statistics, parameters_norm, stepped_optimizer
 from megatron.training.metrics_log import IterationFigures, MetricsLog, StepTimers
 from megatron.training.moe_losses import MoEFigures, take_moe_figures
-from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
+from megatron.training.nonfinite_step_guard import NonFiniteStepGuard, zero_step_norm
 from megatron.training.optimizer import build_optimizer
 from megatron.training.pending_steps import PendingSteps, StepRecord, due, read_to_host
 from megatron.training.watchdog import Watchdog
@@ -210,7 +210,8 @@ class TrainingResult:
 def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, universal_load: bool = False,
                   guarding_steps_ourselves: bool = False, rank_parameters: Optional[int] = None) -> dict:
     """The DeepSpeed config of the flags (ds_config), adjusted for this loop: no DeepSpeed clipping where
-    Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it; on the
+    Fp32GradientClipping does it; no per-tensor bf16 overflow check where NonFiniteStepGuard does it (from ZeRO's
+    norm, which must then be computed); on the
     pipeline engine, DeepSpeed's samples/sec line every --log-interval (unless the user's JSON says otherwise)
     and stage outputs sent whole (see model/pipe.py's GPTPipe); the universal-checkpoint loader where --load
     holds a reshaped checkpoint (checkpoint/resume.py). DeepSpeed's throughput timer is off unless the user's
@@ -225,6 +226,10 @@ def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, 
     if clipping_ourselves:
         engine["gradient_clipping"] = 0.0
     if guarding_steps_ourselves:
+        if zero.get("compute_grad_norm") is False:
+            raise InputError(f"--deepspeed_config {config.deepspeed_config} sets zero_optimization."
+                             "compute_grad_norm=false, but a bf16 ZeRO step is judged by that norm (non-finite "
+                             "gradients skip it); remove the key")
         engine["bf16"] = {**engine.get("bf16", {}), "check_grad_overflow": False}
     if universal_load:
         engine["checkpoint"] = {**engine.get("checkpoint", {}), "load_universal": True}
@@ -367,15 +372,15 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
         clipping = Fp32GradientClipping(model, parallel, config.optimizer.clip_grad,
                                         count_zeros=config.logging.log_num_zeros_in_grad)
         optimizer.register_step_pre_hook(clipping)
-    if config.precision.bf16 and config.parallel.zero_stage in (1, 2) and not config.optimizer.cpu_optimizer:
-        step_guard = NonFiniteStepGuard()
-        optimizer.register_step_pre_hook(step_guard)
+    guarding = config.precision.bf16 and config.parallel.zero_stage in (1, 2) and not config.optimizer.cpu_optimizer
     rank_parameters = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, mpu=None if pipelined else parallel,
                                            config=engine_config(config, pipelined, clipping is not None,
-                                                                universal_load, step_guard is not None,
-                                                                rank_parameters),
+                                                                universal_load, guarding, rank_parameters),
                                            dist_init_required=False)
+    if guarding:  # judged by the norm ZeRO computes for its clipping, once it exists
+        step_guard = NonFiniteStepGuard(zero_step_norm(engine))
+        optimizer.register_step_pre_hook(step_guard)
     return engine, clipping, step_guard
 
 

@@ -1,5 +1,6 @@
 """tools/device_check.sh: the accelerator report, run for real in its reduced CPU mode, and its one-line refusal
 on an Ascend host whose torch_npu is missing; the attention-kernel probe it reports."""
+import json
 import os
 import re
 import subprocess
@@ -28,10 +29,16 @@ def test_attention_kernel_names_the_sdpa_kernel_that_runs():
 @pytest.mark.full  # whole training runs
 def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     report = tmp_path / "report.md"
-    done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report), "--report-dir",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     text = report.read_text()
+    assert sorted(os.listdir(tmp_path / "run")) == ["logs.txt", "report.md", "speed.json"]
+    assert (tmp_path / "run" / "report.md").read_text() == text
+    rows = json.loads((tmp_path / "run" / "speed.json").read_text())
+    assert [row["shape"] for row in rows] == ["toy", "toy", "toy-MoE4"] and all(row["samples_per_second"] > 0
+                                                                                for row in rows)
+    assert (tmp_path / "run" / "logs.txt").read_text().count("$ pretrain_gpt.py ") == 3
     assert "device: cpu (cpu), 1 used" in text
     assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
     recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
@@ -42,6 +49,28 @@ def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
     assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
     moe = [line.split(" | ") for line in text.splitlines() if line.startswith("| toy-MoE4 |")]
     assert len(moe) == 1 and moe[0][1] == "mbs 2, no recompute, ZeRO 1 **best**" and float(moe[0][2]) > 0
+
+
+@pytest.mark.full  # whole training runs
+def test_the_device_run_is_one_command_with_one_report_directory(tmp_path):
+    """tools/device_run.sh in its CPU mode: the speed grid alone, its report, rows and logs in one new
+    directory."""
+    run = os.path.join(os.path.dirname(SCRIPT), "device_run.sh")
+    done = subprocess.run(["bash", run, str(tmp_path / "run"), "--cpu", "--shapes", "toy", "--iterations", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "recompute vs none" not in report and len(re.findall(r"^\| toy \|", report, re.MULTILINE)) == 2
+    assert len(json.loads((tmp_path / "run" / "speed.json").read_text())) == 2
+
+
+def test_an_existing_report_directory_is_refused_before_any_work(tmp_path):
+    from tools.device_check import main
+
+    (tmp_path / "run").mkdir()
+    with pytest.raises(InputError, match="--report-dir .* already exists; choose another directory"):
+        main(["--cpu", "--report-dir", str(tmp_path / "run")])
+    assert os.listdir(tmp_path / "run") == []
 
 
 @pytest.mark.full
@@ -141,6 +170,12 @@ def test_accelerator_speed_cells_accumulate_half_a_million_tokens_and_log_every_
         assert flag_value(flags, "--global-batch-size") == "512", label
         assert flag_value(flags, "--log-interval") == "10"
         assert "--bf16" in flags
+    assert {flag_value(flags, "--log-interval") for _, flags in speed_grid("1.3B", True, 1024, log_interval=3)} == {
+        "3"}
+    for shape in ("345M", "1.3B"):  # the same cell eager and compiled: the run settles --torch-compile's default
+        labels = [label for label, _ in speed_grid(shape, True, 1024)]
+        compiled = [label for label in labels if label.endswith(", torch.compile")]
+        assert compiled and all(label.removesuffix(", torch.compile") in labels for label in compiled)
     micro_batches = [int(flag_value(flags, "--micro-batch-size")) for _, flags in speed_grid("345M", True, 1024)]
     assert max(micro_batches) == 32
     [(_, cpu_flags)] = speed_grid("toy", on_accelerator=False, seq=64)[:1]

@@ -1,15 +1,19 @@
-"""NonFiniteStepGuard on plain torch optimizers, one rank: a step with a non-finite gradient changes neither the
+"""NonFiniteStepGuard on plain torch optimizers, one rank: a step whose norm is not finite changes neither the
 weights nor the optimizer state, with the fused AdamW (skipped on the device through found_inf) and with an
-optimizer that has no such input (gradients dropped); finite steps go through. Inside DeepSpeed's ZeRO:
-test_divergence.py."""
+optimizer that has no such input (gradients dropped); finite steps go through; a step taken group by group, as
+ZeRO takes it, is judged once. Inside DeepSpeed's ZeRO (the norm its clipping computes): test_divergence.py."""
 import functools
+import json
 
 import pytest
 import torch
 from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import step_history
+from tests.training_helpers import TINY_FLAGS, step_history
 
+from megatron.config.arguments import job_config, parse_args, validate_args
+from megatron.errors import InputError
 from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
+from megatron.training.loop import engine_config
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
 
 class FoundInfIgnoredAdamW(torch.optim.AdamW):
@@ -35,7 +39,8 @@ def steps_with_one_bad_gradient(optimizer_name):
     """Three steps, the second with a NaN gradient: the weights and state after each, and the skipped count."""
     weight = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
     optimizer = OPTIMIZERS[optimizer_name]([weight])
-    guard = NonFiniteStepGuard(FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
+    guard = NonFiniteStepGuard(lambda: torch.linalg.vector_norm(weight.grad),
+                               FOUND_INF_DEVICES.get(optimizer_name, FUSED_ADAMW_READS_FOUND_INF))
     optimizer.register_step_pre_hook(guard)
     history = step_history(optimizer, weight, ([0.5, 0.5, -1.0], [0.5, float("nan"), -1.0], [1.0, 0.0, 2.0]))
     return history, guard.skipped_steps
@@ -62,3 +67,35 @@ def test_a_non_finite_step_changes_nothing_and_the_others_go_through(optimizer_n
         assert torch.equal(state_bad[name], state_first[name]), name
     assert not torch.equal(after_third, after_bad)
     assert torch.equal(after_third, unguarded_steps(optimizer_name))  # as if the bad step had never come
+
+
+def test_a_step_taken_one_parameter_group_at_a_time_is_judged_and_counted_once():
+    """ZeRO steps the torch optimizer once per parameter group, each time with the step's one norm."""
+    weights = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))]
+    optimizer = torch.optim.AdamW([{"params": [weights[0]]}, {"params": [weights[1]]}], lr=0.1, fused=True)
+    norms = [torch.tensor(float("nan"))]
+    guard = NonFiniteStepGuard(lambda: norms[-1])
+    optimizer.register_step_pre_hook(guard)
+    all_groups = optimizer.param_groups
+    for _ in range(2):  # a bad step, then a good one
+        for weight in weights:
+            weight.grad = torch.ones_like(weight)
+        for group in all_groups:
+            optimizer.param_groups = [group]
+            optimizer.step()
+        optimizer.param_groups = all_groups
+        norms.append(torch.tensor(2.0))
+    assert guard.skipped_steps == 1
+    assert [optimizer.state[weight]["step"].item() for weight in weights] == [1.0, 1.0]  # the good step only
+
+
+def test_a_users_json_without_zeros_norm_is_refused_where_the_guard_reads_it(tmp_path):
+    user_json = tmp_path / "ds.json"
+    user_json.write_text(json.dumps({"zero_optimization": {"compute_grad_norm": False}}))
+    argv = [*TINY_FLAGS, "--micro-batch-size", "2", "--train-iters", "5", "--mock-data", "--bf16", "--zero-stage",
+            "1", "--clip-grad", "0", "--deepspeed_config", str(user_json)]
+    config = job_config(validate_args(parse_args(argv), 1, "cpu"))
+    assert engine_config(config, pipelined=False, clipping_ourselves=False)["zero_optimization"][
+        "compute_grad_norm"] is False  # nothing reads it without the guard
+    with pytest.raises(InputError, match=f"--deepspeed_config {user_json} sets zero_optimization.compute_grad_norm="):
+        engine_config(config, pipelined=False, clipping_ourselves=False, guarding_steps_ourselves=True)
