@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from distributed_helpers import free_port
+from tests.helpers.distributed import free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_binding_worker.py")
 FLAGS = ["--model-size", "tiny", "--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "2",

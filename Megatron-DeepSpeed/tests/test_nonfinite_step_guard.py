@@ -6,8 +6,8 @@ import functools
 
 import pytest
 import torch
-from distributed_helpers import run_on_ranks
-from training_helpers import step_history
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import step_history
 
 from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
 from megatron.training.nonfinite_step_guard import NonFiniteStepGuard
