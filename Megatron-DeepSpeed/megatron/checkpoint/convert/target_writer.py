@@ -55,7 +55,7 @@ from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.parameter_names import (EMBEDDING_PREFIX, OUTPUT_LAYER_WEIGHT, model_name, nest,
                                        positions_with_parameters, spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.formats.checkpoint import OptimizerState
-from megatron.checkpoint.formats.optimizer_state import decay_groups
+from megatron.checkpoint.formats.zero0 import decay_groups
 from megatron.checkpoint.formats.pipeline_engine import pipeline_stage_pieces
 from megatron.checkpoint.torch_files import own_storages, save
 from megatron.checkpoint.shards import shard_of

@@ -142,8 +142,9 @@ def check_expert_split(load_dir: str, recorded: Mapping[str, object], run_flags:
                        tensor: int) -> None:
     """A mixture-of-experts checkpoint saved at tensor-parallel size above 1 holds whole experts per rank, or with
     --enable-expert-tensor-parallelism each rank's shards of them: the run must split them as it did."""
-    recorded_split, run_split = bool(recorded.get(EXPERT_SPLIT_FLAG)), bool(run_flags.get(EXPERT_SPLIT_FLAG))
-    if tensor > 1 and RecordedFlags.of(recorded).has_experts and recorded_split != run_split:
+    flags = RecordedFlags.of(recorded)
+    recorded_split, run_split = flags.experts_split, bool(run_flags.get(EXPERT_SPLIT_FLAG))
+    if tensor > 1 and flags.has_experts and recorded_split != run_split:
         held = "shards of each expert" if recorded_split else "whole experts"
         raise InputError(f"--load {load_dir} holds {held} per tensor-parallel rank: "
                          f"{'add' if recorded_split else 'drop'} --enable-expert-tensor-parallelism, or convert it to "

@@ -15,8 +15,8 @@ from megatron.checkpoint.trainer import save_dir_lock as save_lock
 
 pytestmark = pytest.mark.full  # several processes
 
-HOLDER = "import sys; from megatron.checkpoint import save_lock; save_lock.hold(sys.argv[1]); print('held', flush=True); " \
-         "sys.stdin.read()"
+HOLDER = ("import sys; from megatron.checkpoint.trainer import save_dir_lock; save_dir_lock.hold(sys.argv[1]); "
+          "print('held', flush=True); sys.stdin.read()")
 
 
 def start_holder(save):
