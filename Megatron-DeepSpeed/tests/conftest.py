@@ -1,13 +1,13 @@
 """Fixtures shared by the training tests."""
 import pytest
 
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, train, write_counting_dataset
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, train, write_counting_dataset
 
 
 @pytest.fixture(scope="module")
 def data_prefix(tmp_path_factory):
-    """A small learnable Megatron-format dataset (see training_helpers.write_counting_dataset)."""
+    """A small learnable Megatron-format dataset (see tests/helpers/training.write_counting_dataset)."""
     return write_counting_dataset(str(tmp_path_factory.mktemp("data") / "counting_text_document"))
 
 

@@ -3,7 +3,7 @@
 nccl and hccl build a rank's communicator on the current device, and torch.distributed puts object collectives
 there; until something binds LOCAL_RANK that is device 0 in every rank of a node, so eight ranks would meet on one
 GPU. Two real processes train one step on a stand-in accelerator with numbered devices
-(device_binding_worker.py) that records, per rank, the device bound and the device current at every seeding and
+(helpers/device_binding_worker.py) that records, per rank, the device bound and the device current at every seeding and
 every collective.
 """
 import json
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from tests.distributed_helpers import free_port
+from tests.helpers.distributed import free_port
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_binding_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "device_binding_worker.py")
 FLAGS = ["--model-size", "tiny", "--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "2",
          "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "200", "--micro-batch-size", "1",
          "--global-batch-size", "1", "--train-iters", "1", "--eval-iters", "0", "--seq-length", "32"]

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.training import TINY_FLAGS
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 

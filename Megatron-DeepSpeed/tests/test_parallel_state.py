@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 from megatron.errors import InputError
 from megatron.parallel_state import ParallelState, RankLayout
 

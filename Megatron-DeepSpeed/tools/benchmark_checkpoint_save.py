@@ -1,5 +1,5 @@
 """Seconds of saving a plain-engine (--no-pipeline-parallel) checkpoint through the trainer's save_checkpoint
-(megatron/checkpoint/save_load.py): DeepSpeed's save plus what the trainer does around it. Rank 0 once
+(megatron/checkpoint/trainer/save.py): DeepSpeed's save plus what the trainer does around it. Rank 0 once
 rewrote every model-states file afterwards to nest `module` as upstream's GPTModel does; each rank now writes
 it nested.
 
@@ -34,7 +34,7 @@ def save_in_this_process(layers: int, hidden: int, heads: int, save_dir: str) ->
     import torch
     import torch.distributed as dist
 
-    from megatron.checkpoint.save_load import save_checkpoint
+    from megatron.checkpoint.trainer.save import save_checkpoint
     from megatron.model.gpt import GPTConfig, GPTModel
     from megatron.tensor_parallel import tensor_parallel_rng_tracker
 

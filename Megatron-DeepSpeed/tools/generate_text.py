@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 
+from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser
@@ -59,7 +60,8 @@ def run(args, npu):
     params = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)
     tokenizer, recorded = tokenizer_from_flags(args)
-    prompts = tokenize_prompts(tokenizer, texts, args.max_new_tokens, recorded["max_position_embeddings"])
+    max_positions = RecordedFlags.of(recorded).max_position_embeddings
+    prompts = tokenize_prompts(tokenizer, texts, args.max_new_tokens, max_positions)
     loaded = load_from_flags(args, tokenizer, npu.kernels)
     results = generate_for_prompts(loaded.model, prompts, batch_size=args.micro_batch_size,
                                    max_new_tokens=args.max_new_tokens, params=params, eod=tokenizer.eod,

@@ -380,7 +380,7 @@ def write_run_info(run_dir: str, run_info: dict, ended: str) -> None:
 def resume_flags(checkpoints: str) -> list[str]:
     """--load of the newest complete checkpoint in `checkpoints` (the one its `latest` names), said aloud; none
     when there is none yet."""
-    from megatron.checkpoint.guard import latest_tag  # here: it imports torch, after detect_device chose one
+    from megatron.checkpoint.trainer.guard import latest_tag  # here: it imports torch, after detect_device chose one
     tag = latest_tag(checkpoints) if os.path.isdir(checkpoints) else None  # the pointer read as training reads it
     if tag is None:
         return []

@@ -1,6 +1,10 @@
-"""Everything about checkpoints. The trainer's side: save_load (DeepSpeed checkpoints plus our client state), guard
-(start-up checks of --load/--save), resume (what --load restores). The portable side, in one CPU process without
-torch.distributed: read one written at any layout into the single-process GPTModel's state dict (directory: its files
-and layout; weight_units: weights read unit by unit; reader: one unit builder per layout), cut it into another layout
-(writer), and move it to and from Hugging Face's GPT2LMHeadModel (hf). layout.py spells the names of a checkpoint's
-files and keys for both."""
+"""Everything about checkpoints, in rooms by what they serve:
+
+  trainer/   what the training loop calls: start-up checks, the --save lock, the resume plan, save and load
+  formats/   the layouts a checkpoint may have: detected once (formats/detect.py), read into the single-process
+             GPTModel's weights and Adam state
+  convert/   writing another layout (target_writer, universal files), Hugging Face export and import, examine
+  the files themselves (here): file_names (every file and key name), parameter_names (GPTModel's names in each
+  layout), recorded_flags (the flags a checkpoint records, typed), client_state, pointers, manifest, trust,
+  torch_files (the one torch.load and torch.save), tensor_records, shards (split dimensions).
+Lower rooms never import higher ones: the files, then formats/, then convert/, then trainer/."""

@@ -8,11 +8,11 @@ from typing import Any, List, Mapping, Optional
 
 from deepspeed.checkpoint import constants as ds
 
-from megatron.checkpoint.layout import (ARGS, CHECKPOINT_VERSION, CHECKPOINT_VERSION_VALUE, CONSUMED_TRAIN_SAMPLES,
+from megatron.checkpoint.file_names import (ARGS, CHECKPOINT_VERSION, CHECKPOINT_VERSION_VALUE, CONSUMED_TRAIN_SAMPLES,
                                         CUDA_RNG_STATE, ITERATION, NP_RNG_STATE, OLD_RNG_STATE, OLD_TRACKER_STATES,
                                         RANDOM_RNG_STATE, RNG_TRACKER_STATES, TOKENS, TORCH_RNG_STATE,
                                         UNIVERSAL_CHECKPOINT_INFO)
-from megatron.checkpoint.names import LAYERS_PREFIX, TIED_PREFIX, VOCABULARY_ROWS, stage_name
+from megatron.checkpoint.parameter_names import LAYERS_PREFIX, TIED_PREFIX, VOCABULARY_ROWS, stage_name
 from megatron.checkpoint.shards import split_dim
 
 

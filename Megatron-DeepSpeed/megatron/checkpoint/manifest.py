@@ -13,7 +13,7 @@ import zipfile
 import zlib
 from typing import Dict
 
-from megatron.checkpoint.layout import LATEST_TAG_FILE, MANIFEST_FILE
+from megatron.checkpoint.file_names import LATEST_TAG_FILE, MANIFEST_FILE
 from megatron.checkpoint.pointers import inside, quoted
 from megatron.errors import InputError
 from megatron.files.atomic import write_text_atomically

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Hashable, Iterable, List, Mapping, Optional, 
 import torch
 
 from megatron.checkpoint import manifest
-from megatron.checkpoint.directory import load_file
+from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError
 
 Section = Callable[[object], Mapping[Hashable, torch.Tensor]]  # a file's contents -> the tensors read from it, by name

@@ -39,6 +39,14 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_defaults() -> dict:
+    """Every flag's default, as a command line without it gets it (the groups' own, then the defaults that apply
+    after a preset): what a checkpoint that lacks a flag was trained with."""
+    values = vars(_build_parser().parse_args([]))
+    values.update({dest: default for dest, default in _DEFAULTS_AFTER_PRESET.items() if values.get(dest) is None})
+    return values
+
+
 def _preset_values(values: Mapping) -> dict:
     """What --model-size fills: each of its values the user did not give (directly or via an alternative)."""
     if values["model_size"] is None:

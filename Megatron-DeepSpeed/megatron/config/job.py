@@ -179,7 +179,7 @@ class CheckpointConfig:
     save: Optional[str]
     load: Optional[str]
     save_interval: Optional[int]
-    finetune: bool  # the loading flags, with Megatron's meanings (megatron/checkpoint/resume.py)
+    finetune: bool  # the loading flags, with Megatron's meanings (megatron/checkpoint/trainer/resume_plan.py)
     no_load_optim: bool
     no_load_rng: bool
     no_save_optim: bool

@@ -4,7 +4,7 @@ model's configuration.
 Every field is named as its flag's argparse destination and carries upstream's default, which a checkpoint
 written before the flag existed was trained with. `from_flags` reads a field from a mapping of flags (the
 parsed command line, a checkpoint's recorded flags, an imported model's); `to_flags` gives back exactly what a
-checkpoint records. `architecture` marks the flags a resumed run must repeat (checkpoint/resume.py).
+checkpoint records. `architecture` marks the flags a resumed run must repeat (checkpoint/trainer/resume_plan.py).
 Adding a model flag is one line here (plus, for the model to use it, the same-named field of model/gpt.py's
 GPTConfig, which model/gpt_config.py fills from this one).
 """

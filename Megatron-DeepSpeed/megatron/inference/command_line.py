@@ -9,7 +9,8 @@ from typing import Optional
 import torch
 
 from megatron import device
-from megatron.checkpoint.reader import Checkpoint
+from megatron.checkpoint.formats.checkpoint import Checkpoint
+from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.config.flags import inference as inference_flags
 from megatron.errors import InputError
 from megatron.inference.loading import (TOKENIZER_FLAGS, build_checkpoint_tokenizer, check_vocabulary, load_model,
@@ -60,8 +61,9 @@ def tokenizer_from_flags(args):
     recorded = recorded_flags(args.load, args.iteration)
     check_model_shape(args, recorded)
     tokenizer = build_checkpoint_tokenizer({name: getattr(args, name) for name in TOKENIZER_FLAGS}, recorded)
-    if recorded.get("padded_vocab_size") is not None:  # read_checkpoint gives the true size; this only fails early
-        check_vocabulary(int(recorded["padded_vocab_size"]), tokenizer.vocab_size, recorded, args.load)
+    rows = RecordedFlags.of(recorded).padded_vocab_size
+    if rows is not None:  # read_checkpoint gives the true size; this only fails early
+        check_vocabulary(rows, tokenizer.vocab_size, recorded, args.load)
     return tokenizer, recorded
 
 

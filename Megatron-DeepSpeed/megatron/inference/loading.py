@@ -1,6 +1,6 @@
 """A trained model ready for generation or evaluation, from a checkpoint of any layout.
 
-Every rank reads only its tensor-parallel shard of each weight with megatron/checkpoint/reader.py (whatever
+Every rank reads only its tensor-parallel shard of each weight with checkpoint/formats/reader.py (whatever
 TP x PP x DP and ZeRO stage wrote it; the files and ranges it does not need stay unread), builds its part of the
 model without initialising it (sharded as training shards a freshly built model), and loads its shards: a rank
 holds its shard, never the whole model. The tokenizer comes from the flags given, each one defaulting to what the training run
@@ -12,11 +12,14 @@ from typing import Mapping, Optional
 
 import torch
 
-from megatron.checkpoint.directory import checkpoint_directory, read_client_state, whole_model_moe
-from megatron.checkpoint.names import VOCABULARY_ROWS, WORD_EMBEDDINGS
-from megatron.checkpoint.reader import Checkpoint, read_checkpoint
+from megatron.checkpoint.formats.detect import read_client_state
+from megatron.checkpoint.formats.locate import checkpoint_directory
+from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.checkpoint.parameter_names import VOCABULARY_ROWS, WORD_EMBEDDINGS
+from megatron.checkpoint.formats.checkpoint import Checkpoint
+from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.shards import shard_state_dict
-from megatron.checkpoint.weight_units import WHOLE, TensorShard
+from megatron.checkpoint.formats.weight_units import WHOLE, TensorShard
 from megatron.errors import InputError
 from megatron.inference.distributed import is_first_rank
 from megatron.model.gpt import GPTModel
@@ -54,9 +57,10 @@ def build_checkpoint_tokenizer(given: Mapping[str, object], recorded: Mapping[st
 def check_vocabulary(rows: int, tokenizer_vocab_size: int, args: Mapping[str, object], where: str) -> None:
     """InputError unless the tokenizer is the one the checkpoint in `where` (flags `args`, `rows` embedding rows)
     was trained with: of the vocabulary size it records, or, where it records none, one that `rows` can pad."""
-    recorded = args.get("tokenizer_vocab_size")
+    flags = RecordedFlags.of(args)
+    recorded = flags.tokenizer_vocab_size
     if recorded is None:
-        padding_unit = int(args.get("make_vocab_size_divisible_by", 128))
+        padding_unit = flags.make_vocab_size_divisible_by
         if tokenizer_vocab_size <= rows < tokenizer_vocab_size + padding_unit * LARGEST_PADDING_UNITS:
             return
         trained = f"{rows} embedding rows (a padded vocabulary)"
@@ -92,18 +96,18 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
     dense model whose vocabulary splits over this TP size, its weights are this rank's shards)."""
     tensor_parallel_size = 1 if parallel_state is None else parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = 0 if parallel_state is None else parallel_state.get_tensor_model_parallel_rank()
-    recorded = recorded_flags(load_dir, iteration)
-    rows = recorded.get("padded_vocab_size")
+    flags = RecordedFlags.of(recorded_flags(load_dir, iteration))
+    rows = flags.padded_vocab_size
     # A dense model reads only this rank's shards when its recorded rows split over this TP size; otherwise (and
     # an MoE model, built whole and then sharded) the whole checkpoint is read and the vocabulary re-padded.
-    shard_local = whole_model_moe(recorded) is None and rows is not None and rows % tensor_parallel_size == 0
+    shard_local = flags.whole_model_moe is None and rows is not None and rows % tensor_parallel_size == 0
     part = TensorShard(tp_rank, tensor_parallel_size) if shard_local else WHOLE
     checkpoint = read_checkpoint(load_dir, iteration, progress=_log.info if is_first_rank() else lambda _: None,
                                  part=part)
     check_vocabulary(checkpoint.padded_vocab_size, tokenizer_vocab_size, checkpoint.args, checkpoint.directory)
     weights, rows = dict(checkpoint.model), checkpoint.padded_vocab_size
     if not shard_local:
-        padding_unit = int(checkpoint.args.get("make_vocab_size_divisible_by", 128))
+        padding_unit = checkpoint.flags.make_vocab_size_divisible_by
         for name in VOCABULARY_ROWS:
             if name in weights:
                 weights[name] = fit_vocabulary_rows(weights[name], tensor_parallel_size, tokenizer_vocab_size,

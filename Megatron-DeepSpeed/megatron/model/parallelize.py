@@ -26,17 +26,16 @@ marked `sequence_parallel`; the training loop sums their gradients over the tens
 (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step).
 """
 from types import MappingProxyType
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
-from deepspeed.pipe import PipelineModule
 from torch import nn
 
 from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
 from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, shard_parameter
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
-                                           join_shards, parallelize_module, partition_dim, require_divisible_by_tp)
+                                           parallelize_module, partition_dim, require_divisible_by_tp)
 
 
 class RNGForkedAttention:
@@ -198,18 +197,3 @@ def piece_sharder(parallel_state, sequence_parallel: bool, rng_tracker: RNGState
     def prepare(piece: nn.Module, path: str) -> nn.Module:
         return apply_tensor_parallel(piece, parallel_state, sequence_parallel, rng_tracker=rng_tracker, path=path)
     return prepare
-
-
-def gather_full_state_dict(model: nn.Module, parallel_state) -> Dict[str, torch.Tensor]:
-    """The single-process GPTModel's state dict, rebuilt on every rank by joining the tensor-parallel shards
-    and, for a pipeline stage, collecting every stage's pieces under GPTModel's names (a collective: every
-    rank of the model's groups must call it)."""
-    pipelined = isinstance(model, PipelineModule)  # model/pipe.py's GPTPipe: it knows its pieces' names
-    group = parallel_state.get_tensor_model_parallel_group()
-    full = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        name = model.single_process_name(name) if pipelined else name
-        full[name] = join_shards(tensor, tensor_parallel_partition_dim(name), group)
-    if pipelined:
-        return model.single_process_state_dict(full, parallel_state.get_pipeline_model_parallel_group())
-    return full

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from megatron import device
-from megatron.checkpoint.guard import latest_tag
-from megatron.checkpoint.layout import LATEST_TAG_FILE
+from megatron.checkpoint.trainer.guard import latest_tag
+from megatron.checkpoint.file_names import LATEST_TAG_FILE
 from megatron.errors import RunError
 from megatron.training.log_lines import DIVERGED_FORMAT
 

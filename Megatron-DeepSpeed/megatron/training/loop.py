@@ -22,10 +22,11 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from megatron import device
-from megatron.checkpoint import save_lock
-from megatron.checkpoint.guard import check_checkpoint_directories
-from megatron.checkpoint.resume import ResumePlan, resolve_schedule
-from megatron.checkpoint.save_load import load_checkpoint, load_options, padded_vocab_size, plan_load, save_checkpoint
+from megatron.checkpoint.trainer import save_dir_lock as save_lock
+from megatron.checkpoint.trainer.guard import check_checkpoint_directories
+from megatron.checkpoint.trainer.resume_plan import ResumePlan, resolve_schedule
+from megatron.checkpoint.trainer.load import load_checkpoint, load_options, padded_vocab_size, plan_load
+from megatron.checkpoint.trainer.save import save_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args, with_flags
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
 from megatron.config.job import CheckpointConfig, JobConfig, ScheduleConfig
@@ -214,7 +215,7 @@ def engine_config(config: JobConfig, pipelined: bool, clipping_ourselves: bool, 
     norm, which must then be computed); on the
     pipeline engine, DeepSpeed's samples/sec line every --log-interval (unless the user's JSON says otherwise)
     and stage outputs sent whole (see model/pipe.py's GPTPipe); the universal-checkpoint loader where --load
-    holds a reshaped checkpoint (checkpoint/resume.py). DeepSpeed's throughput timer is off unless the user's
+    holds a reshaped checkpoint (checkpoint/trainer/resume_plan.py). DeepSpeed's throughput timer is off unless the user's
     JSON configures it: it waits for the device at the start and end of every step, and its samples/sec
     figures, printed every steps_per_print, duplicate the iteration line. ZeRO's reduce bucket, unless the flags
     or JSON size it, holds at most the rank's `rank_parameters` (see capped_reduce_bucket)."""
@@ -526,14 +527,85 @@ def reduces_gradients(trainer: Trainer) -> bool:
     return trainer.parallel.get_sequence_data_parallel_world_size() > 1 or trainer.config.parallel.zero_stage > 0
 
 
+@dataclass
+class _RunPhases:
+    """What run_training's phases share: the run, its state and the watchdog, timers and monitors around each
+    phase."""
+    trainer: Trainer
+    watchdog: Watchdog
+    state: TrainState
+    timers: StepTimers
+    metrics: MetricsLog
+    divergence: DivergenceMonitor
+
+    def save(self) -> None:
+        trainer, state, checkpoint = self.trainer, self.state, self.trainer.config.checkpoint
+        if not self.divergence.may_save(state.iteration):
+            return
+        with self.watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), \
+                self.timers.measure("save-checkpoint"):
+            self.divergence.require_finite_weights(trainer.engine.module, state.iteration)
+            save_checkpoint(trainer.engine, checkpoint.save, trainer.config.flags, state.iteration,
+                            state.consumed_train_samples, trainer.rng_tracker, trainer.model_config.vocab_size,
+                            trainer.tokenizer.vocab_size, save_optimizer=not checkpoint.no_save_optim,
+                            save_rng=not checkpoint.no_save_rng, consumed_train_tokens=state.consumed_train_tokens)
+
+    def validate(self, valid) -> float:
+        config, state = self.trainer.config, self.state
+        with self.watchdog.phase(f"the evaluation at iteration {state.iteration}"), self.timers.measure("evaluate"):
+            loss = evaluate(self.trainer.engine, valid, config.logging.eval_iters, config.batch.num_micro_batches,
+                            self.trainer.parallel, deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
+        self.metrics.validation(state, loss)
+        return loss
+
+
+@dataclass
+class _Settled:
+    """The pending iterations' figures once read (pending_steps.PendingSteps): logged, their skipped and bad
+    iterations counted, the divergence monitor told (which may raise); the losses and norms kept for the result."""
+    phases: _RunPhases
+    pending: PendingSteps
+    skipped_before: int  # the skipped-step counters' sum before the pending steps
+    losses: list
+    grad_norms: list
+
+    def settle(self) -> None:
+        state, divergence = self.phases.state, self.phases.divergence
+        steps = self.pending.take()
+        counts = [self.skipped_before] + [step.skipped for step in steps]
+        updates_skipped = [after > before for before, after in zip(counts, counts[1:])]
+        verdicts = divergence.judge([step.figures.loss for step in steps], updates_skipped)
+        for step, update_skipped, bad in zip(steps, updates_skipped, verdicts):
+            self.losses.append(step.figures.loss)
+            self.grad_norms.append(step.figures.grad_norm)
+            state.skipped_iterations += step.skipped - self.skipped_before
+            self.skipped_before = step.skipped
+            state.nan_iterations += int(bad)
+            logged = replace(state, iteration=step.iteration, consumed_train_samples=step.consumed_samples)
+            self.phases.metrics.iteration(logged, step.figures)  # which restarts the counters after a log line
+            state.skipped_iterations, state.nan_iterations = logged.skipped_iterations, logged.nan_iterations
+            divergence.count(step.iteration, bad, step.figures.loss, step.figures.grad_norm, update_skipped)
+
+
+def _skipped_counters(trainer: Trainer) -> list:
+    """DeepSpeed's skipped steps, and ours (Fp32GradientClipping, NonFiniteStepGuard)."""
+    return [trainer.engine.skipped_steps, *(hook.skipped for hook in (trainer.clipping, trainer.step_guard)
+                                            if hook is not None and hook.skipped is not None)]
+
+
+def _resume(trainer: Trainer, watchdog: Watchdog) -> TrainState:
+    state = TrainState()
+    with watchdog.phase("loading the checkpoint"), torch.no_grad():  # the pipeline engine re-synchronises
+        state.iteration, state.consumed_train_samples = load_checkpoint(  # tied weights in place while loading
+            trainer.engine, trainer.config.checkpoint.load, trainer.rng_tracker, trainer.resume, trainer.parallel)
+    return state
+
+
 def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> TrainingResult:
     """Resume, train, evaluate and save; each phase under the watchdog (megatron/training/watchdog.py)."""
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
-    state = TrainState()
-    with watchdog.phase("loading the checkpoint"), torch.no_grad():  # the pipeline engine re-synchronises
-        state.iteration, state.consumed_train_samples = load_checkpoint(  # tied weights in place while loading
-            engine, checkpoint.load, trainer.rng_tracker, trainer.resume, parallel)
+    state = _resume(trainer, watchdog)
     curriculum, state.consumed_train_tokens = resumed_curriculum(config, state)
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
@@ -541,54 +613,16 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         schedule = learning_rate_schedule(config.schedule, curriculum_warmup_tokens(config))
         train_iters = config.schedule.total_iterations(batch)
         timers = StepTimers(logging_config.timing_log_level)
-        metrics = MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers)
-        divergence = DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
-                                       checkpoint.save)
-
-        def save() -> None:
-            if not divergence.may_save(state.iteration):
-                return
-            with watchdog.phase(f"saving the checkpoint of iteration {state.iteration}"), \
-                    timers.measure("save-checkpoint"):
-                divergence.require_finite_weights(engine.module, state.iteration)
-                save_checkpoint(engine, checkpoint.save, config.flags, state.iteration, state.consumed_train_samples,
-                                trainer.rng_tracker, trainer.model_config.vocab_size, trainer.tokenizer.vocab_size,
-                                save_optimizer=not checkpoint.no_save_optim, save_rng=not checkpoint.no_save_rng,
-                                consumed_train_tokens=state.consumed_train_tokens)
-
-        def validate() -> float:
-            with watchdog.phase(f"the evaluation at iteration {state.iteration}"), timers.measure("evaluate"):
-                loss = evaluate(engine, valid, logging_config.eval_iters, batch.num_micro_batches, parallel,
-                                deepspeed_checkpointing=config.activation_checkpointing.deepspeed)
-            metrics.validation(state, loss)
-            return loss
-
-        def skipped_counters() -> list:  # DeepSpeed's skips, and ours (Fp32GradientClipping, NonFiniteStepGuard)
-            return [engine.skipped_steps, *(hook.skipped for hook in (clipping, trainer.step_guard)
-                                            if hook is not None and hook.skipped is not None)]
-
-        def settle() -> None:
-            """Read the pending iterations' figures; log them, count skipped and bad iterations (may raise)."""
-            nonlocal skipped_before
-            steps = pending.take()
-            counts = [skipped_before] + [step.skipped for step in steps]
-            updates_skipped = [after > before for before, after in zip(counts, counts[1:])]
-            verdicts = divergence.judge([step.figures.loss for step in steps], updates_skipped)
-            for step, update_skipped, bad in zip(steps, updates_skipped, verdicts):
-                losses.append(step.figures.loss)
-                grad_norms.append(step.figures.grad_norm)
-                state.skipped_iterations += step.skipped - skipped_before
-                skipped_before = step.skipped
-                state.nan_iterations += int(bad)
-                logged = replace(state, iteration=step.iteration, consumed_train_samples=step.consumed_samples)
-                metrics.iteration(logged, step.figures)  # which restarts the counters after a log line
-                state.skipped_iterations, state.nan_iterations = logged.skipped_iterations, logged.nan_iterations
-                divergence.count(step.iteration, bad, step.figures.loss, step.figures.grad_norm, update_skipped)
-
-        validation_loss, losses, grad_norms = None, [], []
-        skipped_before = round(sum(read_to_host(skipped_counters())))  # a resumed run's DeepSpeed counts on
-        pending = PendingSteps(None if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_group(),
-                               1 if isinstance(engine, PipelineEngine) else parallel.get_data_parallel_world_size())
+        phases = _RunPhases(trainer, watchdog, state, timers,
+                            MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers),
+                            DivergenceMonitor(config.stopping.max_consecutive_nan_iterations, config.precision.fp16,
+                                              checkpoint.save))
+        validation_loss = None
+        pipelined = isinstance(engine, PipelineEngine)
+        pending = PendingSteps(None if pipelined else parallel.get_data_parallel_group(),
+                               1 if pipelined else parallel.get_data_parallel_world_size())
+        # a resumed run's DeepSpeed counts on
+        settled = _Settled(phases, pending, round(sum(read_to_host(_skipped_counters(trainer)))), [], [])
         reduce_gradients = reduces_gradients(trainer)
         # Every rank takes the pending figures at the same iterations (their reading is a collective), so this
         # asks whether the run writes TensorBoard at all, not whether this rank does (only the last one does).
@@ -605,7 +639,7 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                                        batch.schedule.micro_batches(state.consumed_train_samples), parallel,
                                        reduce_gradients)
                 grad_norm = clipping.norm if clipping else engine.get_global_grad_norm()
-                skipped = skipped_counters()
+                skipped = _skipped_counters(trainer)
                 exit_reason = exits.reason()
             state.iteration += 1
             state.consumed_train_samples += batch_size
@@ -621,24 +655,25 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
                                                                              state.consumed_train_tokens)
             if saving or exiting or exit_reason or finished or \
                     due(state.iteration, logging_config.log_interval, tensorboard_interval):
-                settle()
+                settled.settle()
 
             paused = time.perf_counter()
             if valid is not None and state.iteration % logging_config.eval_interval == 0:
-                validation_loss = validate()
+                validation_loss = phases.validate(valid)
             if saving:
-                save()
-            metrics.exclude_from_timing(time.perf_counter() - paused)
+                phases.save()
+            phases.metrics.exclude_from_timing(time.perf_counter() - paused)
             if exiting or exit_reason:
                 saved = f"checkpoint saved to {checkpoint.save}" if checkpoint.save else "nothing saved (no --save)"
                 log_last_rank(exit_line(state.iteration, exit_reason and f"{exit_reason}; {saved}"))
                 break
         else:
-            divergence.require_recovered(state.iteration)
+            phases.divergence.require_recovered(state.iteration)
             if checkpoint.save and state.iteration % checkpoint.save_interval:
-                save()
+                phases.save()
             if valid is not None and state.iteration % logging_config.eval_interval:
-                validation_loss = validate()
+                validation_loss = phases.validate(valid)
             evaluate_splits(trainer, state.iteration, ("test",))
-        metrics.close()
-        return TrainingResult(state.iteration, losses, grad_norms, validation_loss, engine.module, parallel)
+        phases.metrics.close()
+        return TrainingResult(state.iteration, settled.losses, settled.grad_norms, validation_loss, engine.module,
+                              parallel)

@@ -3,17 +3,18 @@ import torch
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 from torch import nn
 
+from megatron.config.flags.optimizer import weight_decayed
 from megatron.config.job import OptimizerConfig
 from megatron.model.kernels import Kernels, select_kernels
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weight matrices only: biases and LayerNorm parameters (every parameter with one
-    dimension) are not decayed, as in Megatron. The names let DeepSpeed split off the experts' groups."""
+    """Megatron's two groups, decayed and not (config/flags/optimizer.weight_decayed). The names let DeepSpeed
+    split off the experts' groups."""
     decayed, not_decayed = [], []
     for parameter in model.parameters():
         if parameter.requires_grad:
-            (not_decayed if parameter.dim() == 1 else decayed).append(parameter)
+            (decayed if weight_decayed(parameter.shape) else not_decayed).append(parameter)
     return [{"name": "decayed", "params": decayed, "weight_decay": weight_decay},
             {"name": "not_decayed", "params": not_decayed, "weight_decay": 0.0}]
 

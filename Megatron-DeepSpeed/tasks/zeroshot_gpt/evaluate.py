@@ -11,6 +11,7 @@ token (with --strict-lambada: last word) the model predicts greedily. Nothing is
 """
 import argparse
 
+from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser
@@ -55,12 +56,12 @@ def main(argv=None):
 
 def run(args, npu):
     tokenizer, recorded = tokenizer_from_flags(args)
-    max_positions = int(recorded["max_position_embeddings"])
+    max_positions = RecordedFlags.of(recorded).max_position_embeddings
     if args.task == "LAMBADA":
         examples = read_lambada(args.valid_data, tokenizer, args.strict_lambada, max_positions)
     else:
         text = read_text(args.valid_data)
-        seq_length = args.seq_length or int(recorded["seq_length"])
+        seq_length = args.seq_length or RecordedFlags.of(recorded).seq_length
         if not 1 <= seq_length <= max_positions:
             raise InputError(f"--seq-length {seq_length} must be between 1 and the model's context of {max_positions}")
     loaded = load_from_flags(args, tokenizer, npu.kernels)

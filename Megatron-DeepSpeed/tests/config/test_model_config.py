@@ -7,14 +7,14 @@ from dataclasses import fields, replace
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, VOCAB, train, write_counting_dataset
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, VOCAB, train, write_counting_dataset
 
-from megatron.checkpoint import hf_files, hf_gpt2
-from megatron.checkpoint.convert import export_hf, import_hf, reshape
-from megatron.checkpoint.reader import read_checkpoint
-from megatron.checkpoint.resume import check_model_flags
-from megatron.checkpoint.writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.convert import hf_files, hf_gpt2
+from megatron.checkpoint.convert.conversions import export_hf, import_hf, reshape
+from megatron.checkpoint.formats.reader import read_checkpoint
+from megatron.checkpoint.trainer.resume_plan import check_model_flags
+from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
 from megatron.errors import InputError

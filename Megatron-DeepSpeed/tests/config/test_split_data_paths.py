@@ -4,9 +4,9 @@ import pytest
 
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.errors import InputError
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 from tests.scripts.test_upstream_scripts import train_each
-from tests.training_helpers import COMMON
+from tests.helpers.training import COMMON
 
 BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "16",
         "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "10", "--tokenizer-type", "NullTokenizer",

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 from megatron.data.index_building import SampleIndex
 from megatron.data.index_cache import (IndexCache, cache_directory, index_description,
                                        load_or_build)

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.training import TINY_FLAGS
 
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.data.data_loaders import build_datasets

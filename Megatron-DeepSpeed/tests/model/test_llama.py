@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint.convert import reshape
-from megatron.checkpoint.writer import TargetLayout
+from megatron.checkpoint.convert.conversions import reshape
+from megatron.checkpoint.convert.target_writer import TargetLayout
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.model_config import ModelConfig
 from megatron.config.presets import get_preset
@@ -21,8 +21,8 @@ from megatron.model.gpt_config import gpt_config
 from megatron.model.rotary import RotaryEmbedding
 from megatron.planning.shape import shape_from_preset, stage_parameters
 from megatron.training.flops import LayerMatrices
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, assert_same_training, train
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, assert_same_training, train
 
 # Upstream's Llama switches (examples_deepspeed/pretrain_llama2_distributed.sh) at test sizes: 4 query heads in 2
 # groups, SwiGLU branches of 48.

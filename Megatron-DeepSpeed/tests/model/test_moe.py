@@ -1,11 +1,11 @@
 """Mixture of experts on DeepSpeed's MoE layer (megatron/model/moe.py): expert parallelism reproduces the
 single-process run, capacity drops are counted, PR-MoE and top-2 resume exactly, and upstream's MoE flag sets
-pass (checkpoint conversion and Adam state: tests/test_moe_checkpoints.py). Real processes over gloo; parity with
+pass (checkpoint conversion and Adam state: tests/checkpoint/convert/test_moe_conversion.py). Real processes over gloo; parity with
 one process is the oracle."""
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.moe_helpers import COMMON, ITERATIONS, skewed_model, train_moe, validated
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.moe import COMMON, ITERATIONS, skewed_model, train_moe, validated
 
 from megatron.model.moe import is_expert_parameter
 
@@ -33,8 +33,8 @@ def test_expert_parallel_training_equals_single_process(zero_stage, data_prefix,
 def test_tensor_and_expert_parallel_training_equals_single_process(data_prefix, single_process):
     # TP 2 x EP 2 (DP 2): the dense part is tensor-parallel and each MoE layer drops the duplicate tokens of the
     # TP ranks before its all-to-all and gathers them after. That gather needs nccl's flat all_gather_into_tensor,
-    # which tests/flat_gather_backend.py gives these CPU ranks; the losses are still the single process's.
-    from tests.flat_gather_backend import BACKEND
+    # which tests/helpers/flat_gather_backend.py gives these CPU ranks; the losses are still the single process's.
+    from tests.helpers.flat_gather_backend import BACKEND
     losses, _, norm = run_on_ranks(train_moe, 4, [*COMMON, "--data-path", data_prefix,
                                                   "--tensor-model-parallel-size", "2",
                                                   "--moe-expert-parallel-size", "2"], backend=BACKEND)[0]
@@ -51,14 +51,15 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     # after. Same losses and weight norm as one process; the iteration-2 checkpoint (each tensor-parallel rank's
     # expert shards in its own mp_rank file, its dense MLP shards in its model-states file) reads as the one
     # process's model, resumes exactly, and its weights converted to TP 1 x EP 1 give the next loss in one process.
-    from tests.flat_gather_backend import BACKEND
+    from tests.helpers.flat_gather_backend import BACKEND
 
-    from megatron.checkpoint.convert import reshape
-    from megatron.checkpoint.directory import load_file
-    from megatron.checkpoint.names import upstream_expert_key
-    from megatron.checkpoint.reader import module_names, read_checkpoint
-    from megatron.checkpoint.weight_units import TensorShard
-    from megatron.checkpoint.writer import TargetLayout
+    from megatron.checkpoint.convert.conversions import reshape
+    from megatron.checkpoint.torch_files import load_file
+    from megatron.checkpoint.parameter_names import upstream_expert_key
+    from megatron.checkpoint.formats.plain_engine import module_names
+    from megatron.checkpoint.formats.reader import read_checkpoint
+    from megatron.checkpoint.formats.weight_units import TensorShard
+    from megatron.checkpoint.convert.target_writer import TargetLayout
     # DeepSpeed splits the capacity over the tensor-parallel ranks, and without token dropping its gate leaves an
     # odd capacity then (refused in flags/moe.py); capacity factor 4 = experts gives each expert room for every
     # token, so none is dropped, as in the reference run.
@@ -92,7 +93,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
     assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
     torch.testing.assert_close(read[shard], torch.cat(halves))
-    from megatron.checkpoint.examine import examine  # what tools/inspect_checkpoint.py prints first
+    from megatron.checkpoint.convert.examine import examine  # what tools/inspect_checkpoint.py prints first
     header = examine(str(tmp_path / "tp2")).header[-1]
     assert header.endswith("--moe-expert-parallel-size 2 --enable-expert-tensor-parallelism")
     (tmp_path / "tp2" / "latest").write_text("global_step2")
@@ -235,7 +236,7 @@ def test_pr_moe_with_top2_trains_and_resumes_exactly_at_ep2_zero1(data_prefix, t
     assert {f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)} <= \
         {path.name for path in (tmp_path / "global_step2").iterdir()}
     # The reader gathers every expert of the EP2 checkpoint under the single-process model's names.
-    from megatron.checkpoint.reader import read_checkpoint
+    from megatron.checkpoint.formats.reader import read_checkpoint
     experts = {name for name in read_checkpoint(str(tmp_path), iteration=2).model if is_expert_parameter(name)}
     assert experts == {f"layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.{e}.{linear}.{kind}"
                        for e in range(4) for linear in ("dense_h_to_4h", "dense_4h_to_h") for kind in ("weight", "bias")}
@@ -305,9 +306,9 @@ def train_moe_whole(argv):
 
 @pytest.mark.full
 def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_and_the_pipeline_engine(data_prefix, tmp_path):
-    from megatron.checkpoint.convert import export_hf, reshape
-    from megatron.checkpoint.reader import read_checkpoint
-    from megatron.checkpoint.writer import TargetLayout
+    from megatron.checkpoint.convert.conversions import export_hf, reshape
+    from megatron.checkpoint.formats.reader import read_checkpoint
+    from megatron.checkpoint.convert.target_writer import TargetLayout
     from megatron.errors import InputError
     from megatron.inference.loading import load_model
     from megatron.model.kernels import PORTABLE_KERNELS
@@ -316,7 +317,7 @@ def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_a
                                                     str(ITERATIONS)])[0]
     checkpoint = read_checkpoint(str(tmp_path / "ckpt"))
     assert checkpoint.model.keys() == trained.keys()
-    from megatron.checkpoint.examine import examine  # what tools/inspect_checkpoint.py prints first
+    from megatron.checkpoint.convert.examine import examine  # what tools/inspect_checkpoint.py prints first
     assert "mixture of experts: --num-experts 4 --expert-interval 2 --mlp-type residual --topk 1 " \
            "--moe-expert-parallel-size 1" in examine(str(tmp_path / "ckpt")).header
     for name, tensor in trained.items():
@@ -361,7 +362,7 @@ def test_flops_and_parameter_count_are_of_the_parameters_a_token_uses():
 
 
 def test_a_checkpoint_resumes_only_with_its_experts():
-    from megatron.checkpoint.resume import check_model_flags
+    from megatron.checkpoint.trainer.resume_plan import check_model_flags
     from megatron.errors import InputError
     recorded = {"num_layers": 2, "num_experts": [4], "expert_interval": 2, "mlp_type": "standard",
                 "moe_expert_parallel_size": 2}
@@ -372,7 +373,7 @@ def test_a_checkpoint_resumes_only_with_its_experts():
 
 
 def test_a_checkpoint_at_tensor_parallel_size_two_resumes_only_with_its_experts_split_as_saved():
-    from megatron.checkpoint.resume import check_expert_split
+    from megatron.checkpoint.trainer.resume_plan import check_expert_split
     from megatron.errors import InputError
     split = {"num_experts": [4], "enable_expert_tensor_parallelism": True}
     whole = {"num_experts": [4]}  # older checkpoints do not record the flag: their experts are whole

@@ -8,8 +8,8 @@ from megatron import device
 from megatron.config.arguments import parse_args, validate_args
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel, recomputed_checkpoints, recomputed_chunks
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON
 
 MODES = {  # name: GPTConfig / flag values
     "full uniform 1": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.model.gpt import GPTConfig, GPTModel

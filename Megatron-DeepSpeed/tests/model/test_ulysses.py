@@ -6,8 +6,8 @@ import torch
 
 from megatron.config.arguments import parse_args, validate_args
 from megatron.errors import InputError
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, ITERATIONS, TINY_FLAGS, assert_same_training, train
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, ITERATIONS, TINY_FLAGS, assert_same_training, train
 
 ULYSSES = ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"]
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",

@@ -12,8 +12,8 @@ from megatron.planning.search import candidate_layouts, require_fit
 from megatron.config.job import MoEConfig
 from megatron.planning.shape import (Layout, ModelShape, TrainingSettings, from_flags, stage_expert_parameters,
                                      stage_parameters)
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, VOCAB
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS, VOCAB
 
 SHAPE = ModelShape(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
                    vocab_size=200, make_vocab_size_divisible_by=64)

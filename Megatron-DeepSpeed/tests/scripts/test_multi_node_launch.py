@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from megatron.training.log_lines import parse_log
-from tests.distributed_helpers import free_port
+from tests.helpers.distributed import free_port
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.full  # whole runs of the entry script: the full tier

@@ -16,7 +16,7 @@ import json
 import os
 
 import pytest
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 from tests.tokenizer.test_tokenizer import train_sentencepiece
 from tests.scripts.test_upstream_scripts import train_each, write_byte_level_vocab
 

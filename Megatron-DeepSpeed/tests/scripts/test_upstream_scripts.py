@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import sentencepiece
-from tests.distributed_helpers import free_port, run_on_ranks
+from tests.helpers.distributed import free_port, run_on_ranks
 
 from megatron.config.learning_rates import learning_rate
 from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, bytes_to_unicode
@@ -267,7 +267,8 @@ def test_log_fields_and_timers_of_the_logging_flags(single_process_runs):
 
 def test_no_save_rng_and_reset_iteration(single_process_runs):
     from megatron.checkpoint.client_state import has_rng, tracker_states
-    from megatron.checkpoint.directory import checkpoint_directory, read_client_state
+    from megatron.checkpoint.formats.detect import read_client_state
+    from megatron.checkpoint.formats.locate import checkpoint_directory
 
     out, _, _ = single_process_runs["save without rng"]
     state = read_client_state(checkpoint_directory(os.path.join(out, "..", "ckpt_contents")))

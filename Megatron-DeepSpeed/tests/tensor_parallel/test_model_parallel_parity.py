@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 from megatron import device
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel
-from megatron.model.parallelize import apply_tensor_parallel, gather_full_state_dict, tensor_parallel_partition_dim
+from megatron.model.parallelize import apply_tensor_parallel, tensor_parallel_partition_dim
+from tests.helpers.model_state import gather_full_state_dict
 from megatron.parallel_state import ParallelState
 from megatron.tensor_parallel import sum_sequence_parallel_gradients_each_step, tensor_parallel_rng_tracker
 from megatron.tokenizer import vocab_size_with_padding

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 
 from megatron import tensor_parallel as tp
 from megatron.errors import InputError

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, VOCAB, write_counting_dataset
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS, VOCAB, write_counting_dataset
 
-from megatron.checkpoint.hf_gpt2 import hf_config, to_hf_tensors
-from megatron.checkpoint.reader import read_checkpoint
-from megatron.checkpoint.save_load import plan_load
+from megatron.checkpoint.convert.hf_gpt2 import hf_config, to_hf_tensors
+from megatron.checkpoint.formats.reader import read_checkpoint
+from megatron.checkpoint.trainer.load import plan_load
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.errors import InputError
 from megatron.evaluation.zeroshot import wikitext_perplexity

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 from deepspeed.runtime.zero.utils import is_zero_supported_optimizer
-from tests.distributed_helpers import run_on_ranks
+from tests.helpers.distributed import run_on_ranks
 
 from deepspeed_npu.fused_kernels import npu_kernels
 from megatron.config.arguments import job_config, parse_args, validate_args

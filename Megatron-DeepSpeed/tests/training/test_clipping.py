@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import step_history
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import step_history
 
 from megatron.training.clipping import Fp32GradientClipping
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS
 
-from megatron.checkpoint.directory import read_client_state
+from megatron.checkpoint.formats.detect import read_client_state
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.curriculum import seqlen_curriculum
 from megatron.config.ds_config import resolve_deepspeed_config

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS, step_history
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS, step_history
 
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.errors import InputError

@@ -5,8 +5,8 @@ TP x DP; a TP x DP checkpoint resumes exactly."""
 import pytest
 import torch
 
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, assert_same_training, train
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, assert_same_training, train
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import TINY_FLAGS
 
 from megatron.config.arguments import parse_args, validate_args
 from megatron.errors import InputError
@@ -44,7 +44,7 @@ def train(argv):
     """pretrain() on this rank; rank 0 returns what it saw and the full single-process weights."""
     import torch.distributed as dist
 
-    from megatron.model.parallelize import gather_full_state_dict
+    from tests.helpers.model_state import gather_full_state_dict
     from megatron.model.provider import model_provider
     from megatron.training.loop import pretrain
 

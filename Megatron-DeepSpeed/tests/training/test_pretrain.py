@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.training import TINY_FLAGS
 
 from megatron.training.log_lines import parse_log
 from tests.helpers.paths import PACKAGE_ROOT

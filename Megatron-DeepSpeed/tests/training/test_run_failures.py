@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.distributed_helpers import free_port, run_on_ranks
-from tests.training_helpers import TINY_FLAGS
+from tests.helpers.distributed import free_port, run_on_ranks
+from tests.helpers.training import TINY_FLAGS
 from tests.helpers.paths import PACKAGE_ROOT
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tests.distributed_helpers import run_on_ranks
-from tests.training_helpers import COMMON, TINY_FLAGS, assert_same_training, train
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, TINY_FLAGS, assert_same_training, train
 
 from megatron.config.arguments import parse_args
 from megatron.training.optimizer import build_optimizer

@@ -1,5 +1,5 @@
 """Checkpoint flags: where to save and load, and what a load restores and a save keeps (Megatron's names and
-meanings, megatron/checkpoint/resume.py); their checks, and the CheckpointConfig section."""
+meanings, megatron/checkpoint/trainer/resume_plan.py); their checks, and the CheckpointConfig section."""
 from typing import Mapping
 
 from megatron.config.flags.common import Limits, same_named

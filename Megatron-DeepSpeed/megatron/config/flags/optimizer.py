@@ -11,6 +11,12 @@ LIMITS = Limits(positive=("adam_eps",), non_negative=("weight_decay", "clip_grad
                 fractions=("adam_beta1", "adam_beta2"))
 
 
+
+def weight_decayed(shape) -> bool:
+    """--weight-decay applies to weight matrices only: biases and LayerNorm parameters (one dimension) are not
+    decayed, as in Megatron. The one rule for the optimizer's groups and for reading or writing their state."""
+    return len(shape) > 1
+
 def add_flags(parser) -> None:
     group = parser.add_argument_group("optimizer")
     group.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",

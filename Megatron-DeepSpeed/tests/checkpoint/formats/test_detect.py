@@ -1,0 +1,83 @@
+"""formats/detect.weights_kind: every source layout is recognised once, from its files and client state, as the
+kind of weights the reader then looks up; the files a layout needs follow from that kind."""
+import os
+import shutil
+
+import pytest
+
+from megatron.checkpoint.convert.fixture_sources import write_megatron, write_zero3
+from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.file_names import UNIVERSAL_DIR, layer_file
+from megatron.checkpoint.formats import detect
+from megatron.checkpoint.formats.locate import checkpoint_directory
+from megatron.checkpoint.formats.reader import WEIGHT_UNITS, read_checkpoint
+from megatron.model.gpt import GPTConfig, GPTModel
+from tests.helpers.paths import FIXTURES
+
+CONFIG = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=2, hidden_size=16, num_attention_heads=2,
+                   ffn_hidden_size=32)
+FLAGS = {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "ffn_hidden_size": 32,
+         "max_position_embeddings": 16, "seq_length": 16, "seed": 3, "tokenizer_vocab_size": 50}
+DATA = os.path.join(FIXTURES, "checkpoints")
+
+
+def kind_of(load_dir: str) -> str:
+    tag_dir = checkpoint_directory(load_dir)
+    state = detect.read_client_state(tag_dir)
+    return detect.weights_kind(tag_dir, state, detect.layout_of(state, tag_dir))
+
+
+def written(directory, target: TargetLayout) -> str:
+    write_checkpoint(str(directory), GPTModel(CONFIG).state_dict(), CONFIG, TrainingState(3, 24, FLAGS), target)
+    return str(directory)
+
+
+def test_every_kind_has_one_reader():
+    assert sorted(WEIGHT_UNITS) == sorted(detect.KINDS)
+
+
+def test_the_engines_files_are_told_apart(tmp_path):
+    assert kind_of(written(tmp_path / "pipe", TargetLayout(2, 2))) == detect.PIPELINE
+    assert kind_of(written(tmp_path / "plain", TargetLayout(2, 1, pipeline_engine=False))) == detect.PLAIN
+
+
+def test_zero3_and_megatron_sources(tmp_path):
+    weights = GPTModel(CONFIG).state_dict()
+    write_zero3(str(tmp_path / "zero3"), weights, FLAGS, tensor=1, data=2, iteration=3)
+    write_megatron(str(tmp_path / "megatron"), weights, FLAGS, tensor=1, pipeline=2, iteration=3)
+    assert kind_of(str(tmp_path / "zero3")) == detect.ZERO3
+    assert kind_of(str(tmp_path / "megatron")) == detect.MEGATRON
+
+
+def test_checkpoints_of_other_writers_on_disk():
+    assert kind_of(os.path.join(DATA, "old_tp2pp2")) == detect.PIPELINE_FROM_ZERO
+    assert kind_of(os.path.join(DATA, "megatron_tp1pp1")) == detect.MEGATRON
+
+
+def test_a_pipeline_checkpoint_without_layer_files_but_per_parameter_files_is_read_from_those(tmp_path):
+    """As DeepSpeed's ds_to_universal leaves it: the model-states files beside zero/, no layer files."""
+    source = written(tmp_path / "src", TargetLayout(1, 1))
+    tag_dir = checkpoint_directory(source)
+    whole = read_checkpoint(source).model
+    for name in os.listdir(tag_dir):
+        if name.startswith("layer_"):
+            os.remove(os.path.join(tag_dir, name))
+    os.remove(os.path.join(tag_dir, "manifest.json"))
+    assert os.path.isdir(os.path.join(tag_dir, UNIVERSAL_DIR))
+    assert kind_of(source) == detect.UNIVERSAL_FILES
+    assert detect.layout_files(detect.read_client_state(tag_dir, verify=False), tag_dir) == {
+        "mp_rank_00_model_states.pt": "module"}
+    read = read_checkpoint(source).model
+    assert sorted(read) == sorted(whole)
+
+
+@pytest.mark.parametrize("kind, first", [(detect.PIPELINE, 1), (detect.PIPELINE_FROM_ZERO, 0)])
+def test_the_layer_files_a_pipeline_kind_needs(tmp_path, kind, first):
+    source = written(tmp_path / "src", TargetLayout(1, 1))
+    tag_dir = checkpoint_directory(source)
+    state = detect.read_client_state(tag_dir)
+    if kind == detect.PIPELINE_FROM_ZERO:  # numbered as earlier versions of this project numbered them
+        shutil.copy(os.path.join(tag_dir, layer_file(1, 0)), os.path.join(tag_dir, layer_file(0, 0)))
+    files = detect.layout_files(state, tag_dir)
+    layers = sorted(int(name[len("layer_"):].split("-")[0]) for name in files if name.startswith("layer_"))
+    assert layers[0] == first and len(layers) == CONFIG.num_layers + 2
