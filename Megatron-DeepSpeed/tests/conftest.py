@@ -15,3 +15,20 @@ def data_prefix(tmp_path_factory):
 def single_process(data_prefix):
     """The reference every parallel layout must equal: training on one process."""
     return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
+
+
+@pytest.fixture(autouse=True)
+def process_left_as_found():
+    """Each test leaves the test process as it found it, whatever order the tests run in: a test that runs
+    pretrain_gpt.py's main in this process joins a process group of one (which sets RANK and MASTER_PORT), and
+    the entry-script runs after it would otherwise inherit those variables and that port."""
+    import os
+
+    import torch.distributed as dist
+
+    environment = dict(os.environ)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environment)

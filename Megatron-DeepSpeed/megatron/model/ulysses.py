@@ -65,7 +65,7 @@ class SequenceParallelLoss(LanguageModelLoss):
         self.sequence_group = group
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask=None) -> torch.Tensor:
-        token_losses = cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes, self.chunk_kernels,
+        token_losses = cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes,
                                      overwrite_logits=True).flatten()
         weights = torch.ones_like(token_losses) if loss_mask is None else loss_mask.flatten().float()
         count = reduce_from_tensor_parallel_region(weights.sum().detach(), self.sequence_group)
@@ -87,7 +87,7 @@ def ulysses_pieces(prepare, parallel_state):
             attention.sequence_chunk_index = rank
         elif isinstance(piece, LanguageModelLoss):
             whole_sequence = SequenceParallelLoss(piece.chunk_bytes, group)
-            whole_sequence.vocab_group, whole_sequence.chunk_kernels = piece.vocab_group, piece.chunk_kernels
+            whole_sequence.vocab_group = piece.vocab_group
             piece = whole_sequence
         return piece
     return prepare_for_sequence_parallel
