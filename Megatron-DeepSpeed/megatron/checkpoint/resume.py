@@ -21,6 +21,7 @@ earlier versions of this project, numbered differently) load their weights only 
 read by reader.py and copied into this rank's modules, at any layout); a full resume of them is refused with the
 one command that converts them.
 """
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
@@ -75,6 +76,8 @@ class ResumePlan:
     # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/bf16_slices.py)
     bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
+    # the checkpoint's ZeRO stage, which a run that chose none takes to load the optimizer state (None: the run's)
+    zero_stage: Optional[int] = None
 
 
 def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
@@ -198,9 +201,10 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
 
 
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
-                model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
+                model_flags: Mapping[str, object], zero_stage_chosen: bool = True) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run).
-    `precision`: the run's, fp32, fp16 or bf16."""
+    `precision`: the run's, fp32, fp16 or bf16. Without `zero_stage_chosen` (the stage is the default) a full
+    resume of a native checkpoint takes its ZeRO stage, whose optimizer files DeepSpeed loads at that stage only."""
     if not load_dir or not _pointer_exists(load_dir, options.universal):
         return None
     if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
@@ -225,6 +229,10 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
     check_expert_split(load_dir, state[ARGS], model_flags, layout.tensor)
     load_optimizer = holds_optimizer_state(tag_dir, state) and not weights_only
     from_universal_files = not foreign and _engine_weights_missing(tag_dir, layout)
+    adopted_stage = (layout.zero_stage if not (zero_stage_chosen or layout.universal or from_universal_files or foreign)
+                     and load_optimizer and layout.zero_stage != run.zero_stage else None)
+    if adopted_stage is not None:
+        run = dataclasses.replace(run, zero_stage=adopted_stage)
     if not (from_universal_files or foreign):
         check_layout(load_dir, layout, run, weights_only=not load_optimizer)
     elif from_universal_files and run.zero_stage == 0:
@@ -251,7 +259,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       restore_progress=not (options.finetune or options.reset_iteration or release),
                       foreign=foreign or (options.evaluation_only and _weights_copy_in_applies(state, run)),
                       padded_vocab_size=args.get("padded_vocab_size"),
-                      schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS}, trusted=options.trust_checkpoint)
+                      schedule={flag: args.get(flag) for flag in SCHEDULE_FLAGS}, trusted=options.trust_checkpoint,
+                      zero_stage=adopted_stage)
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:

@@ -74,6 +74,8 @@ class ParallelConfig:
     zero_allgather_bucket_size: int
     remote_device: str
     use_pin_memory: bool
+    zero_stage_chosen: bool = True  # by --zero-stage or the JSON; False: the default, or a resumed checkpoint's
+    zero_stage_note: Optional[str] = None  # the line that says why one data-parallel rank has the default stage
 
 
 @dataclass(frozen=True)
