@@ -310,7 +310,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     first_rank_checks(functools.partial(start_up_checks, config.checkpoint, loads_optimizer))  # before slow work
     resume = plan_load(config)
     if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags; its ZeRO stage
-        adopted = {**resolve_schedule(config.flags, resume, load_options(config)), **resumed_zero_stage(config, resume)}
+        adopted = {**resolve_schedule(config.flags, resume, load_options(config)),
+                   **resumed_zero_stage(config, resume)}
         if adopted:
             config = with_flags(config, adopted)
     if config.parallel.zero_stage_note and dist.get_rank() == 0:
