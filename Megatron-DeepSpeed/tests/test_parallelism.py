@@ -57,6 +57,6 @@ def test_a_zero_1_checkpoint_of_one_data_parallel_rank_resumes_at_zero_1_exactly
     (tmp_path / "latest").write_text("global_step2")
     lines, resumed = run_on_ranks(train_and_log, 1, [*THREE_ITERATIONS, *data, "--load", str(tmp_path)])[0]
     assert zero_stage_lines(lines) == [
-        f"ZeRO stage 1: the stage {tmp_path} was saved at, whose optimizer state loads at that stage only "
-        f"(--zero-stage chooses; another stage needs --no-load-optim)"]
+        f"ZeRO stage 1: the stage at which the optimizer state of --load {tmp_path} loads (--zero-stage chooses; "
+        f"--no-load-optim loads the weights at any stage)"]
     assert resumed == straight[2:]

@@ -200,11 +200,30 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
                          f"--no-load-optim{anywhere}")
 
 
+def _stage_that_loads(load_dir: str, state: Mapping, layout: Layout, run: Layout, precision: str,
+                      from_universal_files: bool) -> Optional[int]:
+    """For a run whose user chose no ZeRO stage, the stage at which the checkpoint's optimizer state loads where the
+    run's default cannot load it (None: the run's stage does): a native checkpoint's own (DeepSpeed loads its
+    optimizer files at that stage only); ZeRO 1 for a universal one that ZeRO 0 cannot load (DeepSpeed's, or ours
+    converted for another precision or data-parallel size: ZeRO's universal loader reads it in any)."""
+    if not (layout.universal or from_universal_files):
+        return layout.zero_stage if layout.zero_stage != run.zero_stage else None
+    if run.zero_stage != 0 or whole_model_moe(state[ARGS]) is not None:
+        return None
+    if not from_universal_files:
+        try:
+            check_zero0_precision(load_dir, state, run, precision)
+            return None
+        except InputError:
+            pass
+    return 1
+
+
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
                 model_flags: Mapping[str, object], zero_stage_chosen: bool = True) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run).
     `precision`: the run's, fp32, fp16 or bf16. Without `zero_stage_chosen` (the stage is the default) a full
-    resume of a native checkpoint takes its ZeRO stage, whose optimizer files DeepSpeed loads at that stage only."""
+    resume takes the stage at which the optimizer state loads (_stage_that_loads)."""
     if not load_dir or not _pointer_exists(load_dir, options.universal):
         return None
     if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
@@ -229,8 +248,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
     check_expert_split(load_dir, state[ARGS], model_flags, layout.tensor)
     load_optimizer = holds_optimizer_state(tag_dir, state) and not weights_only
     from_universal_files = not foreign and _engine_weights_missing(tag_dir, layout)
-    adopted_stage = (layout.zero_stage if not (zero_stage_chosen or layout.universal or from_universal_files or foreign)
-                     and load_optimizer and layout.zero_stage != run.zero_stage else None)
+    adopted_stage = None if zero_stage_chosen or foreign or not load_optimizer else _stage_that_loads(
+        load_dir, state, layout, run, precision, from_universal_files)
     if adopted_stage is not None:
         run = dataclasses.replace(run, zero_stage=adopted_stage)
     if not (from_universal_files or foreign):

@@ -342,13 +342,14 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
 
 
 def resumed_zero_stage(config: JobConfig, resume: ResumePlan) -> dict:
-    """The flags that take the checkpoint's ZeRO stage, where the run chose none (plan_resume decides)."""
+    """The flags that take the ZeRO stage at which the checkpoint's optimizer state loads, where the run chose
+    none (plan_resume decides)."""
     if resume.zero_stage is None:
         return {}
     return {"zero_stage": resume.zero_stage,
-            "zero_stage_note": f"ZeRO stage {resume.zero_stage}: the stage {config.checkpoint.load} was saved at, "
-                               f"whose optimizer state loads at that stage only (--zero-stage chooses; another stage "
-                               f"needs --no-load-optim)"}
+            "zero_stage_note": f"ZeRO stage {resume.zero_stage}: the stage at which the optimizer state of --load "
+                               f"{config.checkpoint.load} loads (--zero-stage chooses; --no-load-optim loads the "
+                               f"weights at any stage)"}
 
 
 def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, parallel: ParallelState,
