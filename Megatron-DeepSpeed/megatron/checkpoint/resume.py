@@ -76,7 +76,7 @@ class ResumePlan:
     # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/bf16_slices.py)
     bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
-    # the checkpoint's ZeRO stage, which a run that chose none takes to load the optimizer state (None: the run's)
+    # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
     zero_stage: Optional[int] = None
 
 
@@ -210,13 +210,13 @@ def _stage_that_loads(load_dir: str, state: Mapping, layout: Layout, run: Layout
         return layout.zero_stage if layout.zero_stage != run.zero_stage else None
     if run.zero_stage != 0 or whole_model_moe(state[ARGS]) is not None:
         return None
-    if not from_universal_files:
-        try:
-            check_zero0_precision(load_dir, state, run, precision)
-            return None
-        except InputError:
-            pass
-    return 1
+    if from_universal_files:
+        return 1
+    try:
+        check_zero0_precision(load_dir, state, run, precision)
+    except InputError:  # its ZeRO-0 form is another precision's, or another data-parallel size's
+        return 1
+    return None
 
 
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
