@@ -1,5 +1,7 @@
 """Real processes: when a launcher is killed with SIGKILL, what it started ends too, writing nothing more
 (megatron/launched_rank.py; docs/failure-cases.md)."""
+import base64
+import json
 import os
 import signal
 import subprocess
@@ -98,3 +100,61 @@ def test_torchrun_started_by_the_launch_script_ends_when_the_script_is_killed():
     finally:
         if running(child):
             os.kill(child, signal.SIGKILL)
+
+
+TICKING_RANK = """
+import os, sys, time
+from megatron.errors import run_cli
+
+def main(argv):
+    with open(os.path.join(sys.argv[-1], f"rank{os.environ['RANK']}.pid"), "w") as pid:
+        pid.write(str(os.getpid()))
+    with open(os.path.join(sys.argv[-1], f"rank{os.environ['RANK']}.ticks"), "a") as ticks:
+        while True:  # writes until it is ended
+            ticks.write("tick\\n")
+            ticks.flush()
+            time.sleep(0.1)
+
+run_cli(main)
+"""
+
+
+def deepspeed_command(top: str, rank_script: str, argument: str) -> list:
+    """`top` started as `deepspeed --num_gpus 2 rank_script argument` starts it: the `deepspeed` command (which
+    starts DeepSpeed's per-node launcher) or that launcher itself."""
+    from tests.helpers.distributed import free_port
+
+    if top == "deepspeed command":
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
+                str(free_port()), rank_script, argument]
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1]}).encode()).decode()
+    return [sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world}", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), rank_script, argument]
+
+
+@pytest.mark.parametrize("killed", ["deepspeed.launcher.launch", "deepspeed command"])
+def test_ranks_end_within_seconds_when_the_deepspeed_launcher_is_killed_and_write_nothing_more(tmp_path, killed):
+    """The `deepspeed` command starts DeepSpeed's per-node launcher, which starts the ranks (a rank here writes a
+    line every 0.1 s through run_cli, as pretrain_gpt.py runs): a SIGKILL of either ends the ranks."""
+    rank_script = tmp_path / "rank.py"
+    rank_script.write_text(TICKING_RANK)
+    environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    top = subprocess.Popen(deepspeed_command(killed, str(rank_script), str(tmp_path)), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, cwd=ROOT,
+                           env={**environment, "PYTHONPATH": os.pathsep.join([ROOT, environment.get("PYTHONPATH", "")])})
+    ranks, launchers = [], []
+    try:
+        for rank in (0, 1):
+            wait_for(str(tmp_path / f"rank{rank}.ticks"), top, os.devnull)
+        ranks = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in (0, 1)]
+        launchers = [top.pid] if killed == "deepspeed.launcher.launch" else children_of(top.pid)
+        assert len(launchers) == 1 and sorted(children_of(launchers[0])) == sorted(ranks)
+        top.kill()  # SIGKILL
+        assert wait_until_ended(ranks) == []
+        written = [(tmp_path / f"rank{rank}.ticks").stat().st_size for rank in (0, 1)]
+        time.sleep(0.5)
+        assert [(tmp_path / f"rank{rank}.ticks").stat().st_size for rank in (0, 1)] == written
+    finally:
+        for pid in filter(running, [top.pid, *launchers, *ranks]):  # what a failed assertion leaves behind
+            os.kill(pid, signal.SIGKILL)
+        top.wait()

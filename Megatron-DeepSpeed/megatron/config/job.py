@@ -76,6 +76,8 @@ class ParallelConfig:
     use_pin_memory: bool
     # DeepSpeed-Ulysses: ranks sharing each sequence (model/ulysses.py); world = tensor x pipeline x data x this.
     ds_sequence_parallel_size: int = 1
+    zero_stage_chosen: bool = True  # by --zero-stage or the JSON; False: the default, or a resumed checkpoint's
+    zero_stage_note: Optional[str] = None  # the line that says why one data-parallel rank has the default stage
 
 
 @dataclass(frozen=True)

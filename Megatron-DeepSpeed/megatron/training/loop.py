@@ -322,10 +322,13 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     loads_optimizer = not (config.checkpoint.finetune or config.checkpoint.no_load_optim or config.logging.skip_train)
     first_rank_checks(functools.partial(start_up_checks, config.checkpoint, loads_optimizer))  # before slow work
     resume = plan_load(config)
-    if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags
-        adopted = resolve_schedule(config.flags, resume, load_options(config))
+    if resume is not None:  # --use-checkpoint-lr-scheduler: the checkpoint's schedule flags; its ZeRO stage
+        adopted = {**resolve_schedule(config.flags, resume, load_options(config)),
+                   **resumed_zero_stage(config, resume)}
         if adopted:
             config = with_flags(config, adopted)
+    if config.parallel.zero_stage_note and dist.get_rank() == 0:
+        _log.info(config.parallel.zero_stage_note)
     parallel = ParallelState(config.parallel.tensor, config.parallel.pipeline,
                              timedelta(minutes=config.stopping.distributed_timeout_minutes),
                              config.parallel.ds_sequence_parallel_size)
@@ -350,6 +353,17 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     engine, clipping, step_guard = build_engine(model, config, kernels, parallel,
                                                 universal_load=bool(resume and resume.universal))
     return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, step_guard, resume)
+
+
+def resumed_zero_stage(config: JobConfig, resume: ResumePlan) -> dict:
+    """The flags that take the ZeRO stage at which the checkpoint's optimizer state loads, where the run chose
+    none (plan_resume decides)."""
+    if resume.zero_stage is None:
+        return {}
+    return {"zero_stage": resume.zero_stage,
+            "zero_stage_note": f"ZeRO stage {resume.zero_stage}: the stage at which the optimizer state of --load "
+                               f"{config.checkpoint.load} loads (--zero-stage chooses; --no-load-optim loads the "
+                               f"weights at any stage)"}
 
 
 def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, parallel: ParallelState,

@@ -474,6 +474,31 @@ def test_cpu_optimizer_needs_zero():
                  "--zero-stage is 0")
 
 
+@pytest.mark.parametrize("flags, world_size, stage, note", [
+    ([], 1, 0, "ZeRO stage 0: one data-parallel rank, over which ZeRO 1 would partition nothing"),
+    (["--tensor-model-parallel-size", "2"], 2, 0, "ZeRO stage 0: one data-parallel rank"),
+    ([], 2, 1, None),  # Megatron-DeepSpeed's default wherever ZeRO 1 partitions something
+    (["--cpu-optimizer"], 1, 1, "ZeRO stage 1 with one data-parallel rank: --cpu-optimizer offloads"),
+    (["--sequence-parallel", "--bf16", "--tensor-model-parallel-size", "2"], 2, 1,
+     "ZeRO stage 1 with one data-parallel rank: --sequence-parallel with --bf16 on the pipeline engine"),
+    (["--sequence-parallel", "--bf16", "--tensor-model-parallel-size", "2", "--no-pipeline-parallel"], 2, 0,
+     "ZeRO stage 0"),
+    (["--zero-stage", "1"], 1, 1, None),
+], ids=["dp1", "tp2-dp1", "dp2", "cpu-optimizer", "bf16-sp-pipeline", "bf16-sp-plain", "chosen"])
+def test_the_default_zero_stage_follows_the_data_parallel_size_and_says_why(flags, world_size, stage, note):
+    args = validated(*flags, world_size=world_size)
+    assert (args.zero_stage, args.zero_stage_chosen) == (stage, "--zero-stage" in flags)
+    assert args.zero_stage_note == note or args.zero_stage_note.startswith(note)
+    assert job_config(args).parallel.zero_stage_note == args.zero_stage_note
+
+
+def test_the_deepspeed_jsons_zero_stage_is_a_choice(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 1}}')
+    args = validated("--deepspeed_config", str(path))
+    assert (args.zero_stage, args.zero_stage_chosen, args.zero_stage_note) == (1, True, None)
+
+
 @pytest.mark.parametrize("dropped", ["--num-layers", "--hidden-size", "--num-attention-heads",
                                      "--seq-length", "--micro-batch-size", "--lr"])
 def test_required_model_fields(dropped):

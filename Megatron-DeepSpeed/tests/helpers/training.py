@@ -1,5 +1,7 @@
-"""Shared by the training tests: a learnable Megatron-format dataset, a tiny model's flags, and the parity
-check of a parallel run against single-process training."""
+"""Shared by the training tests: a learnable Megatron-format dataset, a tiny model's flags, the parity
+check of a parallel run against single-process training, and the lines a run logs."""
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -68,3 +70,15 @@ def step_history(optimizer, weight, gradients):
         state = {name: value.clone() for name, value in optimizer.state[weight].items() if torch.is_tensor(value)}
         history.append((weight.detach().clone(), state))
     return history
+
+
+def logged_lines(run) -> list:
+    """The lines run() logs on this rank (the last rank logs the training and evaluation lines)."""
+    lines = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.extend(record.getMessage().splitlines())
+    logger = logging.getLogger("megatron")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    run()
+    return lines

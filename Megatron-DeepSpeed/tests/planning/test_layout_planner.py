@@ -160,6 +160,21 @@ def test_from_flags_reads_a_pretrain_command_line():
     assert settings.dtype == "bf16" and layout == Layout(2, 2, 2, 1, 8, True, True)
 
 
+def test_the_launchers_estimate_counts_the_zero_stage_the_run_will_use():
+    """The issue's 680M GPT at TP 2 over one data-parallel rank (fp32): the default stage there is ZeRO 0, which
+    the estimate counts without ZeRO 1's flat fp32 copies; --zero-stage 1 counts them."""
+    from megatron.config.arguments import parse_args, validate_args
+    shape = ["--num-layers", "24", "--hidden-size", "1536", "--num-attention-heads", "16", "--seq-length", "1024",
+             "--micro-batch-size", "1", "--lr", "1e-4", "--train-iters", "10", "--tokenizer-type", "NullTokenizer",
+             "--vocab-size", "50257", "--mock-data", "--tensor-model-parallel-size", "2"]
+    estimates = {}
+    for stage in ([], ["--zero-stage", "1"]):
+        _, layout, settings = planned = from_flags(validate_args(parse_args(shape + stage), 2, "cpu"), 50257)
+        estimates[layout.zero_stage] = estimate_memory(*planned)
+    assert sorted(estimates) == [0, 1]
+    assert estimates[0].optimizer < estimates[1].optimizer and estimates[0].total < estimates[1].total
+
+
 def test_plan_layout_tool_table_and_json(capsys):
     from tools.plan_layout import main
     assert main(["--model-size", "1.3B", "--devices", "8", "--device-memory", "24", "--top", "5"]) == 0

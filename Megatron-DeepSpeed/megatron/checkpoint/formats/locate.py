@@ -34,6 +34,9 @@ def checkpoint_directory(load_dir: str, iteration: Optional[int] = None, univers
     also be such a directory itself."""
     if not os.path.isdir(load_dir):
         raise InputError(f"checkpoint directory {load_dir} does not exist; give the --save directory of a run")
+    if not os.access(load_dir, os.R_OK | os.X_OK):
+        raise InputError(f"checkpoint directory {load_dir} cannot be listed (permission denied for this user); fix "
+                         f"its permissions, or point at a checkpoint this user can read")
     base = os.path.basename(os.path.normpath(load_dir))
     if iteration is None and (TAG_PATTERN.match(base) or MEGATRON_ITER_PATTERN.fullmatch(base) or base == RELEASE
                               or os.path.isdir(os.path.join(load_dir, UNIVERSAL_DIR))):

@@ -69,7 +69,7 @@ def plan_load(config: JobConfig) -> Optional[ResumePlan]:
                  zero_stage=parallel.zero_stage, pipeline_engine=parallel.pipeline_engine)
     model_flags = {**config.model.to_flags(), **{flag: config.flags[flag] for flag in (*MOE_FLAGS, EXPERT_SPLIT_FLAG)}}
     return plan_resume(config.checkpoint.load, run, load_options(config), precision.name,
-                       model_flags)
+                       model_flags, zero_stage_chosen=parallel.zero_stage_chosen)
 
 
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, tensor_parallel_size: int,

@@ -21,6 +21,7 @@ earlier versions of this project, numbered differently) load their weights only 
 read by formats/reader.py and copied into this rank's modules, at any layout); a full resume of them is refused with the
 one command that converts them.
 """
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
@@ -77,6 +78,8 @@ class ResumePlan:
     # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/convert/bf16_slices.py)
     bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
+    # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
+    zero_stage: Optional[int] = None
 
 
 def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
@@ -194,10 +197,30 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
                          f"--no-load-optim{anywhere}")
 
 
+def _stage_that_loads(load_dir: str, state: Mapping, layout: Layout, run: Layout, precision: str,
+                      from_universal_files: bool) -> Optional[int]:
+    """For a run whose user chose no ZeRO stage, the stage at which the checkpoint's optimizer state loads where the
+    run's default cannot load it (None: the run's stage does): a native checkpoint's own (DeepSpeed loads its
+    optimizer files at that stage only); ZeRO 1 for a universal one that ZeRO 0 cannot load (DeepSpeed's, or ours
+    converted for another precision or data-parallel size: ZeRO's universal loader reads it in any)."""
+    if not (layout.universal or from_universal_files):
+        return layout.zero_stage if layout.zero_stage != run.zero_stage else None
+    if run.zero_stage != 0 or RecordedFlags.of(state[ARGS]).whole_model_moe is not None:
+        return None
+    if from_universal_files:
+        return 1
+    try:
+        check_zero0_precision(load_dir, state, run, precision)
+    except InputError:  # its ZeRO-0 form is another precision's, or another data-parallel size's
+        return 1
+    return None
+
+
 def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, precision: str,
-                model_flags: Mapping[str, object]) -> Optional[ResumePlan]:
+                model_flags: Mapping[str, object], zero_stage_chosen: bool = True) -> Optional[ResumePlan]:
     """None when there is nothing to resume from (no --load, or no checkpoint in it yet: a fresh run).
-    `precision`: the run's, fp32, fp16 or bf16."""
+    `precision`: the run's, fp32, fp16 or bf16. Without `zero_stage_chosen` (the stage is the default) a full
+    resume takes the stage at which the optimizer state loads (_stage_that_loads)."""
     if not load_dir or not _pointer_exists(load_dir, options.universal):
         return None
     if options.override_lr_scheduler and options.use_checkpoint_lr_scheduler:
@@ -223,6 +246,10 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
     load_optimizer = holds_optimizer_state(tag_dir, state) and not weights_only
     # ds_to_universal copies only the model-states files: no engine weights to read
     from_universal_files = not foreign and weights_kind(tag_dir, state, layout) == UNIVERSAL_FILES
+    adopted_stage = None if zero_stage_chosen or foreign or not load_optimizer else _stage_that_loads(
+        load_dir, state, layout, run, precision, from_universal_files)
+    if adopted_stage is not None:
+        run = dataclasses.replace(run, zero_stage=adopted_stage)
     if not (from_universal_files or foreign):
         check_layout(load_dir, layout, run, weights_only=not load_optimizer)
     elif from_universal_files and run.zero_stage == 0:
@@ -250,7 +277,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       foreign=foreign or (options.evaluation_only and _weights_copy_in_applies(state, run)),
                       padded_vocab_size=flags.padded_vocab_size,
                       schedule={flag: flags.recorded.get(flag) for flag in SCHEDULE_FLAGS},
-                      trusted=options.trust_checkpoint)
+                      trusted=options.trust_checkpoint,
+                      zero_stage=adopted_stage)
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:

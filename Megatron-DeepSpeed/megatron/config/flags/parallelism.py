@@ -4,7 +4,7 @@ user's --deepspeed_config, read here once; their checks against the world size, 
 import logging
 import os
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Optional
 
 from megatron.config.deepspeed_keys import OPT_OUT_FLAG, check_top_level_keys
 from megatron.config.ds_config import SECTIONS_HANDLED_HERE, load_user_config
@@ -69,7 +69,9 @@ def _add_zero_flags(parser) -> None:
         "given sets its key, and a JSON that says otherwise is an error, like every other flag.")
     group.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3),
                        help="ZeRO stage. Default: the --deepspeed_config JSON's zero_optimization.stage, "
-                            "else 1 (Megatron-DeepSpeed's default).")
+                            "else 1 (Megatron-DeepSpeed's default) over several data-parallel ranks and 0 over one "
+                            "(1 with --cpu-optimizer, or --sequence-parallel with --bf16 on the pipeline engine); "
+                            "a resumed checkpoint's stage when it loads the optimizer state.")
     group.add_argument("--zero-reduce-scatter", action="store_true",
                        help="zero_optimization.reduce_scatter: average gradients with reduce-scatter.")
     group.add_argument("--zero-contigious-gradients", action="store_true",
@@ -123,7 +125,7 @@ def sizes(values: Mapping, world_size: int) -> dict:
 
 def deepspeed_json(values: Mapping) -> dict:
     """The user's --deepspeed_config, read once (None without one), and --zero-stage: when not given, the JSON's
-    stage (upstream's scripts often set it only there), else 1, upstream's default."""
+    stage (upstream's scripts often set it only there), else default_zero_stage's."""
     path, stage = values["deepspeed_config"], values["zero_stage"]
     user = None
     if path is not None:
@@ -138,8 +140,31 @@ def deepspeed_json(values: Mapping) -> dict:
         stage = zero.get("stage") if isinstance(zero, dict) else None
         if stage not in (None, 0, 1, 2, 3):
             raise InputError(f"--deepspeed_config {path} sets zero_optimization.stage={stage!r}; use 0, 1, 2 or 3")
-        stage = 1 if stage is None else stage
-    return {"zero_stage": stage, DEEPSPEED_JSON: user}
+    if stage is not None:
+        return {"zero_stage": stage, "zero_stage_chosen": True, "zero_stage_note": None, DEEPSPEED_JSON: user}
+    stage, note = default_zero_stage(values)
+    return {"zero_stage": stage, "zero_stage_chosen": False, "zero_stage_note": note, DEEPSPEED_JSON: user}
+
+
+def default_zero_stage(values: Mapping) -> tuple[int, Optional[str]]:
+    """The ZeRO stage of a run whose user chose none, and for one data-parallel rank the line that says why.
+
+    ZeRO 1 (Megatron-DeepSpeed's default) partitions the optimizer state over the data-parallel ranks; over one
+    rank it partitions nothing, yet DeepSpeed still keeps its flat fp32 copies of the weights and gradients (a
+    680M GPT at TP 2 in fp32 peaked at 10.4 GB per rank at ZeRO 1, 6.3 GB at ZeRO 0). So one data-parallel rank
+    trains at ZeRO 0, unless a flag needs ZeRO 1."""
+    if values["data_parallel_size"] > 1:
+        return 1, None
+    if values["cpu_optimizer"]:
+        needs = "--cpu-optimizer offloads ZeRO's optimizer state, which needs ZeRO 1 or higher"
+    elif (values["sequence_parallel"] and values["tensor_model_parallel_size"] > 1 and values["bf16"]
+          and not values["no_pipeline_parallel"]):
+        needs = ("--sequence-parallel with --bf16 on the pipeline engine needs ZeRO 1 (at ZeRO 0 DeepSpeed's bf16 "
+                 "pipeline optimizer takes the gradients before the sequence-parallel ones are summed)")
+    else:
+        return 0, ("ZeRO stage 0: one data-parallel rank, over which ZeRO 1 would partition nothing and only add "
+                   "DeepSpeed's fp32 copies of the weights and gradients (--zero-stage 1 to use it anyway)")
+    return 1, f"ZeRO stage 1 with one data-parallel rank: {needs} (--zero-stage chooses)"
 
 
 def validate_zero(values: Mapping) -> None:

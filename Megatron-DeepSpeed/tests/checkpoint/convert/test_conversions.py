@@ -177,6 +177,29 @@ def test_schedule_flags_must_match_unless_told(imported):
     assert resolve_schedule(run, plan, LoadOptions(use_checkpoint_lr_scheduler=True)) == {"lr": 0.01}
 
 
+@pytest.mark.parametrize("kind, precision, stage", [
+    ("universal", "fp32", None),  # its ZeRO-0 form loads at the default stage
+    ("universal", "bf16", 1),  # that form is fp32's: ZeRO's universal loader reads it in bf16
+    ("zero0-pipeline", "fp32", None),  # saved at the stage the run has
+])
+def test_a_run_that_chose_no_zero_stage_resumes_at_a_stage_that_loads_the_optimizer_state(tmp_path, kind, precision,
+                                                                                          stage):
+    from tests.checkpoint.formats.test_weight_units import adam_source
+
+    from megatron.checkpoint.formats.detect import read_client_state
+    from megatron.checkpoint.formats.locate import checkpoint_directory
+    from megatron.checkpoint.file_names import ARGS
+
+    directory = adam_source(kind, str(tmp_path / "source"))
+    recorded = read_client_state(checkpoint_directory(directory), verify=False)[ARGS]
+    default = Layout(tensor=2, pipeline=2, data=1, zero_stage=0, pipeline_engine=True)  # the default over one DP rank
+    plan = plan_resume(directory, default, LoadOptions(), precision, recorded, zero_stage_chosen=False)
+    assert plan.load_optimizer and plan.zero_stage == stage and plan.universal == (stage == 1)
+    if stage is not None:
+        with pytest.raises(InputError, match="converted for fp32 training and this run trains in bf16"):
+            plan_resume(directory, default, LoadOptions(), precision, recorded, zero_stage_chosen=True)
+
+
 # --- bad input: one clear message each, nothing written --------------------------------------------------------
 
 def test_missing_and_non_checkpoint_directories(tmp_path):
