@@ -108,6 +108,13 @@ FOREACH_ADAMW = functools.partial(torch.optim.AdamW, foreach=True)
 # torch.optim.AdamW documentation says the same).
 FUSED_ADAMW_READS_FOUND_INF = frozenset({"cpu", "cuda"})
 
+
+def step_reads_found_inf(optimizer, device_type: str, devices: frozenset = FUSED_ADAMW_READS_FOUND_INF) -> bool:
+    """Whether `optimizer`'s next step skips itself on the device given `found_inf`: every parameter group fused
+    (a group's own switch decides, and a loaded state dict may bring groups saved with another), on a device
+    whose fused kernel reads it."""
+    return device_type in devices and all(group.get("fused") for group in optimizer.param_groups)
+
 PORTABLE_KERNELS = Kernels(attention=sdpa_attention, layer_norm=torch.nn.LayerNorm, adam=FOREACH_ADAMW)
 CPU_LOSS_CHUNK_BYTES = 1 << 22  # 4 MiB: of 256 KiB-256 MiB, 1-4 MiB ran fastest at 512-2048 rows of 8192-50304 logits
 

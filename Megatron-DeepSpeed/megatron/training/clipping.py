@@ -22,7 +22,7 @@ import torch.distributed as dist
 from deepspeed.moe.utils import is_moe_param
 
 from megatron import device
-from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
+from megatron.model.kernels import step_reads_found_inf
 from megatron.training.metrics import counted_once_per_replica, expert_squares, zeros_among
 
 
@@ -57,7 +57,7 @@ class Fp32GradientClipping:
         self.num_zeros = figures[1] if self.count_zeros else None
         bad = (~torch.isfinite(self.norm)).float()
         self.skipped = bad if self.skipped is None else self.skipped + bad
-        if optimizer.defaults.get("fused") and stepped and stepped[0].device.type in FUSED_ADAMW_READS_FOUND_INF:
+        if stepped and step_reads_found_inf(optimizer, stepped[0].device.type):
             optimizer.found_inf = bad
         elif bad.item():
             for parameter in stepped:

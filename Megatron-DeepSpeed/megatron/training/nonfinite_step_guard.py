@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
-from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF
+from megatron.model.kernels import FUSED_ADAMW_READS_FOUND_INF, step_reads_found_inf
 
 
 def zero_step_norm(engine) -> Callable[[], torch.Tensor]:
@@ -57,7 +57,7 @@ class NonFiniteStepGuard:
             self._judged = norm
             self._bad = (~torch.isfinite(norm)).float()
             self.skipped = self._bad.clone() if self.skipped is None else self.skipped + self._bad
-        if optimizer.defaults.get("fused") and params[0].device.type in self._found_inf_devices:
+        if step_reads_found_inf(optimizer, params[0].device.type, self._found_inf_devices):
             optimizer.found_inf = self._bad
         elif self._bad.item():
             for parameter in params:

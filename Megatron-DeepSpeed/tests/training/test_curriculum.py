@@ -200,7 +200,7 @@ def train(argv):
     """pretrain() on this rank: its losses, log and (rank 0) the full single-process weights."""
     import torch.distributed as dist
 
-    from megatron.model.parallelize import gather_full_state_dict
+    from tests.helpers.model_state import gather_full_state_dict
     from megatron.model.provider import model_provider
     from megatron.training.loop import pretrain
 
