@@ -20,15 +20,21 @@ def single_process(data_prefix):
 @pytest.fixture(autouse=True)
 def process_left_as_found():
     """Each test leaves the test process as it found it, whatever order the tests run in: a test that runs
-    pretrain_gpt.py's main in this process joins a process group of one (which sets RANK and MASTER_PORT), and
-    the entry-script runs after it would otherwise inherit those variables and that port."""
+    pretrain_gpt.py's main in this process joins a process group of one (which sets RANK and MASTER_PORT) and may
+    install signal handlers; the processes later tests start would otherwise inherit those variables and that
+    port, or an ignored Ctrl-C."""
     import os
+    import signal
 
     import torch.distributed as dist
 
     environment = dict(os.environ)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
     os.environ.clear()
     os.environ.update(environment)
+    for number, handler in handlers.items():
+        if signal.getsignal(number) is not handler:
+            signal.signal(number, handler)
