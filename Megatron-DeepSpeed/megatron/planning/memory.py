@@ -29,7 +29,7 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
                         inputs and the QKV and MLP inputs whole; q, k, v, the attention output and the two
                         4h-wide MLP tensors split (the paper's 34 bytes without its 2 bytes of dropout masks);
                         the Llama variants change both parts as autograd keeps them in model/gpt.py (measured on a
-                        layer, tests/test_layout_planner.py): torch's RMSNorm keeps its input and result in fp32 (4
+                        layer, tests/planning/test_layout_planner.py): torch's RMSNorm keeps its input and result in fp32 (4
                         half-precision values per norm, 2 in fp32) where LayerNorm keeps its input; attention keeps
                         the rotated q and k and, with grouped-query attention, K and V repeated to every head (the
                         fused QKV output only where q, k or v is still a view of it); SwiGLU keeps its 2f-wide

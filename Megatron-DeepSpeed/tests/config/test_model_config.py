@@ -56,7 +56,7 @@ RUN = ["--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "-
 
 
 # Flags that cannot be off their default together with the others: --recompute-method needs --recompute-granularity
-# full, which excludes --checkpoint-activations (tests/test_recompute_granularity.py covers it).
+# full, which excludes --checkpoint-activations (tests/model/test_recompute_granularity.py covers it).
 AT_DEFAULT_HERE = {"recompute_method"}
 
 
@@ -145,7 +145,7 @@ def test_every_flag_reaches_the_trained_modules():
 @pytest.mark.full  # torch.compile's first use imports dynamo: about 6 s
 def test_torch_compile_reaches_the_trained_modules():
     model = provided_model(EVERY_FLAG_CHANGED)
-    assert model._compiled_call_impl is not None  # the whole model (tests/test_torch_compile.py)
+    assert model._compiled_call_impl is not None  # the whole model (tests/model/test_torch_compile.py)
 
 
 def written_checkpoint(directory: str, model: ModelConfig, unrecorded=()) -> str:

@@ -240,7 +240,7 @@ def test_engine_config_for_the_pipeline(tmp_path):
 
 
 def test_zeros_reduce_bucket_holds_at_most_the_ranks_parameters_unless_the_user_sizes_it():
-    """DeepSpeed allocates the whole bucket every backward (tests/test_planner_against_measured.py measures it)."""
+    """DeepSpeed allocates the whole bucket every backward (tests/planning/test_planner_against_measured.py measures it)."""
     from megatron.config.arguments import job_config
     from megatron.training.loop import engine_config
 

@@ -1,7 +1,7 @@
 """The ZeRO stage a run gets when its user chose none (megatron/config/flags/parallelism.default_zero_stage), on
 real training runs: one data-parallel rank trains at ZeRO 0 and says so in one line, and resumes; a checkpoint
 saved at ZeRO 1 over one data-parallel rank resumes at its own stage, exactly. The choice itself for every
-layout: tests/test_arguments.py; its memory: tools/benchmark_zero_memory.py."""
+layout: tests/config/test_arguments.py; its memory: tools/benchmark_zero_memory.py."""
 import os
 
 import pytest
