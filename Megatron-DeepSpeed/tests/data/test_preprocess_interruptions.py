@@ -51,12 +51,14 @@ def test_an_input_without_text_never_replaces_a_dataset(tmp_path):
 
 
 def start_preprocessing(source, prefix):
-    """tools/preprocess_data.py with 2 workers, in its own process group (as a terminal job is); returns the
-    process once it has reported progress."""
+    """tools/preprocess_data.py with 2 workers, in its own process group and with Ctrl-C's default action (as a
+    terminal's foreground job has it, whatever the test runner inherited: a shell's background job ignores
+    SIGINT); returns the process once it has reported progress."""
     process = subprocess.Popen([sys.executable, os.path.join(TOOLS, "preprocess_data.py"), "--input", source,
                                 "--output-prefix", str(prefix), "--tokenizer-type", "NullTokenizer", "--vocab-size",
                                 "1000", "--workers", "2", "--log-interval", "500"],
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in process.stderr:
         if line.startswith("Processed"):
             return process
