@@ -1,8 +1,23 @@
-"""Fixtures shared by the training tests."""
+"""Fixtures shared by the training tests, and the --cpu-isa option (tests/helpers/cpu_isa.py)."""
 import pytest
 
+from tests.helpers import cpu_isa
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, train, write_counting_dataset
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-isa", choices=sorted(cpu_isa.CAPS), default="default",
+                     help="cap the CPU kernels of the tests and their processes (avx2: as on a CPU without AVX512, "
+                          "whose bf16 sums round differently)")
+
+
+def pytest_configure(config):
+    config.cpu_capability = cpu_isa.force(config.getoption("--cpu-isa"))
+
+
+def pytest_report_header(config):
+    return f"cpu kernels: {config.cpu_capability} (--cpu-isa {config.getoption('--cpu-isa')})"
 
 
 @pytest.fixture(scope="module")

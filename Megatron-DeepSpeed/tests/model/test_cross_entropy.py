@@ -25,6 +25,7 @@ def inputs(dtype, scale=3.0, offset=0.0, seed=0):
     return logits.requires_grad_(True), labels, upstream
 
 
+@pytest.mark.low_precision
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows_per_chunk", [1, 5, 111, 1000])  # 111 rows in all: one-row, uneven, whole chunks
 def test_matches_torch_in_fp32_whatever_the_dtype_and_chunking(dtype, rows_per_chunk):
@@ -39,6 +40,7 @@ def test_matches_torch_in_fp32_whatever_the_dtype_and_chunking(dtype, rows_per_c
     torch.testing.assert_close(logits.grad, expected_grad, rtol=tolerance, atol=tolerance * 1e-2)
 
 
+@pytest.mark.low_precision
 def test_large_logits_do_not_overflow_and_confident_labels_keep_their_gradient():
     logits, labels, upstream = inputs(torch.bfloat16, scale=5.0, offset=1000.0)
     with torch.no_grad():  # make half the predictions confident (p near 1), where p - 1 loses precision in bf16
@@ -51,6 +53,7 @@ def test_large_logits_do_not_overflow_and_confident_labels_keep_their_gradient()
     torch.testing.assert_close(logits.grad, expected_grad, rtol=2 ** -8, atol=1e-30)
 
 
+@pytest.mark.low_precision
 def test_keeps_no_fp32_copy_of_half_precision_logits_for_backward():
     logits, labels, upstream = inputs(torch.bfloat16)
     saved = []
@@ -64,6 +67,7 @@ def test_keeps_no_fp32_copy_of_half_precision_logits_for_backward():
     assert torch.isfinite(logits.grad).all()
 
 
+@pytest.mark.low_precision
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_overwriting_the_logits_gives_the_same_gradient_in_their_own_memory(dtype):
     generator = torch.Generator().manual_seed(1)

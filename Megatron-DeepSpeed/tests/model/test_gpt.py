@@ -101,6 +101,7 @@ def test_same_seed_same_weights():
 
 # --- loss --------------------------------------------------------------------------------------------
 
+@pytest.mark.low_precision
 def test_loss_by_hand():
     # position 0: logits (0, 0), label 0 -> ln 2;  position 1: logits (ln 3, 0), label 1 -> ln 4
     logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]]])

@@ -97,6 +97,7 @@ def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_h
         assert generated == expected[0, len(prompt):].tolist()
 
 
+@pytest.mark.low_precision
 def test_bf16_with_an_fp32_residual_stream_follows_fp32():
     """RMSNorm on the fp32 stream normalises in fp32 with the bf16 weight upcast (model/gpt.py's normalize)."""
     reference = GPTModel(llama_config(init_method_std=0.02))

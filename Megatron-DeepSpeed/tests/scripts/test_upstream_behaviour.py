@@ -117,6 +117,7 @@ def test_unfused_causal_mask_aligns_new_queries_with_the_last_keys():
                                unfused(query, key, value, None, 0.0)[:, :, -3:])
 
 
+@pytest.mark.low_precision
 def test_query_key_layer_scaling_keeps_large_fp16_scores_finite():
     # q.k = 16 x 300 x 300 = 1.44e6: beyond fp16 (max 65504) even after 1/sqrt(16), within it after 1/(4 x 64).
     query = key = value = torch.full((1, 1, 4, 16), 300.0, dtype=torch.float16)
@@ -128,6 +129,7 @@ def test_query_key_layer_scaling_keeps_large_fp16_scores_finite():
 
 @pytest.mark.parametrize("scaling, fp32, softmax_dtype", [(False, False, torch.bfloat16), (False, True, torch.float32),
                                                           (True, False, torch.float32)])
+@pytest.mark.low_precision
 def test_softmax_precision_under_bf16(scaling, fp32, softmax_dtype, monkeypatch):
     seen, softmax = [], torch.softmax
     monkeypatch.setattr(torch, "softmax", lambda scores, dim: seen.append(scores.dtype) or softmax(scores, dim))
@@ -179,6 +181,7 @@ def test_checkpoint_num_layers_recomputes_chunks_with_the_same_gradients(chunk):
         torch.testing.assert_close(grad, reference[1][name], msg=name)
 
 
+@pytest.mark.low_precision
 def test_fp32_residual_connection_keeps_the_stream_fp32_under_bf16():
     model = GPTModel(GPTConfig(**SMALL, fp32_residual_connection=True)).to(torch.bfloat16)
     seen = []

@@ -173,6 +173,7 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
         run_on_ranks(train_moe, 1, [*flags, "1", "--load", str(tmp_path / "ep1_zero0"), "--zero-stage", "1"])
 
 
+@pytest.mark.low_precision
 @pytest.mark.full
 def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_ep2_and_ep1(data_prefix, tmp_path):
     # bf16 at ZeRO 0: DeepSpeed wraps our AdamW in its FP16_UnfusedOptimizer (fp32 master weights, loss scale),
@@ -202,6 +203,7 @@ def test_a_bf16_ep2_checkpoint_converted_with_its_adam_state_resumes_in_bf16_at_
         run_on_ranks(train_moe, 1, [*COMMON, "--data-path", data_prefix, "--load", str(tmp_path / "ep1")])
 
 
+@pytest.mark.low_precision
 @pytest.mark.full
 def test_a_bf16_zero1_checkpoint_converted_for_a_data_parallel_size_resumes_at_zero1_as_the_source_run(data_prefix,
                                                                                                      tmp_path):

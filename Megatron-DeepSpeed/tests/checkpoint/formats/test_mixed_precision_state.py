@@ -41,6 +41,7 @@ def assert_resumes_with_the_moments(checkpoint, resume_ranks, straight, data_pre
                                            out / f"held_zero{zero_stage}")
 
 
+@pytest.mark.low_precision
 @pytest.mark.full
 def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero0_and_zero1_with_its_adam_state(data_prefix, tmp_path):
     # The plain engine wraps our AdamW in FP16_UnfusedOptimizer (torch's state beside the master weights), which
@@ -67,6 +68,7 @@ def only_checkpoint(source, iteration, out):
     return out
 
 
+@pytest.mark.low_precision
 @pytest.mark.full
 def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero0_and_zero1_with_its_adam_state(data_prefix, tmp_path):
     # The pipeline engine in bf16 steps BF16_Optimizer: each flat group cut over the data-parallel ranks
