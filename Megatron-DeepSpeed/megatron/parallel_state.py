@@ -1,7 +1,7 @@
 """Which processes work together: the tensor-, data- and pipeline-parallel groups of this process.
 
-Rank layout (docs/ARCHITECTURE.md, Rank layout): tensor-parallel innermost, then DeepSpeed-Ulysses sequence
-parallel (SP), then data, then pipeline:
+Rank layout (docs/ARCHITECTURE.md, Rank layout): the named axes of AXES, tensor-parallel innermost, then
+DeepSpeed-Ulysses sequence parallel (SP), then data, then pipeline:
     global rank = ((pp_rank * DP + dp_rank) * SP + sp_rank) * TP + tp_rank
 which at SP 1 is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp=TP, num_dp), so our groups and the ones
 the DeepSpeed pipeline engine builds agree, and at TP = PP = 1 upstream main's layout (consecutive ranks share a
@@ -11,11 +11,12 @@ One ParallelState object owns the groups (no module-level state) and is itself t
 deepspeed.initialize(mpu=...) expects.
 """
 import itertools
+import math
 import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -23,9 +24,21 @@ from megatron import device
 from megatron.errors import EXIT_BAD_INPUT, InputError
 
 
+# The parallel axes, outermost first: a rank's coordinates are the digits of its global rank in this order, the
+# tensor axis varying fastest (upstream main's order). A new axis (e.g. context parallelism) is a new name here, its
+# size flag, the groups that span it (GROUPS) and the code that uses them.
+AXES = ("pipeline", "data", "sequence", "tensor")
+SIZE_FLAGS = {"tensor": "--tensor-model-parallel-size", "pipeline": "--pipeline-model-parallel-size",
+              "sequence": "--ds-sequence-parallel-size"}  # the data-parallel size is what remains of the world
+# The process groups, each by the axes its ranks differ in: "model" holds one copy of the model (every TP x PP rank
+# of one data- and sequence-parallel position); "sequence_data" is what ZeRO partitions and DeepSpeed reduces over.
+GROUPS = {"tensor": ("tensor",), "data": ("data",), "pipeline": ("pipeline",), "model": ("pipeline", "tensor"),
+          "sequence": ("sequence",), "sequence_data": ("data", "sequence")}
+
+
 @dataclass(frozen=True)
 class RankLayout:
-    """The arithmetic of the rank layout, independent of any running process group."""
+    """The arithmetic of the rank layout over AXES, independent of any running process group."""
     tensor: int
     data: int
     pipeline: int
@@ -34,69 +47,50 @@ class RankLayout:
     @classmethod
     def for_world(cls, world_size: int, tensor_parallel_size: int, pipeline_parallel_size: int,
                   sequence_parallel_size: int = 1) -> "RankLayout":
-        for flag, value in (("--tensor-model-parallel-size", tensor_parallel_size),
-                            ("--pipeline-model-parallel-size", pipeline_parallel_size),
-                            ("--ds-sequence-parallel-size", sequence_parallel_size)):
+        sizes = {"tensor": tensor_parallel_size, "pipeline": pipeline_parallel_size,
+                 "sequence": sequence_parallel_size}
+        for axis, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"{flag} is {value!r}; it must be a positive integer")
-        model_parallel = tensor_parallel_size * pipeline_parallel_size * sequence_parallel_size
+                raise InputError(f"{SIZE_FLAGS[axis]} is {value!r}; it must be a positive integer")
+        model_parallel = math.prod(sizes.values())
         if world_size % model_parallel:
-            sequence = f" x --ds-sequence-parallel-size {sequence_parallel_size}" if sequence_parallel_size > 1 else ""
-            raise InputError(
-                f"--tensor-model-parallel-size {tensor_parallel_size} x --pipeline-model-parallel-size "
-                f"{pipeline_parallel_size}{sequence} = {model_parallel} does not divide the number of processes "
-                f"{world_size}; choose sizes whose product divides {world_size} (the rest is data parallelism)")
-        return cls(tensor_parallel_size, world_size // model_parallel, pipeline_parallel_size, sequence_parallel_size)
+            product = " x ".join(f"{SIZE_FLAGS[axis]} {size}" for axis, size in sizes.items()
+                                 if axis != "sequence" or size > 1)
+            raise InputError(f"{product} = {model_parallel} does not divide the number of processes {world_size}; "
+                             f"choose sizes whose product divides {world_size} (the rest is data parallelism)")
+        return cls(data=world_size // model_parallel, **sizes)
+
+    def size(self, axis: str) -> int:
+        return getattr(self, axis)
 
     @property
     def world_size(self) -> int:
-        return self.tensor * self.data * self.pipeline * self.sequence
+        return math.prod(self.size(axis) for axis in AXES)
 
-    def global_rank(self, pp_rank: int, dp_rank: int, tp_rank: int, sp_rank: int = 0) -> int:
-        return ((pp_rank * self.data + dp_rank) * self.sequence + sp_rank) * self.tensor + tp_rank
+    def global_rank(self, **coordinates: int) -> int:
+        """The rank at these coordinates (by axis name; an axis not given is at 0)."""
+        rank = 0
+        for axis in AXES:
+            rank = rank * self.size(axis) + coordinates.get(axis, 0)
+        return rank
 
-    def coordinates(self, rank: int) -> Tuple[int, int, int]:
-        """(pp_rank, dp_rank, tp_rank) of a global rank."""
-        return (rank // (self.data * self.sequence * self.tensor), (rank // (self.sequence * self.tensor)) % self.data,
-                rank % self.tensor)
+    def coordinates(self, rank: int) -> Dict[str, int]:
+        """A global rank's position on every axis."""
+        position = {}
+        for axis in reversed(AXES):
+            rank, position[axis] = divmod(rank, self.size(axis))
+        return {axis: position[axis] for axis in AXES}
 
-    def sequence_rank(self, rank: int) -> int:
-        """Which chunk of each sequence a global rank holds."""
-        return (rank // self.tensor) % self.sequence
-
-    def _ranks(self, varying: str) -> List[List[int]]:
-        """The groups of ranks that differ only in the `varying` coordinates (a string of p, d, s, t)."""
-        sizes = {"p": self.pipeline, "d": self.data, "s": self.sequence, "t": self.tensor}
-        fixed = [axis for axis in "pdst" if axis not in varying]
+    def groups(self, name: str) -> List[List[int]]:
+        """The rank lists of the GROUPS entry `name`: ranks that differ only in its axes."""
+        varying = GROUPS[name]
+        fixed = [axis for axis in AXES if axis not in varying]
         groups = []
-        for fixed_values in itertools.product(*(range(sizes[axis]) for axis in fixed)):
-            group = []
-            for varying_values in itertools.product(*(range(sizes[axis]) for axis in varying)):
-                at = {**dict(zip(fixed, fixed_values)), **dict(zip(varying, varying_values))}
-                group.append(self.global_rank(at["p"], at["d"], at["t"], at["s"]))
-            groups.append(sorted(group))
+        for fixed_values in itertools.product(*(range(self.size(axis)) for axis in fixed)):
+            at = dict(zip(fixed, fixed_values))
+            groups.append(sorted(self.global_rank(**at, **dict(zip(varying, values)))
+                                 for values in itertools.product(*(range(self.size(axis)) for axis in varying))))
         return groups
-
-    def tensor_groups(self) -> List[List[int]]:
-        return self._ranks("t")
-
-    def data_groups(self) -> List[List[int]]:
-        return self._ranks("d")
-
-    def pipeline_groups(self) -> List[List[int]]:
-        return self._ranks("p")
-
-    def sequence_groups(self) -> List[List[int]]:
-        return self._ranks("s")
-
-    def sequence_data_groups(self) -> List[List[int]]:
-        """The ranks ZeRO partitions over and DeepSpeed reduces gradients over: data and sequence parallel."""
-        return self._ranks("ds")
-
-    def model_groups(self) -> List[List[int]]:
-        """One per data- and sequence-parallel position: every TP x PP rank that together holds one copy of the
-        model."""
-        return self._ranks("pt")
 
 
 class ParallelState:
@@ -113,22 +107,22 @@ class ParallelState:
         self.layout = RankLayout.for_world(dist.get_world_size(), tensor_parallel_size, pipeline_parallel_size,
                                            sequence_parallel_size)
         self.rank = dist.get_rank()
-        self.pp_rank, self.dp_rank, self.tp_rank = self.layout.coordinates(self.rank)
-        self.sp_rank = self.layout.sequence_rank(self.rank)
+        at = self.layout.coordinates(self.rank)
+        self.pp_rank, self.dp_rank, self.tp_rank, self.sp_rank = (at[axis] for axis in ("pipeline", "data", "tensor",
+                                                                                       "sequence"))
         self._timeout = timeout
         # Every process must take part in creating every group, in the same order.
-        self._tensor_group, self._tensor_ranks = self._new_groups(self.layout.tensor_groups())
-        self._data_group, self._data_ranks = self._new_groups(self.layout.data_groups())
-        self._pipeline_group, self._pipeline_ranks = self._new_groups(self.layout.pipeline_groups())
-        self._model_group, self._model_ranks = self._new_groups(self.layout.model_groups())
+        self._tensor_group, self._tensor_ranks = self._new_groups(self.layout.groups("tensor"))
+        self._data_group, self._data_ranks = self._new_groups(self.layout.groups("data"))
+        self._pipeline_group, self._pipeline_ranks = self._new_groups(self.layout.groups("pipeline"))
+        self._model_group, self._model_ranks = self._new_groups(self.layout.groups("model"))
         # Without Ulysses the sequence-data-parallel group is the data-parallel group (as upstream's), and no
         # sequence group is made: DeepSpeed asks for one only above size 1.
         self._sequence_group = self._sequence_data_group = None
         self._sequence_data_ranks = self._data_ranks
         if sequence_parallel_size > 1:
-            self._sequence_group, _ = self._new_groups(self.layout.sequence_groups())
-            self._sequence_data_group, self._sequence_data_ranks = self._new_groups(
-                self.layout.sequence_data_groups())
+            self._sequence_group, _ = self._new_groups(self.layout.groups("sequence"))
+            self._sequence_data_group, self._sequence_data_ranks = self._new_groups(self.layout.groups("sequence_data"))
 
     def _new_groups(self, rank_lists: List[List[int]]):
         group, _ = dist.new_subgroups_by_enumeration(rank_lists, timeout=self._timeout)

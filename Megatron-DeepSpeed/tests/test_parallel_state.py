@@ -14,29 +14,29 @@ pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 def test_layout_tp2_pp2_dp2_by_hand():
     layout = RankLayout.for_world(8, tensor_parallel_size=2, pipeline_parallel_size=2)
     assert (layout.tensor, layout.data, layout.pipeline) == (2, 2, 2)
-    assert layout.tensor_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert layout.data_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert layout.pipeline_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert layout.model_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    assert layout.coordinates(5) == (1, 0, 1)  # rank 5 = pp 1 * 4 + dp 0 * 2 + tp 1
-    assert layout.coordinates(6) == (1, 1, 0)
-    assert all(layout.global_rank(*layout.coordinates(rank)) == rank for rank in range(8))
+    assert layout.groups("tensor") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("data") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("pipeline") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.groups("model") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert layout.coordinates(5) == {"pipeline": 1, "data": 0, "sequence": 0, "tensor": 1}  # 5 = 1 * 4 + 0 * 2 + 1
+    assert layout.coordinates(6) == {"pipeline": 1, "data": 1, "sequence": 0, "tensor": 0}
+    assert all(layout.global_rank(**layout.coordinates(rank)) == rank for rank in range(8))
 
 
 def test_layout_with_ulysses_sequence_parallel_by_hand():
     """Sequence-parallel ranks sit between tensor and data (upstream main's order at TP = PP = 1)."""
     layout = RankLayout.for_world(8, tensor_parallel_size=1, pipeline_parallel_size=1, sequence_parallel_size=2)
     assert (layout.data, layout.sequence) == (4, 2)
-    assert layout.sequence_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert layout.data_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    assert layout.sequence_data_groups() == [list(range(8))]
-    assert layout.model_groups() == [[rank] for rank in range(8)]
-    assert [layout.sequence_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
+    assert layout.groups("sequence") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("data") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert layout.groups("sequence_data") == [list(range(8))]
+    assert layout.groups("model") == [[rank] for rank in range(8)]
+    assert [layout.coordinates(rank)["sequence"] for rank in range(4)] == [0, 1, 0, 1]
     layout = RankLayout.for_world(8, tensor_parallel_size=2, pipeline_parallel_size=1, sequence_parallel_size=2)
-    assert layout.sequence_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert layout.data_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert layout.sequence_data_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    assert all(layout.global_rank(*layout.coordinates(rank), layout.sequence_rank(rank)) == rank for rank in range(8))
+    assert layout.groups("sequence") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("data") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.groups("sequence_data") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert all(layout.global_rank(**layout.coordinates(rank)) == rank for rank in range(8))
     with pytest.raises(InputError, match="x --ds-sequence-parallel-size 3 = 3 does not divide"):
         RankLayout.for_world(8, 1, 1, 3)
 
@@ -48,10 +48,11 @@ def test_layout_equals_deepspeed_topology(world, tp, pp):
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=layout.data)
     for rank in range(world):
         coord = topology.get_coord(rank)
-        assert layout.coordinates(rank) == (coord.pipe, coord.data, coord.model)
-    assert sorted(layout.tensor_groups()) == sorted(topology.get_axis_comm_lists("model"))
-    assert sorted(layout.data_groups()) == sorted(topology.get_axis_comm_lists("data"))
-    assert sorted(layout.pipeline_groups()) == sorted(topology.get_axis_comm_lists("pipe"))
+        assert layout.coordinates(rank) == {"pipeline": coord.pipe, "data": coord.data, "sequence": 0,
+                                            "tensor": coord.model}
+    assert sorted(layout.groups("tensor")) == sorted(topology.get_axis_comm_lists("model"))
+    assert sorted(layout.groups("data")) == sorted(topology.get_axis_comm_lists("data"))
+    assert sorted(layout.groups("pipeline")) == sorted(topology.get_axis_comm_lists("pipe"))
 
 
 @pytest.mark.parametrize("tp, pp, message", [
