@@ -82,6 +82,25 @@ def test_npu_requested_without_torch_npu_is_one_line():
     assert "Traceback" not in done.stderr
 
 
+def test_on_an_ascend_host_the_check_loads_cann_as_the_entry_scripts_do(tmp_path):
+    """A fresh shell on an Ascend host (npu-smi on PATH, CANN installed but not loaded): the check's python runs
+    with CANN's environment, from env_npu.sh, instead of failing to import torch."""
+    bin_dir, cann = tmp_path / "bin", tmp_path / "ascend" / "ascend-toolkit"
+    bin_dir.mkdir()
+    cann.mkdir(parents=True)
+    (bin_dir / "npu-smi").write_text("#!/bin/sh\n")
+    (cann / "set_env.sh").write_text(f"export ASCEND_HOME_PATH={cann}/latest\n")
+    python = bin_dir / "python"  # answers the script's import probe, then shows what the check would see
+    python.write_text('#!/bin/sh\n[ "$1" = -c ] && exit 0\necho "CANN: $ASCEND_HOME_PATH, queue: $TASK_QUEUE_ENABLE"\n')
+    for script in (bin_dir / "npu-smi", python):
+        script.chmod(0o755)
+    environment = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path),
+                   "ASCEND_ROOT": str(tmp_path / "ascend"), "PYTHON": str(python)}
+    done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"CANN: {cann}/latest, queue: 2"
+
+
 def fake_log(samples_per_second, peak_mib):
     lines = [iteration_line(i, 4, 2 * i, 100.0, 1e-4, 2, 5.0, 1.0, 1.0, 0, 0, samples_per_second, 1.0, 0.25)
              for i in range(1, 5)]
