@@ -10,7 +10,7 @@ import pytest
 from megatron.errors import InputError
 from megatron.model.kernels import sdpa_attention
 from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
-                                           check_layouts, node_layouts, report, speed_grid, speed_row, speed_table,
+                                           check_layouts, correctness_training, node_layouts, report, speed_grid, speed_row, speed_table,
                                            train_in_fresh_process)
 from megatron.training.log_lines import iteration_line, memory_line
 from tests.helpers.paths import TOOLS
@@ -199,3 +199,26 @@ def test_accelerator_speed_cells_accumulate_half_a_million_tokens_and_log_every_
     assert max(micro_batches) == 32
     [(_, cpu_flags)] = speed_grid("toy", on_accelerator=False, seq=64)[:1]
     assert flag_value(cpu_flags, "--global-batch-size") == "2" and flag_value(cpu_flags, "--log-interval") == "1"
+
+
+def test_without_an_inductor_backend_the_compiled_cells_are_left_out():
+    """An NPU without triton-ascend has no inductor backend (torch_npu/_inductor): its compiled cells would fail at
+    the first forward, so they are not run, and the report says why (report(), from device.compile_unavailable)."""
+    for shape in ("345M", "1.3B"):
+        eager = [label for label, _ in speed_grid(shape, True, 1024, compiles=False)]
+        assert eager == [label for label in (label for label, _ in speed_grid(shape, True, 1024))
+                         if not label.endswith(", torch.compile")]
+        assert all("--torch-compile" not in flags for _, flags in speed_grid(shape, True, 1024, compiles=False))
+
+
+def test_with_several_devices_the_correctness_runs_leave_this_process_without_a_device():
+    """With --nproc N the layout checks' processes use devices 0..N-1: the correctness trainings then run in fresh
+    processes too, instead of an engine and cached memory held on device 0 by this process for the whole check."""
+    called = []
+
+    def pretrain(argv):
+        called.append(argv)
+    assert correctness_training(pretrain, nproc=2) is train_in_fresh_process
+    assert called == []
+    correctness_training(pretrain, nproc=1)(["--train-iters", "1"])  # one device: trained here, as before
+    assert called == [["--train-iters", "1"]]
