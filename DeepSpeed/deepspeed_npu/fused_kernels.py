@@ -10,10 +10,12 @@ uses the kernel's own causal mode, which reads a fixed 2048 x 2048 compressed ma
 Only what torch_npu documents is used (op-plugin's docs/zh/custom_APIs/torch_npu/
 torch_npu-npu_fusion_attention.md): the kernel is for training (its notes say it is used in training only)
 on Atlas A2 training chips, so inference and evaluation keep PyTorch's SDPA, and so does every other chip
-(first-generation Ascend 910, Ascend310P, the Ascend910_93xx of Atlas A3, an unnamed device). The optimizer
-is not the adaptor's business: the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_`)
-holds on NPUs too. torch_npu's NpuFusedAdamW is never offered: it copies the gradients into buffers of its
-own on its first step, so it misses DeepSpeed's fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
+(first-generation Ascend 910, Ascend310P, the Ascend910_93xx of Atlas A3, an unnamed device): chips.py's table.
+The optimizer is the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_` where the
+dispatcher has it); the adaptor only says, from the same table, where that kernel cannot run (aclnnApplyAdamWV2
+is not supported on first-generation 910), so the trainer takes the foreach form there. torch_npu's NpuFusedAdamW
+is never offered: it copies the gradients into buffers of its own on its first step, so it misses DeepSpeed's
+fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
@@ -24,21 +26,19 @@ along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as t
 documentation lists only those; the other two list more, which are left portable until they are tried).
 """
 import math
-import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, Optional
 
 import torch
 
+from deepspeed_npu.chips import generation_of
+
 # npu_fusion_attention's sparse_mode values (torch_npu documentation).
 MASK_AS_GIVEN = 0
 TOP_LEFT_CAUSAL = 2
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
-# The chips the kernel's documentation lists (Atlas A2 training series), by the SoC names torch_npu knows
-# (torch_npu/csrc/core/npu/NpuVariables.cpp: Ascend910B1, B2, B2C, B3, B4, B4-1).
-DOCUMENTED_CHIP = re.compile(r"Ascend910B[1-4](C|-1)?")
-DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"
+DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"  # the kernels' documented products (chips.py)
 
 
 class FusionAttention:
@@ -107,6 +107,7 @@ class NpuKernels:
     rms_norm: Optional[type] = None  # None where this torch_npu lacks the operator: torch's
     rotary_mul: Optional[Callable] = None
     swiglu: Optional[Callable] = None
+    fused_adamw: bool = False  # op-plugin's _fused_adamw_ runs on this chip (chips.py); else the foreach AdamW
 
     def description(self) -> str:
         if not self.attention:
@@ -119,13 +120,15 @@ class NpuKernels:
 
 def npu_kernels(torch_npu: ModuleType, chip_name: str) -> NpuKernels:
     """The kernels this torch_npu build documents for this chip; otherwise the portable ones, and why."""
+    generation = generation_of(chip_name)
     fusion_attention = getattr(torch_npu, "npu_fusion_attention", None)
     if fusion_attention is None:
-        return NpuKernels(None, "this torch_npu has no npu_fusion_attention")
-    if not DOCUMENTED_CHIP.fullmatch(chip_name):
+        return NpuKernels(None, "this torch_npu has no npu_fusion_attention", fused_adamw=generation.fused_adamw)
+    if not generation.fused_kernels:
         return NpuKernels(None, f"torch_npu documents npu_fusion_attention for {DOCUMENTED_CHIPS}, "
-                                f"not for {chip_name!r}")
+                                f"not for {chip_name!r}", fused_adamw=generation.fused_adamw)
     rms_norm, rotary_mul, swiglu = (getattr(torch_npu, name, None)
                                     for name in ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu"))
     return NpuKernels(FusionAttention(fusion_attention), rms_norm=rms_norm and npu_rms_norm_class(rms_norm),
-                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu))
+                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu),
+                      fused_adamw=generation.fused_adamw)

@@ -137,9 +137,13 @@ def bf16_supported() -> bool:
 def refuse_bf16_if_unsupported() -> None:
     """--bf16 on a device without bf16 (e.g. a first-generation Ascend 910): one line now, instead of DeepSpeed's
     ValueError when the engine starts."""
-    if not bf16_supported():
-        raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below "
-                         "Ascend910B1); use --fp16 (dynamic loss scaling) or neither flag for fp32")
+    if bf16_supported():
+        return
+    if fp16_overflow_visible():
+        raise InputError(f"--bf16: this {device_name()} reports no bf16 support; use --fp16 (dynamic loss scaling) "
+                         "or neither flag for fp32")
+    raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below Ascend910B1); "
+                     "leave it off to train in fp32 (--fp16 is refused too: this device's fp16 saturates on overflow)")
 
 
 def fp16_overflow_visible() -> bool:

@@ -142,7 +142,8 @@ def precision_flags(facts: DeviceFacts, passthrough: list[str]) -> tuple[list[st
     if facts.fp16_overflow_visible:
         return ["--fp16"], f"precision: fp16 with dynamic loss scaling (this {facts.name} reports no bf16 support)"
     return [], (f"precision: fp32 (this {facts.name} reports no bf16 support, and its fp16 saturates on overflow "
-                "instead of producing inf/NaN, which loss scaling needs to see)")
+                "instead of producing inf/NaN, which loss scaling needs to see); on NPUs below Ascend910B1 torch_npu's "
+                "precision mode allow_fp32_to_fp16 still runs matmuls in fp16, where they saturate too")
 
 
 def timeout_flags(passthrough: list[str]) -> tuple[list[str], float]:

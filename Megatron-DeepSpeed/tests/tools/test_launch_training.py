@@ -27,7 +27,7 @@ def facts(name, bf16, fp16_overflow_visible=True):
 @pytest.mark.parametrize("device_name, bf16_supported, passthrough, expected", [
     ("cuda", True, [], ["--bf16"]),
     ("npu", True, ["--zero-stage", "1"], ["--bf16"]),
-    ("npu", False, [], ["--fp16"]),  # first-generation Ascend 910: no bf16
+    ("npu", False, [], ["--fp16"]),  # no bf16, but an fp16 overflow shows as inf/NaN (INF_NAN mode)
     ("cuda", False, [], ["--fp16"]),  # Volta
     ("cuda", True, ["--fp16"], []),
     ("npu", False, ["--bf16"], []),  # not twice; the user's choice is theirs
@@ -88,8 +88,11 @@ def test_a_device_without_bf16_or_visible_fp16_overflow_gets_fp32_though_deepspe
     assert device.supports_dtype(torch.bfloat16) is False
     assert precision_flags(answers, []) == ([], "precision: fp32 (this npu reports no bf16 support, and its fp16 "
                                                 "saturates on overflow instead of producing inf/NaN, which loss "
-                                                "scaling needs to see)")
-    with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .* use --fp16"):
+                                                "scaling needs to see); on NPUs below Ascend910B1 torch_npu's "
+                                                "precision mode allow_fp32_to_fp16 still runs matmuls in fp16, "
+                                                "where they saturate too")
+    with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .*; leave it off to train in "
+                                         r"fp32 \(--fp16 is refused too"):
         device.refuse_bf16_if_unsupported()  # what pretrain() says to a --bf16 given by hand
     with pytest.raises(InputError, match=r"--fp16: this npu saturates on fp16 overflow .* train in fp32"):
         device.refuse_fp16_if_overflow_invisible()  # and to a --fp16
