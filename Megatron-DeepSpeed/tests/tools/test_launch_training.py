@@ -15,6 +15,7 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 from megatron import device
 from megatron.errors import InputError
 from megatron.device_probe import DeviceFacts, read_device_facts
+from tests.helpers.broken_cann import write_broken_cann_stand_in
 from tests.helpers.paths import PACKAGE_ROOT, REPO_ROOT, TOOLS
 from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_memory, check_nodes, detect_device, precision_flags,
                                   rendezvous_flags, timeout_flags)
@@ -174,23 +175,8 @@ def test_the_last_node_reports_and_multi_node_flags_are_checked():
         check_nodes(nodes(nnodes=2))
 
 
-def broken_cann_stand_in(directory):
-    """A torch whose import fails as torch 2.5+ does when its autoloaded torch_npu cannot load CANN (torch's
-    `_import_device_backends`: "Failed to load the backend extension: torch_npu", raised from the loader's
-    OSError), and a torch_npu that imports it."""
-    (directory / "torch").mkdir()
-    (directory / "torch" / "__init__.py").write_text(
-        "try:\n"
-        "    raise OSError('libhccl.so: cannot open shared object file: No such file or directory')\n"
-        "except OSError as err:\n"
-        "    raise RuntimeError('Failed to load the backend extension: torch_npu. You can disable extension "
-        "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.') from err\n")
-    (directory / "torch_npu").mkdir()
-    (directory / "torch_npu" / "__init__.py").write_text("import torch\n")
-
-
 def test_a_broken_cann_is_diagnosed_in_one_line_before_the_launcher_imports_torch(tmp_path):
-    broken_cann_stand_in(tmp_path)
+    write_broken_cann_stand_in(tmp_path)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), PACKAGE_ROOT,
                                                                  os.path.join(REPO_ROOT, "DeepSpeed")])}
     environment.pop("DS_ACCELERATOR", None)
