@@ -42,8 +42,14 @@ DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"  # the kernels' do
 
 
 class FusionAttention:
-    """Megatron's attention contract on top of torch_npu.npu_fusion_attention."""
+    """Megatron's attention contract on top of torch_npu.npu_fusion_attention, in the layouts the operator takes
+    natively. The model's query, key and value are [batch, heads, seq, dim] views of its [batch, seq, heads, dim]
+    projection output: handed over as BSND (transposed back, no copy) instead of as BNSD views that CANN would
+    copy into BNSD order on every call, and the output, BSND, is returned as a BNSD view, so the model's
+    transpose back to [batch, seq, hidden] is free. Grouped-query key/value come with their own head count
+    (`takes_grouped_kv`): the operator takes Nq a whole multiple of Nkv, so no K/V repeat is made."""
     kernel_name = "torch_npu.npu_fusion_attention"
+    takes_grouped_kv = True
 
     def __init__(self, fusion_attention: Callable):
         self._fusion_attention = fusion_attention
@@ -54,10 +60,11 @@ class FusionAttention:
             mask, sparse_mode = self._causal_mask(query.device), TOP_LEFT_CAUSAL
         else:
             mask, sparse_mode = attention_mask, MASK_AS_GIVEN
+        query_bsnd, key_bsnd, value_bsnd = (tensor.transpose(1, 2) for tensor in (query, key, value))
         outputs = self._fusion_attention(
-            query, key, value, query.shape[1], "BNSD", atten_mask=mask, scale=1.0 / math.sqrt(query.shape[-1]),
-            keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
-        return outputs[0]  # the rest are softmax statistics and RNG state kept for the backward pass
+            query_bsnd, key_bsnd, value_bsnd, query.shape[1], "BSND", atten_mask=mask,
+            scale=1.0 / math.sqrt(query.shape[-1]), keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
+        return outputs[0].transpose(1, 2)  # the rest are softmax statistics and RNG state for the backward pass
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         if device not in self._causal_masks:

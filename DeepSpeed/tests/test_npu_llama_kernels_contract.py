@@ -41,7 +41,8 @@ def loss_and_gradients(kernels, rotary_percent):
 
 @pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
 def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradients(rotary_percent):
-    kernels = select_kernels("npu", npu_kernels(torch_npu(), "Ascend910B3"))
+    module = torch_npu()
+    kernels = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
     assert (kernels.rms_norm.kernel_name, kernels.rotary_mul.kernel_name, kernels.swiglu.kernel_name) == (
         "torch_npu.npu_rms_norm", "torch_npu.npu_rotary_mul", "torch_npu.npu_swiglu")
     expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, rotary_percent)
@@ -49,6 +50,8 @@ def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradien
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, gradient in expected.items():
         torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+    # grouped-query attention: the 2 key/value heads reach the fused attention as they are, not repeated to 4
+    assert {call["key_heads"] for call in module.npu_fusion_attention.calls} == {2}
 
 
 def test_other_chips_and_builds_without_an_operator_keep_the_portable_kernels():

@@ -8,7 +8,9 @@ Kernel contracts:
 - attention(query, key, value, attention_mask, dropout_p) -> context. query/key/value/context are
   [batch, heads, seq, head_dim]; attention_mask is None for plain causal attention, or a bool tensor
   [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
-  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq].
+  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq]. Under
+  grouped-query attention key/value come repeated to the query's heads, unless the kernel has `takes_grouped_kv`
+  True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
