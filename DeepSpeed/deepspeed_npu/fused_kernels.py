@@ -20,7 +20,7 @@ fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
 x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
-* r2 with x BNSD and r1 / r2 11SD in its half mode; `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
+* r2 in its half mode, x BSND with r1 / r2 1S1D as called here (BNSD with 11SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
 and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
 along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
 documentation lists only those; the other two list more, which are left portable until they are tried).
@@ -85,14 +85,18 @@ def npu_rms_norm_class(rms_norm: Callable) -> type:
 
 
 class RotaryMul:
-    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin)."""
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode, given BSND x (1S1D cos and sin): the model's
+    [batch, heads, seq, dim] query and key are views of its [batch, seq, heads, dim] projection, so transposed back
+    they are in the layout the operator reads them in (non-contiguous input allowed), and the result is returned
+    as the same kind of view."""
     kernel_name = "torch_npu.npu_rotary_mul"
 
     def __init__(self, rotary_mul: Callable):
         self._rotary_mul = rotary_mul
 
     def __call__(self, x, cos, sin):
-        return self._rotary_mul(x, cos, sin, rotary_mode="half")
+        x_bsnd, cos_1s1d, sin_1s1d = (tensor.transpose(1, 2) for tensor in (x, cos, sin))
+        return self._rotary_mul(x_bsnd, cos_1s1d, sin_1s1d, rotary_mode="half").transpose(1, 2)
 
 
 class InterleavedSwiGLU:

@@ -74,3 +74,23 @@ def test_the_kernels_activation_defers_hand_on_every_operator():
     direct = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
     assert (deferred.rms_norm.kernel_name, deferred.rotary_mul.kernel_name, deferred.swiglu.kernel_name) == (
         direct.rms_norm.kernel_name, direct.rotary_mul.kernel_name, direct.swiglu.kernel_name)
+
+
+def test_rotary_reaches_the_operator_in_bsnd_with_1s1d_tables():
+    """The model's query is a [batch, heads, seq, dim] view of its [batch, seq, heads, dim] projection: the
+    operator gets that projection's own layout (BSND, 1S1D tables; op-plugin's npu_rotary_mul constraints) and the
+    portable result comes back in the model's view."""
+    from deepspeed_npu.fused_kernels import RotaryMul
+    from megatron.model.kernels import rotate_half_mul
+    seen = []
+
+    def recording(x, r1, r2, rotary_mode="half", rotate=None):
+        seen.append((tuple(x.shape), tuple(r1.shape)))
+        return npu_rotary_mul(x, r1, r2, rotary_mode, rotate)
+    generator = torch.Generator().manual_seed(4)
+    projection = torch.randn(2, 5, 3, 8, generator=generator)  # [batch, seq, heads, dim]
+    query = projection.transpose(1, 2)
+    cos, sin = (torch.randn(1, 1, 5, 8, generator=generator) for _ in range(2))
+    output = RotaryMul(recording)(query, cos, sin)
+    torch.testing.assert_close(output, rotate_half_mul(query, cos, sin))
+    assert seen == [((2, 5, 3, 8), (1, 5, 1, 8))]
