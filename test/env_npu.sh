@@ -4,8 +4,9 @@
 #     source test/env_npu.sh
 #
 # - CANN: sources the toolkit's set_env.sh when CANN is installed and not yet loaded (searched under
-#   ASCEND_ROOT, default /usr/local/Ascend: ascend-toolkit, cann, nnae; then ~/Ascend) and puts the driver's
-#   libraries on LD_LIBRARY_PATH; torch_npu cannot load without both, and then even `import torch` fails
+#   ASCEND_ROOT, default /usr/local/Ascend: ascend-toolkit, cann, nnae; then ~/Ascend; then the newest
+#   versioned cann-<version>/) and puts the driver's libraries on LD_LIBRARY_PATH; torch_npu cannot load
+#   without both, and then even `import torch` fails
 # - HCCL: no timeouts here. HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT follow --distributed-timeout-minutes
 #   (megatron/parallel_state.py, hccl_timeouts), so torch's and HCCL's limits agree; export them yourself
 #   only below that flag's time
@@ -20,16 +21,18 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
 fi
 
 _env_npu_setup() {
-  local root ascend_root set_env candidate directory caller_flags=$- caller_pipefail="" status
+  local root ascend_root set_env candidate directory caller_flags=$- caller_pipefail="" status versioned
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   ascend_root=${ASCEND_ROOT:-/usr/local/Ascend}
 
   # CANN's set_env.sh sets ASCEND_TOOLKIT_HOME (older releases) or ASCEND_HOME_PATH (newer): loaded if either is.
   if [ -z "${ASCEND_TOOLKIT_HOME:-}" ] && [ -z "${ASCEND_HOME_PATH:-}" ]; then
     set_env=""
+    mapfile -t versioned < <(compgen -G "$ascend_root/cann-*/set_env.sh" | sort -rV)
     for candidate in "$ascend_root/ascend-toolkit/set_env.sh" "$ascend_root/cann/set_env.sh" \
                      "$ascend_root/nnae/set_env.sh" "$HOME/Ascend/ascend-toolkit/set_env.sh" \
-                     "$HOME/Ascend/nnae/set_env.sh"; do
+                     "$HOME/Ascend/nnae/set_env.sh" \
+                     "${versioned[@]}"; do
       if [ -f "$candidate" ]; then set_env=$candidate; break; fi
     done
     if [ -n "$set_env" ]; then

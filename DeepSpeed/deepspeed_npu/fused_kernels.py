@@ -10,40 +10,46 @@ uses the kernel's own causal mode, which reads a fixed 2048 x 2048 compressed ma
 Only what torch_npu documents is used (op-plugin's docs/zh/custom_APIs/torch_npu/
 torch_npu-npu_fusion_attention.md): the kernel is for training (its notes say it is used in training only)
 on Atlas A2 training chips, so inference and evaluation keep PyTorch's SDPA, and so does every other chip
-(first-generation Ascend 910, Ascend310P, the Ascend910_93xx of Atlas A3, an unnamed device). The optimizer
-is not the adaptor's business: the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_`)
-holds on NPUs too. torch_npu's NpuFusedAdamW is never offered: it copies the gradients into buffers of its
-own on its first step, so it misses DeepSpeed's fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
+(first-generation Ascend 910, Ascend310P, the Ascend910_93xx of Atlas A3, an unnamed device): chips.py's table.
+The optimizer is the trainer's rule (torch's AdamW, fused through op-plugin's `_fused_adamw_` where the
+dispatcher has it); the adaptor only says, from the same table, where that kernel cannot run (aclnnApplyAdamWV2
+is not supported on first-generation 910), so the trainer takes the foreach form there. torch_npu's NpuFusedAdamW
+is never offered: it copies the gradients into buffers of its own on its first step, so it misses DeepSpeed's
+fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
 x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
-* r2 with x BNSD and r1 / r2 11SD in its half mode; `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
+* r2 in its half mode, x BSND with r1 / r2 1S1D as called here (BNSD with 11SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
 and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
 along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
 documentation lists only those; the other two list more, which are left portable until they are tried).
 """
 import math
-import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, Optional
 
 import torch
 
+from deepspeed_npu.chips import generation_of
+
 # npu_fusion_attention's sparse_mode values (torch_npu documentation).
 MASK_AS_GIVEN = 0
 TOP_LEFT_CAUSAL = 2
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
-# The chips the kernel's documentation lists (Atlas A2 training series), by the SoC names torch_npu knows
-# (torch_npu/csrc/core/npu/NpuVariables.cpp: Ascend910B1, B2, B2C, B3, B4, B4-1).
-DOCUMENTED_CHIP = re.compile(r"Ascend910B[1-4](C|-1)?")
-DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"
+DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"  # the kernels' documented products (chips.py)
 
 
 class FusionAttention:
-    """Megatron's attention contract on top of torch_npu.npu_fusion_attention."""
+    """Megatron's attention contract on top of torch_npu.npu_fusion_attention, in the layouts the operator takes
+    natively. The model's query, key and value are [batch, heads, seq, dim] views of its [batch, seq, heads, dim]
+    projection output: handed over as BSND (transposed back, no copy) instead of as BNSD views that CANN would
+    copy into BNSD order on every call, and the output, BSND, is returned as a BNSD view, so the model's
+    transpose back to [batch, seq, hidden] is free. Grouped-query key/value come with their own head count
+    (`takes_grouped_kv`): the operator takes Nq a whole multiple of Nkv, so no K/V repeat is made."""
     kernel_name = "torch_npu.npu_fusion_attention"
+    takes_grouped_kv = True
 
     def __init__(self, fusion_attention: Callable):
         self._fusion_attention = fusion_attention
@@ -54,10 +60,11 @@ class FusionAttention:
             mask, sparse_mode = self._causal_mask(query.device), TOP_LEFT_CAUSAL
         else:
             mask, sparse_mode = attention_mask, MASK_AS_GIVEN
+        query_bsnd, key_bsnd, value_bsnd = (tensor.transpose(1, 2) for tensor in (query, key, value))
         outputs = self._fusion_attention(
-            query, key, value, query.shape[1], "BNSD", atten_mask=mask, scale=1.0 / math.sqrt(query.shape[-1]),
-            keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
-        return outputs[0]  # the rest are softmax statistics and RNG state kept for the backward pass
+            query_bsnd, key_bsnd, value_bsnd, query.shape[1], "BSND", atten_mask=mask,
+            scale=1.0 / math.sqrt(query.shape[-1]), keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
+        return outputs[0].transpose(1, 2)  # the rest are softmax statistics and RNG state for the backward pass
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         if device not in self._causal_masks:
@@ -78,14 +85,18 @@ def npu_rms_norm_class(rms_norm: Callable) -> type:
 
 
 class RotaryMul:
-    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin)."""
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode, given BSND x (1S1D cos and sin): the model's
+    [batch, heads, seq, dim] query and key are views of its [batch, seq, heads, dim] projection, so transposed back
+    they are in the layout the operator reads them in (non-contiguous input allowed), and the result is returned
+    as the same kind of view."""
     kernel_name = "torch_npu.npu_rotary_mul"
 
     def __init__(self, rotary_mul: Callable):
         self._rotary_mul = rotary_mul
 
     def __call__(self, x, cos, sin):
-        return self._rotary_mul(x, cos, sin, rotary_mode="half")
+        x_bsnd, cos_1s1d, sin_1s1d = (tensor.transpose(1, 2) for tensor in (x, cos, sin))
+        return self._rotary_mul(x_bsnd, cos_1s1d, sin_1s1d, rotary_mode="half").transpose(1, 2)
 
 
 class InterleavedSwiGLU:
@@ -107,6 +118,7 @@ class NpuKernels:
     rms_norm: Optional[type] = None  # None where this torch_npu lacks the operator: torch's
     rotary_mul: Optional[Callable] = None
     swiglu: Optional[Callable] = None
+    fused_adamw: bool = False  # op-plugin's _fused_adamw_ runs on this chip (chips.py); else the foreach AdamW
 
     def description(self) -> str:
         if not self.attention:
@@ -119,13 +131,15 @@ class NpuKernels:
 
 def npu_kernels(torch_npu: ModuleType, chip_name: str) -> NpuKernels:
     """The kernels this torch_npu build documents for this chip; otherwise the portable ones, and why."""
+    generation = generation_of(chip_name)
     fusion_attention = getattr(torch_npu, "npu_fusion_attention", None)
     if fusion_attention is None:
-        return NpuKernels(None, "this torch_npu has no npu_fusion_attention")
-    if not DOCUMENTED_CHIP.fullmatch(chip_name):
+        return NpuKernels(None, "this torch_npu has no npu_fusion_attention", fused_adamw=generation.fused_adamw)
+    if not generation.fused_kernels:
         return NpuKernels(None, f"torch_npu documents npu_fusion_attention for {DOCUMENTED_CHIPS}, "
-                                f"not for {chip_name!r}")
+                                f"not for {chip_name!r}", fused_adamw=generation.fused_adamw)
     rms_norm, rotary_mul, swiglu = (getattr(torch_npu, name, None)
                                     for name in ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu"))
     return NpuKernels(FusionAttention(fusion_attention), rms_norm=rms_norm and npu_rms_norm_class(rms_norm),
-                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu))
+                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu),
+                      fused_adamw=generation.fused_adamw)

@@ -5,9 +5,11 @@ SCHEMA is the operator's declaration in Ascend/op-plugin, op_plugin/config/op_pl
 test_npu_fusion_attention_contract.py checks that the stand-in's signature says the same. A call with a
 misspelt or unknown keyword, or a positional argument out of place, fails here as it would on the device.
 The arithmetic follows the operator's documentation (docs/zh/custom_APIs/torch_npu/
-torch_npu-npu_fusion_attention.md, same commit): atten_mask True (1) = position not computed; BNSD layout;
-sparse_mode 0 takes the mask as given, 2 (leftUpCausal) reads causality from a 2048 x 2048 compressed triu(1)
-mask; masks are bool or uint8 of shape BNSS, B1SS, 11SS or SS.
+torch_npu-npu_fusion_attention.md, same commit): atten_mask True (1) = position not computed; query, key and
+value in one of the layouts BNSD or BSND (the doc also lists BSH, SBH, TND, unused here), the output in the same;
+key/value may have fewer heads than the query (Nq a whole multiple of Nkv: grouped-query attention), head_num being
+the query's; sparse_mode 0 takes the mask as given, 2 (leftUpCausal) reads causality from a 2048 x 2048 compressed
+triu(1) mask; masks are bool or uint8 of shape BNSS, B1SS, 11SS or SS.
 """
 import torch
 
@@ -28,9 +30,14 @@ class NpuFusionAttentionStandIn:
                  scale=1., keep_prob=1., pre_tockens=2147483647, next_tockens=2147483647, inner_precise=0,
                  prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
                  sync=False, softmax_layout="", sink=None, dropout_mask=None, seed=0, offset=0):
+        assert input_layout in ("BNSD", "BSND")
+        if input_layout == "BSND":
+            query, key, value = (tensor.transpose(1, 2) for tensor in (query, key, value))
         self.calls.append(dict(head_num=head_num, input_layout=input_layout, pse=pse, atten_mask=atten_mask,
-                               scale=scale, keep_prob=keep_prob, sparse_mode=sparse_mode))
-        assert input_layout == "BNSD" and head_num == query.shape[1]
+                               scale=scale, keep_prob=keep_prob, sparse_mode=sparse_mode,
+                               key_heads=key.shape[1]))
+        assert head_num == query.shape[1] and key.shape == value.shape and head_num % key.shape[1] == 0
+        key, value = (tensor.repeat_interleave(head_num // key.shape[1], dim=1) for tensor in (key, value))
         assert atten_mask is None or atten_mask.dtype in (torch.bool, torch.uint8)
         if sparse_mode == 2:
             assert torch.equal(atten_mask.cpu(), COMPRESSED_CAUSAL)
@@ -47,4 +54,7 @@ class NpuFusionAttentionStandIn:
             scores = scores.masked_fill(masked, float("-inf"))
         probabilities = torch.nn.functional.dropout(scores.softmax(dim=-1), p=1.0 - keep_prob)
         softmax_statistics = scores.amax(dim=-1)
-        return probabilities @ value, softmax_statistics, softmax_statistics, torch.empty(0), 0, 0, 0
+        output = probabilities @ value
+        if input_layout == "BSND":
+            output = output.transpose(1, 2).contiguous()
+        return output, softmax_statistics, softmax_statistics, torch.empty(0), 0, 0, 0

@@ -8,7 +8,8 @@ device as it does these torch expressions here). The documentation, same commit,
 - (beta) npu_rms_norm: RmsNorm(x) = x / sqrt(mean(x^2) + eps) * gamma over gamma's trailing dims; returns it and
   rstd (float32, self's leading dims).
 - npu_rotary_mul: output = x * cos + rotate(x) * sin; half mode rotate(x) = cat(-x2, x1) of x's two halves;
-  x 3 or 4 dims, D even and below 896; for BNSD x, r1 / r2 are 11SD, B1SD or BNSD.
+  x 3 or 4 dims (non-contiguous allowed), D even and below 896; for BNSD x, r1 / r2 are 11SD, B1SD or BNSD; for
+  BSND x, 1S1D, BS1D or BSND (the layout is read from the tables' shapes).
 - (beta) npu_swiglu: A, B = the halves of self along dim; swish(A) * B = A * sigmoid(A) * B; the dim must be
   even and non-contiguous tensors are not supported.
 """
@@ -32,10 +33,12 @@ def npu_rms_norm(self, gamma, epsilon=1e-06):
 def npu_rotary_mul(self, r1, r2, rotary_mode='half', rotate=None):
     assert rotary_mode == "half" and rotate is None  # the mode deepspeed_npu uses
     assert self.dim() in (3, 4) and self.shape[-1] % 2 == 0 and self.shape[-1] < 896
-    batch, heads, seq, dim = self.shape  # BNSD
+    bnsd = r1.shape[2] == self.shape[2] and r1.shape[1] in (1, self.shape[1])
+    batch, heads, seq, dim = self.shape if bnsd else self.shape[0], self.shape[2], self.shape[1], self.shape[3]
     for table in (r1, r2):
-        assert table.shape[2:] == (seq, dim) and table.shape[0] in (1, batch) and table.shape[1] in (1, heads)
-        assert table.shape[1] == 1 or table.shape[0] == batch  # 11SD, B1SD or BNSD
+        per_head, sequence = (table.shape[1], table.shape[2]) if bnsd else (table.shape[2], table.shape[1])
+        assert (sequence, table.shape[3]) == (seq, dim) and table.shape[0] in (1, batch) and per_head in (1, heads)
+        assert per_head == 1 or table.shape[0] == batch  # 11SD, B1SD, BNSD / 1S1D, BS1D, BSND
     first, second = self.chunk(2, dim=-1)
     return self * r1 + torch.cat((-second, first), dim=-1) * r2
 

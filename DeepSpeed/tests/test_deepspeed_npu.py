@@ -338,3 +338,11 @@ def test_activation_names_no_chip_until_the_kernels_are_asked_for(install):
     assert asked == []
     assert isinstance(select_kernels("npu", result.kernels).attention, FusionAttention)
     assert asked == [0]  # the current device, which the rank has bound by then
+
+
+def test_env_script_finds_the_newest_versioned_cann(tmp_path):
+    """A CANN installed in a versioned directory only (cann-<version>/set_env.sh, no ascend-toolkit/ link)."""
+    fake_cann(tmp_path, "cann-8.2.RC1", home_variable="ASCEND_HOME_PATH")
+    newest = fake_cann(tmp_path, "cann-8.10.0", home_variable="ASCEND_HOME_PATH")
+    [home] = source_env_script({"HOME": str(tmp_path), "ASCEND_ROOT": str(tmp_path)}, ["ASCEND_HOME_PATH"])
+    assert home == f"{newest}/latest"

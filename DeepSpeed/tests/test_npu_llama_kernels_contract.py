@@ -41,7 +41,8 @@ def loss_and_gradients(kernels, rotary_percent):
 
 @pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
 def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradients(rotary_percent):
-    kernels = select_kernels("npu", npu_kernels(torch_npu(), "Ascend910B3"))
+    module = torch_npu()
+    kernels = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
     assert (kernels.rms_norm.kernel_name, kernels.rotary_mul.kernel_name, kernels.swiglu.kernel_name) == (
         "torch_npu.npu_rms_norm", "torch_npu.npu_rotary_mul", "torch_npu.npu_swiglu")
     expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, rotary_percent)
@@ -49,6 +50,8 @@ def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradien
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, gradient in expected.items():
         torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+    # grouped-query attention: the 2 key/value heads reach the fused attention as they are, not repeated to 4
+    assert {call["key_heads"] for call in module.npu_fusion_attention.calls} == {2}
 
 
 def test_other_chips_and_builds_without_an_operator_keep_the_portable_kernels():
@@ -71,3 +74,23 @@ def test_the_kernels_activation_defers_hand_on_every_operator():
     direct = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
     assert (deferred.rms_norm.kernel_name, deferred.rotary_mul.kernel_name, deferred.swiglu.kernel_name) == (
         direct.rms_norm.kernel_name, direct.rotary_mul.kernel_name, direct.swiglu.kernel_name)
+
+
+def test_rotary_reaches_the_operator_in_bsnd_with_1s1d_tables():
+    """The model's query is a [batch, heads, seq, dim] view of its [batch, seq, heads, dim] projection: the
+    operator gets that projection's own layout (BSND, 1S1D tables; op-plugin's npu_rotary_mul constraints) and the
+    portable result comes back in the model's view."""
+    from deepspeed_npu.fused_kernels import RotaryMul
+    from megatron.model.kernels import rotate_half_mul
+    seen = []
+
+    def recording(x, r1, r2, rotary_mode="half", rotate=None):
+        seen.append((tuple(x.shape), tuple(r1.shape)))
+        return npu_rotary_mul(x, r1, r2, rotary_mode, rotate)
+    generator = torch.Generator().manual_seed(4)
+    projection = torch.randn(2, 5, 3, 8, generator=generator)  # [batch, seq, heads, dim]
+    query = projection.transpose(1, 2)
+    cos, sin = (torch.randn(1, 1, 5, 8, generator=generator) for _ in range(2))
+    output = RotaryMul(recording)(query, cos, sin)
+    torch.testing.assert_close(output, rotate_half_mul(query, cos, sin))
+    assert seen == [((2, 5, 3, 8), (1, 5, 1, 8))]

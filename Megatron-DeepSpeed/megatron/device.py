@@ -6,6 +6,7 @@ inside the functions because importing it is slow and most importers of this mod
 """
 import os
 import random
+from typing import Optional
 
 import numpy
 import torch
@@ -136,9 +137,13 @@ def bf16_supported() -> bool:
 def refuse_bf16_if_unsupported() -> None:
     """--bf16 on a device without bf16 (e.g. a first-generation Ascend 910): one line now, instead of DeepSpeed's
     ValueError when the engine starts."""
-    if not bf16_supported():
-        raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below "
-                         "Ascend910B1); use --fp16 (dynamic loss scaling) or neither flag for fp32")
+    if bf16_supported():
+        return
+    if fp16_overflow_visible():
+        raise InputError(f"--bf16: this {device_name()} reports no bf16 support; use --fp16 (dynamic loss scaling) "
+                         "or neither flag for fp32")
+    raise InputError(f"--bf16: this {device_name()} reports no bf16 support (torch_npu: chips below Ascend910B1); "
+                     "leave it off to train in fp32 (--fp16 is refused too: this device's fp16 saturates on overflow)")
 
 
 def fp16_overflow_visible() -> bool:
@@ -159,6 +164,28 @@ def refuse_fp16_if_overflow_invisible() -> None:
                          "(torch_npu is_support_inf_nan() is False, chips below Ascend910B1), so dynamic loss "
                          "scaling cannot see an overflow; train in fp32 (leave --fp16 off) or on an Ascend910B chip "
                          "with --bf16")
+
+
+def compile_unavailable() -> Optional[str]:
+    """Why torch.compile's inductor cannot compile for this device, or None when it can. Inductor generates code
+    only for device types with a registered backend (its scheduler fails on the first forward otherwise);
+    torch_npu registers one for npu only when triton-ascend is installed (torch_npu/_inductor)."""
+    from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+    init_backend_registration()
+    name = device_name()
+    if get_scheduling_for_device(name) is not None:
+        return None
+    needs = " (torch_npu registers one only where triton-ascend is installed)" if name == "npu" else ""
+    return f"torch.compile's inductor has no code generator for {name} here{needs}"
+
+
+def refuse_compile_if_unavailable() -> None:
+    """--torch-compile where inductor cannot compile for the device: one line now, not a scheduler error at the
+    first forward. Refused rather than run eager, so a run never measures something other than what was asked."""
+    why = compile_unavailable()
+    if why is not None:
+        raise InputError(f"--torch-compile: {why}; install triton-ascend for your torch_npu release, or leave "
+                         "--torch-compile off (eager)")
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:

@@ -4,6 +4,8 @@ import random
 import numpy
 import pytest
 import torch
+from deepspeed.accelerator import get_accelerator, set_accelerator
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 from megatron import device
 from megatron.errors import InputError
@@ -69,3 +71,24 @@ def test_bad_local_rank_is_an_input_error(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "three")
     with pytest.raises(InputError, match="LOCAL_RANK='three'"):
         device.current_device()
+
+
+class NpuWithoutTritonAscend(CPU_Accelerator):
+    """DeepSpeed's NPU accelerator where torch_npu is installed without triton-ascend: torch_npu then registers no
+    inductor backend for npu (torch_npu/_inductor), as in this process, where nothing registers one."""
+
+    def device_name(self, device_index=None):
+        return "npu"
+
+
+def test_torch_compile_is_refused_in_one_line_where_inductor_cannot_compile_for_the_device():
+    device.refuse_compile_if_unavailable()  # the CPU has inductor's C++ backend
+    previous = get_accelerator()
+    set_accelerator(NpuWithoutTritonAscend())
+    try:
+        with pytest.raises(InputError, match=r"^--torch-compile: torch.compile's inductor has no code generator for "
+                                             r"npu here \(torch_npu registers one only where triton-ascend is "
+                                             r"installed\); install triton-ascend"):
+            device.refuse_compile_if_unavailable()
+    finally:
+        set_accelerator(previous)

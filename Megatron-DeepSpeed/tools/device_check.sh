@@ -6,6 +6,8 @@
 # (pip download --no-deps ... on a connected machine): they are installed from there into a private folder.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# On an Ascend host, as the entry scripts do: CANN (unless already loaded), task queue and PYTHONPATH.
+[ ! -f "$root/test/env_npu.sh" ] || ! command -v npu-smi >/dev/null 2>&1 || source "$root/test/env_npu.sh"
 python=${PYTHON:-$([ -x "$root/.venv/bin/python" ] && echo "$root/.venv/bin/python" || echo python3)}
 needed="import torch, deepspeed, numpy, regex, tiktoken, safetensors"
 # Probed without DS_ACCELERATOR: DeepSpeed would try that accelerator at import, which deepspeed_npu reports better.

@@ -42,10 +42,7 @@ from megatron.device_probe import CPU_FACTS, DeviceFacts, probe_device_facts
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
 from megatron.launched_rank import end_with_parent
-from megatron.parallel_state import hccl_environment
 from megatron.reports.job_output import FirstFailure
-from megatron.reports.results import TRAIN_LOG_FILE
-from megatron.training.log_lines import parse_log
 
 DEVICES = ("auto", "cuda", "npu", "cpu")
 DEFAULT_TIMEOUT_MINUTES = 60.0
@@ -145,7 +142,8 @@ def precision_flags(facts: DeviceFacts, passthrough: list[str]) -> tuple[list[st
     if facts.fp16_overflow_visible:
         return ["--fp16"], f"precision: fp16 with dynamic loss scaling (this {facts.name} reports no bf16 support)"
     return [], (f"precision: fp32 (this {facts.name} reports no bf16 support, and its fp16 saturates on overflow "
-                "instead of producing inf/NaN, which loss scaling needs to see)")
+                "instead of producing inf/NaN, which loss scaling needs to see); on NPUs below Ascend910B1 torch_npu's "
+                "precision mode allow_fp32_to_fp16 still runs matmuls in fp16, where they saturate too")
 
 
 def timeout_flags(passthrough: list[str]) -> tuple[list[str], float]:
@@ -258,6 +256,11 @@ def schedule_flags(run: str, train_iters: int) -> list[str]:
 def main(argv=None):
     args, passthrough = parse_args(argv)
     facts = detect_device(args.device)
+    # Only now: these import torch (and torch.distributed, which loads torch_npu), whose failure on a broken
+    # torch_npu / CANN the device child has just explained in one line.
+    from megatron.parallel_state import hccl_environment
+    from megatron.reports.results import TRAIN_LOG_FILE
+    from megatron.training.log_lines import parse_log
     device_name, device_count = facts.name, facts.count
     model_size = args.model_size or ("tiny" if device_name == "cpu" else "345M")
     preset = get_preset(model_size, args.run)  # InputError listing the valid names

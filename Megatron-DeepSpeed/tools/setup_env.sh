@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up: a virtual environment at $MEGATRON_VENV (default <repo>/.venv) that
-# sees the system's site-packages, so a torch (+ torch_npu) the user already has is reused, never replaced.
-# Without an importable torch, a CPU build is installed on machines without an accelerator.
+# sees the system's site-packages, so a torch (+ torch_npu) the user already has is reused, never replaced, even
+# when it fails to import (then set-up stops and says why: deepspeed_npu/torch_install.py). Without a torch, a
+# CPU build is installed on machines without an accelerator, torch 2.13.0 on NVIDIA hosts, none on Ascend hosts.
 # Usage: bash Megatron-DeepSpeed/tools/setup_env.sh [--tests]     (prints the venv's python path last)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# On an Ascend host, CANN's environment first: without it `import torch` fails (it loads torch_npu).
+[ ! -f "$root/test/env_npu.sh" ] || ! command -v npu-smi >/dev/null 2>&1 || source "$root/test/env_npu.sh"
 venv=${MEGATRON_VENV:-$root/.venv}
 python=${PYTHON:-python3}
 requirements=("$root/requirements.txt")
@@ -34,14 +37,20 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 : >"$log"
 
-has_accelerator() {
-  command -v nvidia-smi >/dev/null 2>&1 || command -v npu-smi >/dev/null 2>&1 || ls /dev/davinci* >/dev/null 2>&1
+host_kind() {
+  if command -v npu-smi >/dev/null 2>&1 || ls /dev/davinci* >/dev/null 2>&1; then echo ascend
+  elif command -v nvidia-smi >/dev/null 2>&1; then echo nvidia
+  else echo cpu; fi
 }
+host=$(host_kind)
 
-if "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+# reuse, install, or one line saying what to fix (an installed torch that fails to import is never replaced).
+torch_plan=$(PYTHONPATH="$root/DeepSpeed:$root/Megatron-DeepSpeed${PYTHONPATH:+:$PYTHONPATH}" \
+             "$venv/bin/python" -m deepspeed_npu.torch_install "$host") || exit 1
+if [ "$torch_plan" = reuse ]; then
   say "reusing torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
-elif has_accelerator; then
-  say "installing torch 2.13.0 (accelerator found; for Ascend install torch_npu yourself, see docs/ascend.md)"
+elif [ "$host" = nvidia ]; then
+  say "installing torch 2.13.0 (NVIDIA GPU found)"
   pip_install "torch==2.13.0"
 else
   say "installing torch 2.13.0, CPU build (no accelerator found)"
@@ -55,7 +64,7 @@ trap 'rm -f "$deps"' EXIT
 grep -hvE '^\s*(#|$|torch==)' "${requirements[@]}" >"$deps"
 # Pure-Python DeepSpeed ops, except the CPU shared-memory collective op: prebuilt now so that no compiler
 # is needed at run time. Build isolation off so DeepSpeed's build sees the torch chosen above.
-DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$(has_accelerator && echo 0 || echo 1) \
+DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=$([ "$host" = cpu ] && echo 1 || echo 0) \
   pip_install --no-build-isolation -r "$deps"
 # The project itself (megatron, deepspeed_npu), editable: its dependencies are the ones just installed.
 pip_install --no-build-isolation --no-deps -e "$root"

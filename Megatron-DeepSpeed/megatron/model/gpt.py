@@ -247,7 +247,8 @@ class SelfAttention(nn.Module):
             query, key = self.rotary(query, first), self.rotary(key, first)
         if kv_cache is not None:
             key, value = kv_cache.extend(key, value)
-        if self.queries_per_group > 1:  # each key/value head serves its group's query heads
+        if self.queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
+            # each key/value head serves its group's query heads (a kernel that takes them grouped pairs them itself)
             key, value = (t.repeat_interleave(self.queries_per_group, dim=1) for t in (key, value))
         dropout_p = self.dropout_p if self.training else 0.0
         if self.recompute_core and torch.is_grad_enabled():

@@ -8,7 +8,9 @@ Kernel contracts:
 - attention(query, key, value, attention_mask, dropout_p) -> context. query/key/value/context are
   [batch, heads, seq, head_dim]; attention_mask is None for plain causal attention, or a bool tensor
   [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
-  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq].
+  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq]. Under
+  grouped-query attention key/value come repeated to the query's heads, unless the kernel has `takes_grouped_kv`
+  True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
@@ -19,9 +21,10 @@ Kernel contracts:
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
   so they stay in its cache and reuse the same pages each step; elsewhere large enough for full-speed kernels.
 
-The Adam rule is the same on every device and no adaptor can override it: torch's AdamW, fused where the
-device's backend registers the `_fused_adamw_` kernel (CPU, CUDA; op-plugin registers it for Ascend NPUs), else
-its foreach form. Both are on DeepSpeed's list of ZeRO-supported optimizers and read each parameter's current
+The Adam rule is the same on every device: torch's AdamW, fused where the device's backend registers the
+`_fused_adamw_` kernel (CPU, CUDA; op-plugin registers it for Ascend NPUs) and the adaptor does not say that its
+chip cannot run it (`fused_adamw` False: op-plugin's kernel is aclnnApplyAdamWV2, which first-generation Ascend 910
+lacks), else its foreach form. No adaptor can substitute another optimizer. Both are on DeepSpeed's list of ZeRO-supported optimizers and read each parameter's current
 `.grad` at every step; optimizers that copy the gradients into buffers of their own on the first step (such as
 torch_npu's NpuFusedAdamW) train on stale gradients once DeepSpeed hands them fresh `.grad` tensors.
 An adaptor's attention kernel is a training kernel: inference and evaluation take the adaptor's
@@ -123,8 +126,10 @@ def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, t
     """The kernels for `device_name`: PyTorch's, with AdamW fused where the device has the kernel, and the
     attention / layer_norm / rms_norm / rotary_mul / swiglu kernels that `adaptor_kernels` provides (attributes;
     None = keep ours) taking precedence. With `training` False the adaptor's `inference_attention` replaces its
-    training attention. On a CPU the loss works in cache-sized chunks."""
-    kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused_adamw_available(device_name) else FOREACH_ADAMW)
+    training attention; its `fused_adamw` False keeps AdamW in its foreach form. On a CPU the loss works in
+    cache-sized chunks."""
+    fused = fused_adamw_available(device_name) and getattr(adaptor_kernels, "fused_adamw", True)
+    kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
     if adaptor_kernels is not None:

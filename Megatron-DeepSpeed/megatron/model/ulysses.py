@@ -17,6 +17,7 @@ What this changes on the model, piece by piece (prepare(piece, path), like the t
   per-token losses for the same reason).
 """
 import torch
+import torch.distributed as dist
 from deepspeed.sequence.layer import DistributedAttention
 
 from megatron.model.cross_entropy import cross_entropy
@@ -30,12 +31,16 @@ BATCH_DIM, SEQUENCE_DIM, HEADS_DIM = 0, 1, 2
 
 class _LocalCore:
     """The layer's own attention kernel on [batch, seq, heads, head_dim] tensors, as DistributedAttention calls it:
-    the whole sequence, this rank's heads."""
+    the whole sequence, this rank's heads. Grouped key/value heads that arrive unrepeated are repeated here, after
+    the all-to-all, unless the kernel takes them grouped."""
 
     def __init__(self, attend):
         self.attend = attend
 
     def __call__(self, query, key, value, attention_mask, dropout_p):
+        queries_per_group = query.shape[HEADS_DIM] // key.shape[HEADS_DIM]
+        if queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
+            key, value = (t.repeat_interleave(queries_per_group, dim=HEADS_DIM) for t in (key, value))
         context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), attention_mask, dropout_p)
         return context.transpose(1, 2)
 
@@ -43,11 +48,15 @@ class _LocalCore:
 class UlyssesAttention:
     """An attention kernel (model/kernels.py's contract: [batch, heads, seq chunk, head_dim] in and out) that
     attends over the whole sequence through DeepSpeed's DistributedAttention. `attention_mask` is None (causal)
-    or the whole sequence's [batch, 1, seq, seq] mask, which the batch keeps whole."""
+    or the whole sequence's [batch, 1, seq, seq] mask, which the batch keeps whole. With `takes_grouped_kv` (the
+    key/value heads divide among the group's ranks: `key_value_heads` a multiple of its size) grouped-query key and
+    value cross the all-to-all with their own heads, not repeated to the query's: each rank's block of query heads
+    is served by its block of key/value heads, so the exchange moves no repeated bytes."""
 
-    def __init__(self, attend, group):
+    def __init__(self, attend, group, key_value_heads: int):
         self.distributed = DistributedAttention(_LocalCore(attend), group, scatter_idx=HEADS_DIM,
                                                 gather_idx=SEQUENCE_DIM)
+        self.takes_grouped_kv = key_value_heads % dist.get_world_size(group) == 0
 
     def __call__(self, query, key, value, attention_mask, dropout_p):
         query, key, value = (t.transpose(1, 2).contiguous() for t in (query, key, value))
@@ -83,7 +92,7 @@ def ulysses_pieces(prepare, parallel_state):
         piece = prepare(piece, path)
         if isinstance(piece, TransformerLayer):
             attention: SelfAttention = piece.self_attention
-            attention.attend = UlyssesAttention(attention.attend, group)
+            attention.attend = UlyssesAttention(attention.attend, group, attention.num_groups)
             attention.sequence_chunk_index = rank
         elif isinstance(piece, LanguageModelLoss):
             whole_sequence = SequenceParallelLoss(piece.chunk_bytes, group)

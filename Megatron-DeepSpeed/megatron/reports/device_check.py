@@ -235,11 +235,14 @@ SPEED_LOG_INTERVAL = 10
 
 
 def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024,
-               log_interval: int = SPEED_LOG_INTERVAL) -> List[tuple]:
+               log_interval: int = SPEED_LOG_INTERVAL, compiles: bool = True) -> List[tuple]:
     """(label, flags) of the settings tried for a shape, with torch's fused AdamW throughout; an accelerator's
-    cells log every `log_interval` iterations."""
+    cells log every `log_interval` iterations. Without `compiles` (no inductor backend for the device) the
+    torch.compile cells are left out."""
     grid = []
     for micro, recompute, zero, compiled, pipelined in SPEED_GRIDS[shape_name]:
+        if compiled and not compiles:
+            continue
         global_batch = max(micro, GLOBAL_BATCH_TOKENS // seq // micro * micro) if on_accelerator else micro
         label = (f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO {zero}"
                  f"{', torch.compile' if compiled else ''}{', pipeline engine' if pipelined else ''}")
@@ -276,12 +279,16 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
                 if (shape[0] not in NAMED_ONLY if shapes is None else shape[0] in shapes)]
 
     say(f"device: {device.device_model_name()} ({device.device_name()}), {nproc} used")
+    compile_missing = device.compile_unavailable() if "speed" in checks else None
+    if compile_missing:
+        say(f"torch.compile cells left out: {compile_missing}")
     speed_shapes = chosen(speed_candidates)
     for name, layers, hidden, heads, seq in speed_shapes:
         say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
     if "correctness" in checks:
+        train = correctness_training(pretrain, nproc)
         for shape in chosen(correctness_candidates):
-            check_correctness(shape, on_accelerator, pretrain, iterations, say)
+            check_correctness(shape, on_accelerator, train, iterations, say)
             if nproc > 1:
                 check_layouts(shape, nproc, on_accelerator, iterations, say)
     rows = []
@@ -289,7 +296,8 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
         for shape in speed_shapes:
             train = functools.partial(train_in_fresh_process, keep=keep_log)
             shape_rows = [speed_row(shape, label, flags, iterations, train)
-                          for label, flags in speed_grid(shape[0], on_accelerator, shape[4], log_interval)]
+                          for label, flags in speed_grid(shape[0], on_accelerator, shape[4], log_interval,
+                                                         compile_missing is None)]
             shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log)
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
         say(speed_table(rows, allocator_peaks=on_accelerator))
@@ -314,18 +322,28 @@ def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int,
     return rows
 
 
-def check_correctness(shape, on_accelerator: bool, pretrain: Callable, iterations: int,
+def correctness_training(pretrain: Callable, nproc: int) -> Callable[[Sequence[str]], str]:
+    """How the correctness checks train (argv -> log): in this process when it checks one device; with `nproc` > 1
+    each run in a fresh process, so that this one holds no engine, process group or cached memory on device 0
+    while the layout checks' processes use devices 0..N-1."""
+    if nproc == 1:
+        return functools.partial(run_training, pretrain=pretrain)
+    return train_in_fresh_process
+
+
+def check_correctness(shape, on_accelerator: bool, train: Callable[[Sequence[str]], str], iterations: int,
                       say: Callable[[str], None]) -> None:
-    """fp32 against the CPU, recomputation against none, and each half precision against the fp32 curve."""
+    """fp32 against the CPU, recomputation against none, and each half precision against the fp32 curve; `train`
+    runs one training (argv -> log)."""
     if on_accelerator:
         say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")
     base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--train-iters", str(iterations),
             "--no-pipeline-parallel", "--zero-stage", "1"]
-    reference = losses_of(run_training(base, pretrain))
-    recomputed = losses_of(run_training([*base, "--checkpoint-activations"], pretrain))
+    reference = losses_of(train(base))
+    recomputed = losses_of(train([*base, "--checkpoint-activations"]))
     say(f"[{shape[0]}] recompute vs none, fp32: max relative loss gap {max_relative_gap(recomputed, reference):.2e}")
     for dtype in (("--bf16", "--fp16") if on_accelerator else ("--bf16",)):
-        curve = losses_of(run_training([*base, dtype], pretrain))
+        curve = losses_of(train([*base, dtype]))
         say(f"[{shape[0]}] {dtype[2:]} vs fp32 over {iterations} iterations: max relative loss gap "
             f"{max_relative_gap(curve, reference):.2e}; final loss {curve[-1]:.4f} vs {reference[-1]:.4f}")
 

@@ -319,6 +319,8 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
         device.refuse_bf16_if_unsupported()
     if config.precision.fp16:
         device.refuse_fp16_if_overflow_invisible()
+    if config.model.torch_compile:
+        device.refuse_compile_if_unavailable()
     loads_optimizer = not (config.checkpoint.finetune or config.checkpoint.no_load_optim or config.logging.skip_train)
     first_rank_checks(functools.partial(start_up_checks, config.checkpoint, loads_optimizer))  # before slow work
     resume = plan_load(config)

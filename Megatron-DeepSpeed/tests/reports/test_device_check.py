@@ -10,7 +10,7 @@ import pytest
 from megatron.errors import InputError
 from megatron.model.kernels import sdpa_attention
 from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
-                                           check_layouts, node_layouts, report, speed_grid, speed_row, speed_table,
+                                           check_layouts, correctness_training, node_layouts, report, speed_grid, speed_row, speed_table,
                                            train_in_fresh_process)
 from megatron.training.log_lines import iteration_line, memory_line
 from tests.helpers.paths import TOOLS
@@ -80,6 +80,25 @@ def test_npu_requested_without_torch_npu_is_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: DS_ACCELERATOR=npu asks for the NPUs, but torch_npu is not installed")
     assert "Traceback" not in done.stderr
+
+
+def test_on_an_ascend_host_the_check_loads_cann_as_the_entry_scripts_do(tmp_path):
+    """A fresh shell on an Ascend host (npu-smi on PATH, CANN installed but not loaded): the check's python runs
+    with CANN's environment, from env_npu.sh, instead of failing to import torch."""
+    bin_dir, cann = tmp_path / "bin", tmp_path / "ascend" / "ascend-toolkit"
+    bin_dir.mkdir()
+    cann.mkdir(parents=True)
+    (bin_dir / "npu-smi").write_text("#!/bin/sh\n")
+    (cann / "set_env.sh").write_text(f"export ASCEND_HOME_PATH={cann}/latest\n")
+    python = bin_dir / "python"  # answers the script's import probe, then shows what the check would see
+    python.write_text('#!/bin/sh\n[ "$1" = -c ] && exit 0\necho "CANN: $ASCEND_HOME_PATH, queue: $TASK_QUEUE_ENABLE"\n')
+    for script in (bin_dir / "npu-smi", python):
+        script.chmod(0o755)
+    environment = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path),
+                   "ASCEND_ROOT": str(tmp_path / "ascend"), "PYTHON": str(python)}
+    done = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"CANN: {cann}/latest, queue: 2"
 
 
 def fake_log(samples_per_second, peak_mib):
@@ -180,3 +199,26 @@ def test_accelerator_speed_cells_accumulate_half_a_million_tokens_and_log_every_
     assert max(micro_batches) == 32
     [(_, cpu_flags)] = speed_grid("toy", on_accelerator=False, seq=64)[:1]
     assert flag_value(cpu_flags, "--global-batch-size") == "2" and flag_value(cpu_flags, "--log-interval") == "1"
+
+
+def test_without_an_inductor_backend_the_compiled_cells_are_left_out():
+    """An NPU without triton-ascend has no inductor backend (torch_npu/_inductor): its compiled cells would fail at
+    the first forward, so they are not run, and the report says why (report(), from device.compile_unavailable)."""
+    for shape in ("345M", "1.3B"):
+        eager = [label for label, _ in speed_grid(shape, True, 1024, compiles=False)]
+        assert eager == [label for label in (label for label, _ in speed_grid(shape, True, 1024))
+                         if not label.endswith(", torch.compile")]
+        assert all("--torch-compile" not in flags for _, flags in speed_grid(shape, True, 1024, compiles=False))
+
+
+def test_with_several_devices_the_correctness_runs_leave_this_process_without_a_device():
+    """With --nproc N the layout checks' processes use devices 0..N-1: the correctness trainings then run in fresh
+    processes too, instead of an engine and cached memory held on device 0 by this process for the whole check."""
+    called = []
+
+    def pretrain(argv):
+        called.append(argv)
+    assert correctness_training(pretrain, nproc=2) is train_in_fresh_process
+    assert called == []
+    correctness_training(pretrain, nproc=1)(["--train-iters", "1"])  # one device: trained here, as before
+    assert called == [["--train-iters", "1"]]

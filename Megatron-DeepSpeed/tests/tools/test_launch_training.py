@@ -1,6 +1,9 @@
 """The launcher's defaults: precision from the device's own answers (bf16, else fp16 with dynamic loss scaling where
 an overflow shows as inf/NaN, else fp32) unless the user chose one, asked in a child so the launcher holds no device; one --distributed-timeout-minutes from which HCCL's timeouts follow; where the ranks meet
 and which node reports."""
+import os
+import subprocess
+import sys
 from argparse import Namespace
 from types import SimpleNamespace
 
@@ -12,6 +15,8 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 from megatron import device
 from megatron.errors import InputError
 from megatron.device_probe import DeviceFacts, read_device_facts
+from tests.helpers.broken_cann import write_broken_cann_stand_in
+from tests.helpers.paths import PACKAGE_ROOT, REPO_ROOT, TOOLS
 from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_memory, check_nodes, detect_device, precision_flags,
                                   rendezvous_flags, timeout_flags)
 
@@ -23,7 +28,7 @@ def facts(name, bf16, fp16_overflow_visible=True):
 @pytest.mark.parametrize("device_name, bf16_supported, passthrough, expected", [
     ("cuda", True, [], ["--bf16"]),
     ("npu", True, ["--zero-stage", "1"], ["--bf16"]),
-    ("npu", False, [], ["--fp16"]),  # first-generation Ascend 910: no bf16
+    ("npu", False, [], ["--fp16"]),  # no bf16, but an fp16 overflow shows as inf/NaN (INF_NAN mode)
     ("cuda", False, [], ["--fp16"]),  # Volta
     ("cuda", True, ["--fp16"], []),
     ("npu", False, ["--bf16"], []),  # not twice; the user's choice is theirs
@@ -84,8 +89,11 @@ def test_a_device_without_bf16_or_visible_fp16_overflow_gets_fp32_though_deepspe
     assert device.supports_dtype(torch.bfloat16) is False
     assert precision_flags(answers, []) == ([], "precision: fp32 (this npu reports no bf16 support, and its fp16 "
                                                 "saturates on overflow instead of producing inf/NaN, which loss "
-                                                "scaling needs to see)")
-    with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .* use --fp16"):
+                                                "scaling needs to see); on NPUs below Ascend910B1 torch_npu's "
+                                                "precision mode allow_fp32_to_fp16 still runs matmuls in fp16, "
+                                                "where they saturate too")
+    with pytest.raises(InputError, match=r"--bf16: this npu reports no bf16 support .*; leave it off to train in "
+                                         r"fp32 \(--fp16 is refused too"):
         device.refuse_bf16_if_unsupported()  # what pretrain() says to a --bf16 given by hand
     with pytest.raises(InputError, match=r"--fp16: this npu saturates on fp16 overflow .* train in fp32"):
         device.refuse_fp16_if_overflow_invisible()  # and to a --fp16
@@ -165,3 +173,16 @@ def test_the_last_node_reports_and_multi_node_flags_are_checked():
         check_nodes(nodes(nnodes=2, node_rank=2, output_dir="run"))
     with pytest.raises(InputError, match="give --output_dir=DIR on a file system all nodes see"):
         check_nodes(nodes(nnodes=2))
+
+
+def test_a_broken_cann_is_diagnosed_in_one_line_before_the_launcher_imports_torch(tmp_path):
+    write_broken_cann_stand_in(tmp_path)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), PACKAGE_ROOT,
+                                                                 os.path.join(REPO_ROOT, "DeepSpeed")])}
+    environment.pop("DS_ACCELERATOR", None)
+    done = subprocess.run([sys.executable, os.path.join(TOOLS, "launch_training.py"), "--run", "performance"],
+                          env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "torch_npu cannot load the CANN library libhccl.so" in done.stderr
+    assert "source test/env_npu.sh" in done.stderr
