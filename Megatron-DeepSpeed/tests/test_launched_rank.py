@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from tests.helpers.distributed import free_port
+from tests.helpers.paths import PACKAGE_ROOT
 from tests.helpers.training import TINY_FLAGS
 
 from megatron.errors import run_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = PACKAGE_ROOT
 REPEATS = 20  # per entry point: 40 runs miss an abort of 1 run in 25 with probability 0.96**40 (2 in 10)
 
 
@@ -28,6 +29,7 @@ def test_a_command_that_succeeded_leaves_no_process_group_to_the_interpreters_te
 
 def torchrun(script: str, *flags: str) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, environment.get("PYTHONPATH")]))  # tools/ too
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                            os.path.join(ROOT, script), *flags], capture_output=True, text=True, cwd=ROOT,
                           env=environment, timeout=600)
@@ -36,11 +38,11 @@ def torchrun(script: str, *flags: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(data_prefix, tmp_path_factory):
     directory = tmp_path_factory.mktemp("exit")
-    training = [*TINY_FLAGS, "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "1",
+    training = [*TINY_FLAGS, "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2",
                 "--eval-iters", "0", "--data-path", data_prefix, "--tensor-model-parallel-size", "2",
                 "--no-pipeline-parallel"]
     save = str(directory / "checkpoint")
-    finished = torchrun("pretrain_gpt.py", *training, "--save", save, "--save-interval", "1")
+    finished = torchrun("pretrain_gpt.py", *training, "--save", save, "--save-interval", "2")
     assert finished.returncode == 0, finished.stderr[-3000:]
     return training, save
 
