@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 
-from megatron.launched_rank import end_with_launcher
+from megatron.launched_rank import end_with_launcher, leave_process_groups
 
 EXIT_RUN_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -34,19 +34,21 @@ def require_divisible(what: str, value: int, by: str, divisor: int, fix: str) ->
 def run_cli(main, argv=None):
     """Run a command-line `main(argv)`: the library's log records (logger "megatron") go to stdout as plain
     lines; an InputError (exit 2), a RunError (exit 1) or Ctrl-C (exit 130) is reported as one line
-    `error: ...` on stderr instead of a traceback. A rank a launcher started ends with that launcher
-    (megatron/launched_rank.py)."""
+    `error: ...` on stderr instead of a traceback. A rank a launcher started ends with that launcher, and one
+    that succeeded ends its process groups before the interpreter's teardown (megatron/launched_rank.py)."""
     end_with_launcher()
     logging.basicConfig(format="%(message)s", stream=sys.stdout)
     logging.getLogger("megatron").setLevel(logging.INFO)
     try:
-        return main(argv)
+        result = main(argv)
     except InputError as err:
         _exit_with(err, EXIT_BAD_INPUT)
     except RunError as err:
         _exit_with(err, EXIT_RUN_FAILED)
     except KeyboardInterrupt:
         _exit_with("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    leave_process_groups()
+    return result
 
 
 def _exit_with(message, status: int):

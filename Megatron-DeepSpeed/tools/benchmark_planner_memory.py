@@ -18,7 +18,7 @@ import os
 import sys
 
 from megatron.errors import InputError, run_cli
-from megatron.reports.worker_runs import exit_distributed_worker, report, run_with_root
+from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "planner-memory: "
@@ -76,7 +76,6 @@ def worker(options) -> None:
     if dist.get_rank() == 0:
         before, during = heaviest.tolist()[:options.iterations], heaviest.tolist()[options.iterations:]
         report(RESULT_PREFIX, {"forward_backward": before, "optimizer_step": during})
-    exit_distributed_worker()
 
 
 def estimate(options, layout: str) -> dict:

@@ -15,7 +15,7 @@ import os
 import sys
 
 from megatron.errors import run_cli
-from megatron.reports.worker_runs import exit_distributed_worker, report, run_with_root
+from megatron.reports.worker_runs import report, run_with_root
 
 THIS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "ULYSSES_MEMORY "
@@ -68,7 +68,6 @@ def worker(options) -> None:
         if dist.get_rank() == 0:
             report(RESULT_PREFIX, {"sp": parallel.layout.sequence, "seq": length, "activations": heaviest[0].item(),
                                    "peak": heaviest[1].item(), "loss": loss.item()})
-    exit_distributed_worker()
 
 
 def measure(options, size: int) -> list:

@@ -4,7 +4,6 @@ measurement's peak memory, imports and start-up are then its own, and this check
 import json
 import os
 import subprocess
-import sys
 from typing import List, Mapping, Sequence
 
 from megatron.errors import RunError
@@ -13,18 +12,6 @@ from megatron.errors import RunError
 def report(prefix: str, measured: Mapping) -> None:
     """The worker's half: one result line."""
     print(prefix + json.dumps(measured), flush=True)
-
-
-def exit_distributed_worker() -> None:
-    """End a torchrun worker whose results are reported, skipping the interpreter's teardown: with DeepSpeed's
-    engine still holding gloo groups, that teardown can abort the process (SIGABRT, "terminate called without an
-    active exception", seen once in CI after a clean run), which would fail a measurement already made."""
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def run_with_root(command: Sequence[str], root: str, prefix: str, environment: Mapping[str, str] = None

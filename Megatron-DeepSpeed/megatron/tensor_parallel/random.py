@@ -57,7 +57,12 @@ class RNGStatesTracker:
 
     def checkpoint(self, function, *args):
         """function(*args) keeping only its inputs; it is recomputed in backward with torch's generators AND
-        this tracker's streams rewound to where the forward found them, so dropout masks come out identical."""
+        this tracker's streams rewound to where the forward found them, so dropout masks come out identical.
+        Under torch.compile the compiled graph keeps recomputed random ops equal to the forward's itself (its
+        partitioner saves their outputs or replays their RNG state), and dynamo takes no context manager as a
+        checkpoint's context_fn: there the plain checkpoint is the same computation."""
+        if torch.compiler.is_compiling():
+            return checkpoint(function, *args, use_reentrant=False)
         states_at_forward = {}
 
         @contextlib.contextmanager

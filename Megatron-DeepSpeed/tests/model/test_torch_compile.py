@@ -126,3 +126,33 @@ def test_pipeline_stages_and_tensor_parallel_models_compile_to_the_eager_results
             assert compiled_loss == pytest.approx(loss, rel=1e-6) and same_gradients
         gpt2_pipeline, _, gpt2_plain = rank_results
         assert gpt2_plain[0] == pytest.approx(gpt2_pipeline[0], rel=1e-5)  # the engines' models: one network
+
+
+def losses_of_training(argv):
+    """pretrain() with the trainer's RNG tracker in the model; with --torch-compile the model is compiled with
+    aot_eager (dynamo's capture and AOT autograd as inductor gets them, without generating code)."""
+    from megatron.model.provider import model_provider
+    from megatron.training.loop import pretrain
+
+    def cheaply_compiled(model_config, *rest):
+        model = model_provider(model_config, *rest)
+        if model_config.torch_compile:
+            model.compile(backend="aot_eager")
+        return model
+
+    return pretrain(cheaply_compiled, argv).losses
+
+
+TRAINER_FLAGS = [*FLAGS, "--no-pipeline-parallel", "--hidden-dropout", "0", "--attention-dropout", "0",
+                 "--log-interval", "1", "--eval-iters", "0"]
+
+
+@pytest.mark.full  # whole runs
+def test_the_trainer_compiles_the_plain_model_with_every_recompute_mode():
+    """The trainer's checkpoint rewinds its tracker's streams (a context_fn dynamo refuses); compiled, torch's own
+    recomputation does that, and each mode trains as the eager model does."""
+    eager = run_on_ranks(losses_of_training, 1, TRAINER_FLAGS)[0]
+    for recompute in (["--checkpoint-activations"], ["--recompute-granularity", "selective"],
+                      ["--recompute-granularity", "full", "--recompute-method", "uniform"]):
+        compiled = run_on_ranks(losses_of_training, 1, [*TRAINER_FLAGS, "--torch-compile", *recompute])[0]
+        assert compiled == pytest.approx(eager, rel=1e-5), recompute

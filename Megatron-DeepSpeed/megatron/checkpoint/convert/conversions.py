@@ -18,7 +18,7 @@ from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import Progress, quiet
 from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
-from megatron.files.atomic import write_directory_atomically
+from megatron.files.atomic import check_output_directory, refuse_overlap, write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import HF_TOKENIZER_TYPE, SENTENCEPIECE_TYPES, vocab_size_with_padding
@@ -54,8 +54,7 @@ def reshape(load_dir: str, save_dir: str, target: TargetLayout, iteration: Optio
     source has none, the Adam state). Its ZeRO-0 form is written for a run in `precision` (fp32, fp16, bf16;
     None: a dense model's fp32, a mixture-of-experts model's the source's); a mixture-of-experts model's also,
     with target.data, for ZeRO 1-2 at that data-parallel size. Returns the source checkpoint."""
-    if os.path.exists(save_dir) and not force:  # before reading anything large
-        raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
+    check_output_directory("--save", save_dir, force, {"--load": load_dir})  # before reading anything large
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)  # each target file reads its own tensors
     config = gpt_config(source.model_config, source.padded_vocab_size)
     if source.moe is not None:
@@ -135,8 +134,7 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     LlamaForCausalLM), padded vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written
     one at a time from the checkpoint read one piece at a time; the tokenizer's files go along when the
     checkpoint's tokenizer flags still name existing files."""
-    if os.path.exists(hf_dir) and not force:
-        raise InputError(f"--to-hf {hf_dir} already exists; choose another directory, or pass --force to replace it")
+    check_output_directory("--to-hf", hf_dir, force, {"--load": load_dir})
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)
     args, model_config = source.args, source.model_config
     if source.moe is not None:
@@ -151,6 +149,7 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     config_json = {**adapter.hf_config(model_config, vocab_size, dtype, special_tokens),
                    **hf_files.dtype_keys(kept.get("dtype") or hf_files.dtype_name(dtype))}
     tokenizer_files = tokenizer_files_of(args)
+    refuse_overlap("--to-hf", hf_dir, {"the tokenizer file": path for path, _ in tokenizer_files})
 
     def fill(directory: str) -> None:
         hf_files.write_config_json(directory, config_json)
@@ -217,8 +216,7 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     """Write a local GPT2LMHeadModel or LlamaForCausalLM directory as a checkpoint (iteration 0, weights only)
     at `target`, the vocabulary padded for it, each target file converted from the tensors it needs, read one at a
     time; resume it with `--load save_dir --finetune`."""
-    if os.path.exists(save_dir) and not force:
-        raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
+    check_output_directory("--save", save_dir, force, {"--from-hf": hf_dir})
     hf_model = hf.read_hf_model(hf_dir)
     padded = vocab_size_with_padding(hf_model.vocab_size, make_vocab_size_divisible_by, target.tensor)
     config = gpt_config(hf_model.model_config, padded)

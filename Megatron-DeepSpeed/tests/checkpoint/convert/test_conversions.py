@@ -5,9 +5,14 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
+
+from tests.helpers.paths import PACKAGE_ROOT
 
 from megatron.checkpoint.convert import hf_files
 from megatron.checkpoint.convert.conversions import export_hf, import_hf, reshape
@@ -246,6 +251,63 @@ def test_target_tensor_parallel_size_must_divide_the_heads(imported, tmp_path):
     with pytest.raises(InputError, match="--target-tensor-parallel-size 3 does not divide the attention heads"):
         reshape(imported, str(tmp_path / "out"), TargetLayout(3, 1))
     assert not (tmp_path / "out").exists() and nothing_written(tmp_path)
+
+
+def tree(directory) -> dict:
+    return {str(path): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def test_an_output_that_is_contains_or_lies_inside_an_input_is_refused_with_force_too(imported, hf_dir, tmp_path):
+    """--force replaces an output; never the checkpoint or HF model it reads (nor the tokenizer an import names)."""
+    checkpoint, model = shutil.copytree(imported, tmp_path / "parent" / "ckpt"), shutil.copytree(hf_dir, tmp_path / "hf")
+    before = tree(tmp_path)
+    refused = [
+        ("--to-hf .* is --load", lambda: export_hf(str(checkpoint), str(checkpoint), force=True)),
+        ("--to-hf .* contains --load", lambda: export_hf(str(checkpoint), str(tmp_path / "parent"), force=True)),
+        ("--save .* is --load", lambda: reshape(str(checkpoint), str(checkpoint), TargetLayout(1, 1), force=True)),
+        ("--save .* lies inside --load", lambda: reshape(str(checkpoint), str(checkpoint / "sub"),
+                                                         TargetLayout(1, 1), force=True)),
+        ("--save .* is --from-hf", lambda: import_hf(str(model), str(model), TargetLayout(1, 1), force=True)),
+        ("--save .* contains --from-hf", lambda: import_hf(str(model), str(tmp_path), TargetLayout(1, 1), force=True)),
+    ]
+    for message, convert in refused:
+        with pytest.raises(InputError, match=message + r" .*choose a directory apart from the input"):
+            convert()
+    assert tree(tmp_path) == before
+
+
+def test_a_conversion_refuses_a_second_writer_and_an_output_that_appeared_while_it_ran(imported, tmp_path):
+    """Two conversions into one --save: the second is refused at once, naming the first; a directory made at
+    --save while a conversion runs (a user's file in it) is kept and the conversion's output dropped."""
+    from megatron.files.atomic import write_directory_atomically
+
+    target = tmp_path / "out"
+
+    def second_writer_and_user(directory):
+        second = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "convert_checkpoint.py"), "--load",
+                                 imported, "--save", str(target)], capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+        assert (second.returncode, second.stderr.splitlines()[-1]) == (2, (
+            f"error: {target} is being written by another process (pid {os.getpid()} on host "
+            f"{socket.gethostname()}); wait for it to finish, or choose another directory"))
+        target.mkdir()
+        (target / "mine.txt").write_text("a user's file")
+        (tmp_path / "filled").write_text(directory)
+
+    with pytest.raises(InputError, match=f"{target} appeared while this run wrote it and is left as it is"):
+        write_directory_atomically(str(target), second_writer_and_user)
+    assert tree(target) == {str(target / "mine.txt"): b"a user's file"}
+    assert sorted(os.listdir(tmp_path)) == ["filled", "out"]  # no temporary, no lock file
+
+
+def test_the_next_writer_removes_the_temporary_a_killed_conversion_left(imported, tmp_path, caplog):
+    stale = tmp_path / "out.tmp-k1ll3d"
+    (stale / "global_step1").mkdir(parents=True)
+    (stale / "global_step1" / "big.pt").write_bytes(b"0" * 1000)
+    with caplog.at_level("INFO", logger="megatron"):
+        reshape(imported, str(tmp_path / "out"), TargetLayout(1, 1))
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert f"removed {stale}, left by a writer of {tmp_path / 'out'} that was killed" in caplog.text
 
 
 def test_existing_output_needs_force(imported, tmp_path, capsys):
