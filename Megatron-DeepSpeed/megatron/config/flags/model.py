@@ -238,6 +238,7 @@ def validate(values: Mapping) -> None:
                          "half precision; add --fp16 or --bf16, or drop it (an fp32 run is fp32 throughout)")
     if values["layernorm_epsilon"] <= 0:
         raise InputError(f"--layernorm-epsilon {values['layernorm_epsilon']} must be greater than 0, e.g. 1e-5")
+    section(values)  # ModelConfig's own checks (a rotary scaling type's parameters) before the run starts
 
 
 def section(values: Mapping) -> ModelConfig:
