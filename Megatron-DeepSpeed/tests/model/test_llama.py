@@ -25,10 +25,12 @@ from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, assert_same_training, train
 
 # Upstream's Llama switches (examples_deepspeed/pretrain_llama2_distributed.sh) at test sizes: 4 query heads in 2
-# groups, SwiGLU branches of 48.
+# groups, SwiGLU branches of 48; Llama 3.1's rotary scaling from an original context of 8, so every layout also
+# computes the scaled frequencies as one process does.
 LLAMA_FLAGS = ["--normalization", "rmsnorm", "--use-rotary-position-embeddings", "--swiglu", "--ffn-hidden-size", "48",
                "--num-key-value-heads", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-               "--no-query-key-layer-scaling"]
+               "--no-query-key-layer-scaling", "--use-rope-scaling", "--rope-scaling-factor", "4",
+               "--rope-scaling-original-max-position-embeddings", "8"]
 VOCAB = 64
 
 
@@ -165,6 +167,8 @@ def test_upstream_flags_reach_the_model_and_bad_combinations_get_one_line():
             model.untie_embeddings_and_output_weights, model.use_rotary_position_embeddings,
             model.add_position_embedding, model.ffn_hidden_size) == (
         "rmsnorm", True, 2, False, 500000, True, True, False, 48)
+    assert (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings) \
+        == ("llama3", 4.0, 8)
     assert job("--rotary-position-embeddings-theta", "1000").model.rope_theta == 1000
     assert job(world=1).model.rope_theta == 10000 and not job(world=1).model.apply_query_key_layer_scaling
     with pytest.raises(InputError, match=r"^--num-key-value-heads 2 is not divisible by --tensor-model-parallel-size "
