@@ -1,7 +1,8 @@
 """Scaled rotary embeddings in and out of Hugging Face (docs/huggingface.md): seeded random transformers
 LlamaForCausalLM models with rope_type llama3 and yarn (original context 16, 64 positions) import at TP 2 and at
 TP 2 x PP 2, compute transformers' logits (fp32, 1e-5) on 48 tokens, continue a short prompt and one longer than
-the original context greedily as transformers' generate does, and export back with the same tensors, the
+the original context greedily as transformers' generate does, score WikiText-style perplexity as transformers'
+loss, and export back with the same tensors, the
 rope_parameters transformers 5.23 writes and bit-identical logits; transformers 4.x's rope_theta + rope_scaling
 read as 5.x's rope_parameters; the types we do not compute refused in one line. The full tier generates at
 TP 2 x DP 2 through tools/generate_text.py."""
@@ -92,6 +93,26 @@ def test_greedy_generation_equals_transformers_for_a_short_prompt_and_one_past_t
         expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
                                       eos_token_id=None, pad_token_id=0)
         assert generated == expected[0, len(prompt):].tolist()
+
+
+def test_wikitext_perplexity_past_the_original_context_equals_transformers_loss(scaled, tmp_path):
+    from megatron.evaluation.wikitext import detokenize_wikitext
+    from megatron.evaluation.zeroshot import wikitext_perplexity
+    from megatron.tokenizer import build_tokenizer
+
+    directory = scaled[1]
+    tokenizer = build_tokenizer("HFTokenizer", tokenizer_model=directory)
+    text = LONG_PROMPT + " \n"
+    tokens = list(tokenizer.tokenize(detokenize_wikitext(text)))
+    assert ORIGINAL < len(tokens) <= 48  # one window of 48, longer than the original context
+    unpadded = str(tmp_path / "unpadded")  # padded vocabulary rows would score 0 and join the softmax (upstream's)
+    import_hf(directory, unpadded, TargetLayout(1, 1), make_vocab_size_divisible_by=tokenizer.vocab_size)
+    ours = wikitext_perplexity(our_model(unpadded), tokenizer, text, seq_length=48, overlapping_eval=48,
+                               batch_size=1)
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        expected = reference_model(directory)(ids, labels=ids).loss.item() * (len(tokens) - 1)
+    assert ours.tokens == len(tokens) and ours.summed_loss == pytest.approx(expected, rel=1e-5)
 
 
 def test_export_writes_transformers_rope_parameters_and_gives_identical_logits(scaled, tmp_path):
