@@ -3,7 +3,7 @@ model/rope_scaling.py), for every adapter whose model rotates queries and keys.
 
 transformers 5.x writes one object, `rope_parameters` ({"rope_type", "rope_theta", and the type's keys});
 4.x wrote `rope_theta` beside `rope_scaling` (the type's keys, the type under "rope_type" or, older, "type"; null
-when unscaled). Reading takes either, as transformers 5.23 does: a missing original context is the model's
+when unscaled). Reading takes either, as transformers 5.23 does (a non-null rope_scaling first): a missing original context is the model's
 max_position_embeddings (a top-level `original_max_position_embeddings` first), a YaRN factor left out is
 max_position_embeddings over it, YaRN's mscale pair counts only when both are non-zero, beta_fast / beta_slow
 left out or 0 are 32 / 1. Writing gives 5.23's `rope_parameters` and the 4.x keys beside it (both read back the
@@ -30,7 +30,7 @@ ORIGINAL = "original_max_position_embeddings"
 
 def rope_parameters(config: Mapping[str, object], path: str) -> dict:
     """The rotary object of a config.json in 5.x's form (rope_type and rope_theta always present)."""
-    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    parameters = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if not isinstance(parameters, dict):
         raise InputError(f"{path} sets rope_parameters/rope_scaling to {parameters!r}; expected an object")
     kind = parameters.get("rope_type", parameters.get("type", DEFAULT_TYPE))

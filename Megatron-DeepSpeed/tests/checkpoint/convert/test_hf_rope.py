@@ -143,6 +143,8 @@ def test_transformers_4_keys_and_left_out_values_read_as_transformers_5_23_reads
     five = {**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
                                         "original_max_position_embeddings": ORIGINAL}}
     assert hf_llama.model_config_from_hf(four) == hf_llama.model_config_from_hf(five)
+    both = {**five, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}  # transformers 5.23: rope_scaling wins
+    assert hf_rope.rope_flags_from_hf(both, "c")["rope_scaling_type"] == "linear"
     assert hf_rope.rope_flags_from_hf(four, "c") == {
         "rope_theta": 1000000, "rope_scaling_type": "yarn", "rope_scaling_factor": 4.0,
         "rope_scaling_original_max_position_embeddings": ORIGINAL, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}
