@@ -5,7 +5,8 @@
 #   bash test/train_performance_8p.sh --model_size=1.3B --data_path=data/   # 8 GPUs / NPUs
 #
 # Options: --model_size=345M|1.3B|2.7B|3.7B|345M_without_mp|125M_MoE64|1.3B_MoE128|tiny|llama2-7B|llama2-13B|
-#          llama3-8B|tinyllama-1.1B|llama-tiny  --data_path=PREFIX_OR_DIR  --train_iters=N
+#          llama3-8B|tinyllama-1.1B|llama-tiny|llama3.1-8B|llama3.2-1B|llama3.2-3B|llama3.1-tiny
+#          --data_path=PREFIX_OR_DIR  --train_iters=N
 #   --device=auto|cuda|npu|cpu  --nproc=N  --vocab_file=F --merge_file=F | --tokenizer_model=F
 #   --ds_sequence_parallel_size=N (DeepSpeed-Ulysses; with --tensor-model-parallel-size 1
 #     --pipeline-model-parallel-size 1 --no-pipeline-parallel)

@@ -52,6 +52,19 @@ class ModelConfig:
     use_rotary_position_embeddings: bool = _flag(False, architecture=True)
     rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
     rope_theta: int = _flag(10000, architecture=True)  # the rotary base
+    # Rotary scaling (model/rope_scaling.py): None, "llama3", "linear" or "yarn", and its parameters; None below
+    # means the type's default (filled in by __post_init__).
+    rope_scaling_type: Optional[str] = _flag(None, architecture=True)
+    rope_scaling_factor: Optional[float] = _flag(None, architecture=True)  # llama3: 8 (Megatron-LM's)
+    rope_scaling_low_freq_factor: float = _flag(1.0, architecture=True)  # llama3
+    rope_scaling_high_freq_factor: float = _flag(4.0, architecture=True)  # llama3
+    rope_scaling_original_max_position_embeddings: Optional[int] = _flag(None, architecture=True)  # the trained one
+    yarn_beta_fast: float = _flag(32.0, architecture=True)
+    yarn_beta_slow: float = _flag(1.0, architecture=True)
+    yarn_mscale: float = _flag(1.0, architecture=True)
+    yarn_mscale_all_dim: float = _flag(0.0, architecture=True)
+    yarn_attention_factor: Optional[float] = _flag(None, architecture=True)  # None: from factor and mscales
+    yarn_correction_range_round_to_int: bool = _flag(True, architecture=True)  # transformers' `truncate`
     swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
     num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
     add_bias_linear: bool = _flag(True, architecture=True)
@@ -62,6 +75,27 @@ class ModelConfig:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        self._fill_rope_scaling_defaults()
+
+    def _fill_rope_scaling_defaults(self) -> None:
+        """Megatron-LM's defaults for a rotary scaling type's parameters left unset; a type without a default
+        factor needs one."""
+        kind = self.rope_scaling_type
+        if kind is None:
+            return
+        if kind not in ROPE_SCALING_DEFAULTS:
+            raise InputError(f"--rope-scaling-type {kind!r} is not one of {', '.join(ROPE_SCALING_DEFAULTS)}")
+        factor, original = ROPE_SCALING_DEFAULTS[kind]
+        if self.rope_scaling_factor is None and factor is None:
+            raise InputError(f"--rope-scaling-type {kind} needs --rope-scaling-factor (how many times longer the "
+                             "context becomes, e.g. 4)")
+        for name, default in (("rope_scaling_factor", factor),
+                              ("rope_scaling_original_max_position_embeddings", original)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        if kind == "llama3" and self.rope_scaling_high_freq_factor <= self.rope_scaling_low_freq_factor:
+            raise InputError(f"--rope-scaling-high-freq-factor {self.rope_scaling_high_freq_factor} must be above "
+                             f"--rope-scaling-low-freq-factor {self.rope_scaling_low_freq_factor} (Llama 3.1: 4 and 1)")
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, object], source: str = "the command line") -> "ModelConfig":
@@ -88,10 +122,17 @@ class ModelConfig:
                 if getattr(self, name) != getattr(gpt2, name)]
 
 
+# Each rotary scaling type's default (factor, original context): Megatron-LM's --rope-scaling-factor 8 and
+# Llama 3.1's 8192 for llama3, its --yarn-original-max-position-embeddings 4096 for yarn; None: no default.
+ROPE_SCALING_DEFAULTS = {"llama3": (8.0, 8192), "linear": (None, None), "yarn": (None, 4096)}
+ROPE_SCALING_FLAGS = ("rope_scaling_type", "rope_scaling_factor", "rope_scaling_low_freq_factor",
+                      "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
+                      "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
+                      "yarn_attention_factor", "yarn_correction_range_round_to_int")
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
 # The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
 VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                 "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                 "rope_theta", *ROPE_SCALING_FLAGS, "swiglu", "num_key_value_heads", "add_bias_linear",
                  "untie_embeddings_and_output_weights")
 
 

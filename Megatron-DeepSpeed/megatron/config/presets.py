@@ -47,10 +47,12 @@ class _Size:
 @dataclass(frozen=True)
 class _Llama:
     """What a Llama preset sets beyond the shape: RMSNorm, rotary positions, SwiGLU, no linear biases, untied
-    output layer, and these sizes."""
+    output layer unless `tied`, and these sizes."""
     ffn: int  # each SwiGLU branch's width
     kv_heads: int
     rope_theta: int = 10000
+    rope_scaling_factor: Optional[float] = None  # Llama 3.1-3.3's llama3 rotary scaling (original context 8192)
+    tied: bool = False
 
 
 # 345M_without_mp: pure data parallel over 8 devices (ZeRO stage 1 is the default), micro batch 8
@@ -68,7 +70,10 @@ class _Llama:
 # Llama presets: the published shapes (Llama 2 7B / 13B, Llama 3 8B, TinyLlama 1.1B: layers, hidden, heads, key/value
 # heads, FFN width, context, rotary theta) with Llama 2's AdamW schedule peak 3e-4 (TinyLlama's 4e-4) decayed to
 # 10%; layouts sized for one node of 80 GiB devices (the planner's estimate). llama-tiny: the tiny preset's CPU layout
-# with 2 key/value heads for its 4 query heads, so grouped-query attention is split over TP 2.
+# with 2 key/value heads for its 4 query heads, so grouped-query attention is split over TP 2. Llama 3.1 8B and 3.2
+# 1B / 3B: Llama 3's shape with the llama3 rotary scaling (factor 8, and 32 for 3.2) of their config.json, 3.2 with
+# its tied head; trained at 8192 tokens, the context the scaling starts from. llama3.1-tiny: llama-tiny so scaled
+# (factor 4 from Llama 3.1's original 8192; the CPU run's 128 tokens stay below it).
 _TABLE = (
     #     name               TP PP layers hidden heads  seq  mbs gbs  lr      min lr
     _Size("345M",             1, 2, 24,    1024,  16,   1024, 4,  16, 1.5e-4, 1.5e-5),
@@ -90,6 +95,14 @@ _TABLE = (
     _Size("tinyllama-1.1B",   1, 1, 22,    2048,  32,   2048, 8,  64, 4e-4,   4e-5, llama=_Llama(5632, 4)),
     _Size("llama-tiny",       2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
           full_run_iters=300, lr_decay_iters=300, llama=_Llama(128, 2)),
+    _Size("llama3.1-8B",      2, 2, 32,    4096,  32,   8192, 1,  32, 3e-4,   3e-5,
+          llama=_Llama(14336, 8, rope_theta=500000, rope_scaling_factor=8.0)),
+    _Size("llama3.2-1B",      1, 1, 16,    2048,  32,   8192, 2,  64, 3e-4,   3e-5,
+          llama=_Llama(8192, 8, rope_theta=500000, rope_scaling_factor=32.0, tied=True)),
+    _Size("llama3.2-3B",      2, 1, 28,    3072,  24,   8192, 1,  32, 3e-4,   3e-5,
+          llama=_Llama(8192, 8, rope_theta=500000, rope_scaling_factor=32.0, tied=True)),
+    _Size("llama3.1-tiny",    2, 2, 4,     64,    4,    128,  2,  8,  3e-3,   3e-4,
+          full_run_iters=300, lr_decay_iters=300, llama=_Llama(128, 2, rope_scaling_factor=4.0)),
 )
 
 
@@ -139,10 +152,12 @@ def get_preset(name, run="full"):
 def _llama_values(llama: Optional[_Llama]) -> dict:
     if llama is None:
         return {}
+    scaling = {} if llama.rope_scaling_factor is None else {"rope_scaling_type": "llama3",
+                                                             "rope_scaling_factor": llama.rope_scaling_factor}
     return {"normalization": "rmsnorm", "use_rotary_position_embeddings": True, "rope_theta": llama.rope_theta,
             "add_position_embedding": False, "swiglu": True, "ffn_hidden_size": llama.ffn,
             "num_key_value_heads": llama.kv_heads, "add_bias_linear": False,
-            "untie_embeddings_and_output_weights": True}
+            "untie_embeddings_and_output_weights": not llama.tied, **scaling}
 
 
 def _moe_values(size: _Size) -> dict:

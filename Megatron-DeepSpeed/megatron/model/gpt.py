@@ -6,8 +6,9 @@ sitting.
            -> final norm -> LMHead (tied to the word embedding, or an output layer of its own) -> LanguageModelLoss
 
 The architecture fields (GPT-2's defaults): `normalization` LayerNorm or RMSNorm; `add_position_embedding`, and
-rotary embeddings on queries and keys (model/rotary.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the
-head count, grouped-query attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
+rotary embeddings on queries and keys (model/rotary.py; `rope_scaling`, model/rope_scaling.py); `swiglu`, a
+SiLU-gated MLP; `num_key_value_heads` below the head count, grouped-query attention; `add_bias_linear`;
+`untie_embeddings_and_output_weights`.
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from megatron.errors import InputError, require_divisible
 from megatron.model.cross_entropy import cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
+from megatron.model.rope_scaling import RopeScaling
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
 
@@ -74,6 +76,7 @@ class GPTConfig:
     use_rotary_position_embeddings: bool = False
     rotary_percent: float = 1.0
     rope_theta: int = 10000
+    rope_scaling: RopeScaling = RopeScaling()  # llama3 / linear / yarn frequencies (model/rope_scaling.py)
     swiglu: bool = False
     num_key_value_heads: Optional[int] = None  # None: num_attention_heads
     add_bias_linear: bool = True
@@ -220,7 +223,7 @@ class SelfAttention(nn.Module):
         self.rotary = None
         if config.use_rotary_position_embeddings:
             self.rotary = RotaryEmbedding.for_heads(config.head_dim, config.rotary_percent, config.rope_theta,
-                                                    config.kernels.rotary_mul)
+                                                    config.kernels.rotary_mul, config.rope_scaling)
         self.attend = config.kernels.attention if config.masked_softmax_fusion else UnfusedAttention(
             layer_number, config.apply_query_key_layer_scaling, config.attention_softmax_in_fp32)
         self.recompute_core = config.recompute_granularity == "selective"

@@ -6,6 +6,8 @@ second half (the "rotate half" form of GPT-NeoX, Megatron and Hugging Face Llama
 the original paper), with frequency theta^(-2i / dim). Positions count from 0 along the sequence, whatever the
 batch's position ids say (upstream's rule); while generating with a KV cache they continue from the cached length.
 The angles are worked out in fp32 on the fly: the model holds no table that a cast to half precision would round.
+A rotary scaling rule (model/rope_scaling.py: llama3, linear, yarn) changes the frequencies and, for YaRN, scales
+the cos / sin tables.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -14,6 +16,7 @@ import torch
 
 from megatron.errors import InputError
 from megatron.model.kernels import rotate_half_mul
+from megatron.model.rope_scaling import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -21,28 +24,35 @@ class RotaryEmbedding:
     dim: int  # rotating channels per head, even
     theta: float
     multiply: Callable = rotate_half_mul  # the kernels' rotary_mul (model/kernels.py)
+    scaling: RopeScaling = RopeScaling()
 
     @classmethod
-    def for_heads(cls, head_dim: int, percent: float, theta: float,
-                  multiply: Callable = rotate_half_mul) -> "RotaryEmbedding":
+    def for_heads(cls, head_dim: int, percent: float, theta: float, multiply: Callable = rotate_half_mul,
+                  scaling: RopeScaling = RopeScaling()) -> "RotaryEmbedding":
         dim = int(head_dim * percent)
         if dim == 0 or dim % 2:
             raise InputError(f"--rotary-percent {percent} of the head size {head_dim} is {dim} channels; rotary "
                              "embeddings rotate channel pairs, so choose a percent that gives an even, non-zero "
                              "count")
-        return cls(dim, float(theta), multiply)
+        return cls(dim, float(theta), multiply, scaling)
 
     def angles(self, length: int, offset: int, device) -> torch.Tensor:
         """[length, dim] angles of positions offset .. offset + length - 1, each frequency twice (both halves)."""
         positions = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
-        frequencies = self.theta ** (-torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+        frequencies = self.frequencies(device)
         angles = torch.outer(positions, frequencies)
         return torch.cat((angles, angles), dim=-1)
+
+    def frequencies(self, device) -> torch.Tensor:
+        """[dim / 2] fp32 frequencies, theta^(-2i / dim) under the scaling rule."""
+        base = self.theta ** (-torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+        return self.scaling.frequencies(base, self.theta)
 
     def __call__(self, heads: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """`heads` [batch, heads, seq, head_dim] rotated by their positions (offset + 0 .. seq - 1)."""
         angles = self.angles(heads.shape[-2], offset, heads.device)
-        cos, sin = (part.to(heads.dtype)[None, None] for part in (angles.cos(), angles.sin()))  # [1, 1, s, dim]
+        scale = self.scaling.cos_sin_scale
+        cos, sin = ((part * scale).to(heads.dtype)[None, None] for part in (angles.cos(), angles.sin()))  # [1, 1, s, dim]
         if self.dim == heads.shape[-1]:
             return self.multiply(heads, cos, sin)
         rotating, passing = heads[..., :self.dim].contiguous(), heads[..., self.dim:]

@@ -527,3 +527,49 @@ def test_missing_deepspeed_config_file(tmp_path):
 
 def test_unknown_device_needs_explicit_backend():
     assert_names(error_of(device="tpu"), "'tpu'", "--distributed-backend")
+
+
+# ----------------------------------------------------------------------------- rotary scaling
+
+ROTARY = ("--use-rotary-position-embeddings",)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--use-rope-scaling"], ("llama3", 8.0, 8192, 1.0, 4.0)),  # Megatron-LM's switch and defaults
+    (["--rope-scaling-type", "llama3", "--rope-scaling-factor", "32", "--rope-scaling-low-freq-factor", "2",
+      "--rope-scaling-high-freq-factor", "6", "--rope-scaling-original-max-position-embeddings", "4096"],
+     ("llama3", 32.0, 4096, 2.0, 6.0)),
+    (["--rope-scaling-type", "yarn", "--rotary-scaling-factor", "4"], ("yarn", 4.0, 4096, 1.0, 4.0)),
+    (["--rope-scaling-type", "linear", "--rope-scaling-factor", "2"], ("linear", 2.0, None, 1.0, 4.0)),
+    ([], (None, None, None, 1.0, 4.0))])
+def test_rope_scaling_flags_reach_the_model_config(flags, expected):
+    model = job_config(validated(*ROTARY, *flags)).model
+    assert (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings,
+            model.rope_scaling_low_freq_factor, model.rope_scaling_high_freq_factor) == expected
+
+
+def test_yarn_flags_in_megatron_lms_spellings():
+    model = job_config(validated(*ROTARY, "--rope-scaling-type", "yarn", "--rope-scaling-factor", "40",
+                                 "--yarn-original-max-position-embeddings", "4096", "--yarn-beta-fast", "16",
+                                 "--yarn-beta-slow", "2", "--mscale", "0.707", "--mscale-all-dim", "0.707",
+                                 "--no-yarn-correction-range-round-to-int")).model
+    assert (model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings, model.yarn_beta_fast,
+            model.yarn_beta_slow, model.yarn_mscale, model.yarn_mscale_all_dim, model.yarn_attention_factor,
+            model.yarn_correction_range_round_to_int) == (40.0, 4096, 16.0, 2.0, 0.707, 0.707, None, False)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rope-scaling-type", "yarn"], "--rope-scaling-type yarn needs --rope-scaling-factor (how many times longer "
+                                      "the context becomes, e.g. 4)"),
+    (["--use-rope-scaling", "--rope-scaling-low-freq-factor", "4"],
+     "--rope-scaling-high-freq-factor 4.0 must be above --rope-scaling-low-freq-factor 4.0 (Llama 3.1: 4 and 1)"),
+    (["--use-rope-scaling", "--rope-scaling-factor", "0"], "--rope-scaling-factor 0.0 is out of range: it must be "
+                                                           "greater than 0"),
+    (["--rope-scaling-type", "ntk"], "argument --rope-scaling-type: invalid choice: 'ntk'")])
+def test_bad_rope_scaling_flags_are_one_line_errors(flags, message):
+    assert_names(error_of(*ROTARY, *flags), message)
+
+
+def test_rope_scaling_needs_rotary_position_embeddings():
+    assert error_of("--use-rope-scaling") == ("--rope-scaling-type llama3 scales rotary position embeddings; add "
+                                              "--use-rotary-position-embeddings or drop it")

@@ -16,13 +16,14 @@ from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import check_model_flags
 from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
-from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
+from megatron.config.model_config import ARCHITECTURE_FLAGS, ROPE_SCALING_FLAGS, VARIANT_FLAGS, ModelConfig
 from megatron.errors import InputError
 from megatron.inference.loading import load_model
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config, model_config_of
 from megatron.model.kernels import PORTABLE_KERNELS
 from megatron.model.provider import model_provider
+from megatron.model.rope_scaling import RopeScaling
 from megatron.model.unfused_attention import UnfusedAttention
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 
@@ -39,11 +40,18 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
     rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
-    untie_embeddings_and_output_weights=True)
+    untie_embeddings_and_output_weights=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
+    rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0, rope_scaling_original_max_position_embeddings=10,
+    yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_mscale=0.9, yarn_mscale_all_dim=0.5, yarn_attention_factor=1.2,
+    yarn_correction_range_round_to_int=False)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                         "--rotary-percent", "0.5", "--rotary-base", "500000", "--swiglu", "--num-key-value-heads", "2",
-                        "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+                        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--rope-scaling-type",
+                        "yarn", "--rope-scaling-factor", "4", "--rope-scaling-low-freq-factor", "2",
+                        "--rope-scaling-high-freq-factor", "8", "--yarn-original-max-position-embeddings", "10",
+                        "--yarn-beta-fast", "16", "--yarn-beta-slow", "2", "--mscale", "0.9", "--mscale-all-dim", "0.5",
+                        "--yarn-attention-factor", "1.2", "--no-yarn-correction-range-round-to-int"]
 COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-heads", "6", "--seq-length", "40",
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
                 "--attention-dropout", "0.3", "--init-method-std", "0.05", "--init-method-xavier-uniform",
@@ -97,7 +105,7 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
                                        "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
-                                       "untie_embeddings_and_output_weights"}
+                                       "untie_embeddings_and_output_weights", *ROPE_SCALING_FLAGS}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
             check_model_flags("ckpt", recorded, {**recorded, flag: 7})
@@ -188,6 +196,7 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
         assert torch.equal(model.state_dict()[name], tensor), name
     attention = model.layers[0].self_attention
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
+    assert attention.rotary.scaling == RopeScaling("yarn", 4.0, 10, 2.0, 8.0, 16.0, 2.0, 0.9, 0.5, 1.2, False)
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
                                          r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "

@@ -25,10 +25,12 @@ from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, assert_same_training, train
 
 # Upstream's Llama switches (examples_deepspeed/pretrain_llama2_distributed.sh) at test sizes: 4 query heads in 2
-# groups, SwiGLU branches of 48.
+# groups, SwiGLU branches of 48; Llama 3.1's rotary scaling from an original context of 8, so every layout also
+# computes the scaled frequencies as one process does.
 LLAMA_FLAGS = ["--normalization", "rmsnorm", "--use-rotary-position-embeddings", "--swiglu", "--ffn-hidden-size", "48",
                "--num-key-value-heads", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
-               "--no-query-key-layer-scaling"]
+               "--no-query-key-layer-scaling", "--use-rope-scaling", "--rope-scaling-factor", "4",
+               "--rope-scaling-original-max-position-embeddings", "8"]
 VOCAB = 64
 
 
@@ -127,7 +129,9 @@ def test_rotary_percent_rotates_the_first_channels_and_keeps_distances():
 
 
 LLAMA_PARAMETERS = {("llama2-7B", 32000): 6_738_415_616, ("llama3-8B", 128256): 8_030_261_248,
-                    ("tinyllama-1.1B", 32000): 1_100_048_384, ("llama2-13B", 32000): 13_015_864_320}
+                    ("tinyllama-1.1B", 32000): 1_100_048_384, ("llama2-13B", 32000): 13_015_864_320,
+                    ("llama3.1-8B", 128256): 8_030_261_248, ("llama3.2-1B", 128256): 1_235_814_400,
+                    ("llama3.2-3B", 128256): 3_212_749_824}
 
 
 @pytest.mark.parametrize("name, vocab", list(LLAMA_PARAMETERS))
@@ -137,8 +141,9 @@ def test_preset_parameter_count_is_the_llama_formula_in_the_built_model_and_the_
     h, f, kv, layers = model.hidden_size, model.ffn_hidden_size, model.num_key_value_heads, model.num_layers
     head_dim = h // model.num_attention_heads
     # two RMSNorms, Q and O (h x h each), K and V (h x kv heads x head_dim each), three SwiGLU matrices; the word
-    # embedding and the untied output layer; the final RMSNorm. No biases, no position table.
-    formula = layers * (2 * h + 2 * h * h + 2 * h * kv * head_dim + 3 * h * f) + 2 * vocab * h + h
+    # embedding and the output layer unless tied (Llama 3.2); the final RMSNorm. No biases, no position table.
+    heads_out = 1 + model.untie_embeddings_and_output_weights
+    formula = layers * (2 * h + 2 * h * h + 2 * h * kv * head_dim + 3 * h * f) + heads_out * vocab * h + h
     assert formula == LLAMA_PARAMETERS[name, vocab]  # the published sizes
     with torch.device("meta"):
         built = GPTModel(gpt_config(model, padded_vocab_size=vocab))
@@ -148,6 +153,16 @@ def test_preset_parameter_count_is_the_llama_formula_in_the_built_model_and_the_
     assert stage_parameters(shape, 1, 1, 0) == formula  # the pipeline engine at PP 1: the head is not a copy
     layer = LayerMatrices.of(model)  # what the FLOPs count multiplies with: the built layer's matrices
     assert layer.attention + layer.mlp == sum(p.numel() for p in built.layers[0].parameters() if p.dim() == 2)
+
+
+@pytest.mark.parametrize("name, factor, tied", [("llama3.1-8B", 8.0, False), ("llama3.2-1B", 32.0, True),
+                                               ("llama3.2-3B", 32.0, True), ("llama3.1-tiny", 4.0, False)])
+def test_llama_3_1_and_3_2_presets_build_their_rotary_scaling_and_head(name, factor, tied):
+    model = job_config(validate_args(parse_args(["--model-size", name, "--mock-data", "--tokenizer-type",
+                                                 "NullTokenizer", "--vocab-size", "100"]), 8, "cuda")).model
+    assert (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings,
+            model.rope_scaling_low_freq_factor, model.rope_scaling_high_freq_factor) == ("llama3", factor, 8192, 1.0, 4.0)
+    assert model.untie_embeddings_and_output_weights is not tied
 
 
 UPSTREAM_LLAMA2 = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -166,6 +181,8 @@ def test_upstream_flags_reach_the_model_and_bad_combinations_get_one_line():
             model.untie_embeddings_and_output_weights, model.use_rotary_position_embeddings,
             model.add_position_embedding, model.ffn_hidden_size) == (
         "rmsnorm", True, 2, False, 500000, True, True, False, 48)
+    assert (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings) \
+        == ("llama3", 4.0, 8)
     assert job("--rotary-position-embeddings-theta", "1000").model.rope_theta == 1000
     assert job(world=1).model.rope_theta == 10000 and not job(world=1).model.apply_query_key_layer_scaling
     with pytest.raises(InputError, match=r"^--num-key-value-heads 2 is not divisible by --tensor-model-parallel-size "

@@ -11,7 +11,8 @@ from tests.helpers.training import COMMON, ITERATIONS, TINY_FLAGS, assert_same_t
 
 ULYSSES = ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"]
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
-         "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--num-key-value-heads", "2"]
+         "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--num-key-value-heads", "2",
+         "--rope-scaling-type", "yarn", "--rope-scaling-factor", "4", "--yarn-original-max-position-embeddings", "8"]
 
 
 @pytest.mark.full  # multi-process / whole-run tests: the full tier
@@ -22,7 +23,8 @@ def test_sp2_dp2_equals_single_process(data_prefix, single_process):
 
 @pytest.mark.full
 def test_llama_under_ulysses_equals_single_process(data_prefix):
-    """Rotary angles must follow each chunk's global positions, and each rank must hold whole key/value heads."""
+    """Rotary angles (YaRN-scaled) must follow each chunk's global positions, and each rank must hold whole
+    key/value heads."""
     flags = [*COMMON, "--data-path", data_prefix, *LLAMA, "--no-pipeline-parallel"]
     reference = run_on_ranks(train, 1, flags)[0]
     assert_same_training(run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2"])[0], reference)

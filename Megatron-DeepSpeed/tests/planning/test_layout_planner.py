@@ -429,3 +429,30 @@ def test_ulysses_divides_activations_and_zero_partitions_by_its_size():
     assert {layout.ulysses for layout in layouts} == {1, 2, 4}  # 8 would split SHAPE's 4 heads
     assert all((layout.tensor, layout.pipeline) == (1, 1) for layout in layouts if layout.ulysses > 1)
     assert {layout.ulysses for layout in candidate_layouts(SHAPE, replace(settings, pipeline_engine=True), 8, 8)} == {1}
+
+
+def test_rope_scaling_changes_neither_the_plan_nor_the_flops():
+    """Scaled rotary frequencies are the same element-wise work as unscaled ones: the planner's memory and step
+    time and the FLOPs of the built model do not move."""
+    from megatron.config.arguments import job_config, parse_args, validate_args
+    from megatron.model.gpt import GPTModel
+    from megatron.model.gpt_config import gpt_config
+    from megatron.planning.step_time import Hardware, estimate_step_time
+    from megatron.training.flops import LayerMatrices, flops_per_iteration
+
+    llama = ["--model-size", "llama-tiny", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--mock-data"]
+    planned, built = [], []
+    for kind, scaling in ((None, []), ("llama3", ["--use-rope-scaling", "--rope-scaling-factor", "4"]),
+                          ("yarn", ["--rope-scaling-type", "yarn", "--rope-scaling-factor", "4"])):
+        flags = validate_args(parse_args(llama + scaling), 4, "cpu")
+        shape, layout, settings = from_flags(flags, 100)
+        planned.append((shape, estimate_memory(shape, layout, settings),
+                        estimate_step_time(shape, layout, settings, Hardware(devices_per_node=2))))
+        model = job_config(flags).model
+        assert model.rope_scaling_type == kind
+        config = gpt_config(model, shape.padded_vocab(1))
+        layer = LayerMatrices.of(config)
+        built.append((layer, flops_per_iteration(8, shape.seq_length, model.num_layers, model.hidden_size, 100,
+                                                 layer=layer),
+                      sum(p.numel() for p in GPTModel(config).parameters())))
+    assert planned[0] == planned[1] == planned[2] and built[0] == built[1] == built[2]

@@ -17,8 +17,8 @@ The one mapping, per layer (G key/value heads, Q = heads / G queries per group, 
 Query head h of transformers uses key/value head h // Q (its repeat_kv), as ours does, so the q rows keep their
 order. No rotary permutation is needed: both rotate channel i with channel i + d/2 (model/rotary.py); the
 permutation in transformers' convert_llama_weights_to_hf is from Meta's interleaved pairs, a layout neither has.
-Config keys map through HF_KEYS; the rotary base is read from rope_parameters (transformers 5.x) or rope_theta /
-rope_scaling (4.x) and written in both forms; a rope type other than "default" is refused.
+Config keys map through HF_KEYS; the rotary base and scaling (default, linear, llama3, yarn) through hf_rope.py,
+read from rope_parameters (transformers 5.x) or rope_theta / rope_scaling (4.x) and written in both forms.
 """
 from typing import Iterator, Mapping, Optional, Tuple
 
@@ -26,15 +26,14 @@ import torch
 
 from megatron.checkpoint.convert.hf_files import (MODEL_FLAGS_KEY, DerivedWeights, dtype_keys, dtype_name,
                                                   padded_vocabulary, taker, unmapped_flags)
-from megatron.config.model_config import ModelConfig
+from megatron.checkpoint.convert.hf_rope import describe_rope, rope_flags_from_hf, rope_to_hf
+from megatron.config.model_config import ROPE_SCALING_FLAGS, ModelConfig
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
 ACTIVATION = "silu"
-DEFAULT_ROPE = "default"
-DEFAULT_THETA = 10000.0  # LlamaConfig's
 
 # LlamaConfig's keys for the model flags.
 HF_KEYS = (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),
@@ -49,7 +48,7 @@ LLAMA_FLAGS = {"normalization": "rmsnorm", "add_position_embedding": False, "use
 # scores by 1/sqrt(d) only.
 IMPORT_FLAGS = {"hidden_dropout": 0.0, "apply_query_key_layer_scaling": False}
 _MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | set(LLAMA_FLAGS) | {
-    "rope_theta", "add_bias_linear", "untie_embeddings_and_output_weights"}
+    "rope_theta", *ROPE_SCALING_FLAGS, "add_bias_linear", "untie_embeddings_and_output_weights"}
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
@@ -138,19 +137,6 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Map
     return DerivedWeights(recipes)
 
 
-def rope_theta(config: Mapping[str, object], path: str) -> float:
-    """The rotary base of a Llama config.json, as 5.x (rope_parameters) or 4.x (rope_theta, rope_scaling)
-    writes it; InputError for a scaled rotary embedding (llama3, linear, dynamic, yarn ...)."""
-    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(parameters, dict):
-        raise InputError(f"{path} sets rope_parameters/rope_scaling to {parameters!r}; expected an object")
-    kind = parameters.get("rope_type", parameters.get("type", DEFAULT_ROPE))
-    if kind != DEFAULT_ROPE:
-        raise InputError(f"{path} uses rotary scaling '{kind}'; only the default (unscaled) rotary embedding is "
-                         "implemented, so this model cannot be imported")
-    return float(parameters.get("rope_theta", config.get("rope_theta", DEFAULT_THETA)))
-
-
 def check_config(config: Mapping[str, object], path: str) -> None:
     """Raise InputError for LlamaConfig options GPTModel does not compute."""
     activation = config.get("hidden_act", ACTIVATION)
@@ -170,10 +156,9 @@ def model_config_from_hf(config: Mapping[str, object], source: str = "config.jso
     """The model of a Llama config.json; a key it lacks takes LlamaConfig's default."""
     check_config(config, source)
     standard = {flag: config[key] for key, flag in HF_KEYS if config.get(key) is not None}
-    theta = rope_theta(config, source)
     return ModelConfig.from_flags({
         **IMPORT_FLAGS, **unmapped_flags(config, source), **standard, **LLAMA_FLAGS,
-        "rope_theta": int(theta) if theta.is_integer() else theta,
+        **rope_flags_from_hf(config, source),
         "add_bias_linear": bool(config.get("attention_bias", False)),
         "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False)}, source)
 
@@ -183,13 +168,11 @@ def hf_config(model: ModelConfig, vocab_size: int, dtype: torch.dtype,
     """config.json of the LlamaForCausalLM equal to `model`, readable by transformers 4.x and 5.x; the flags
     LlamaConfig has no key for go along under MODEL_FLAGS_KEY. `special_tokens`: bos/eos/pad ids."""
     flags = model.to_flags()
-    theta = float(model.rope_theta)
     return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "vocab_size": vocab_size,
             **{key: flags[flag] for key, flag in HF_KEYS}, "head_dim": model.hidden_size // model.num_attention_heads,
             "hidden_act": ACTIVATION, "attention_bias": model.add_bias_linear, "mlp_bias": model.add_bias_linear,
             "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
-            "rope_theta": theta, "rope_scaling": None,
-            "rope_parameters": {"rope_type": DEFAULT_ROPE, "rope_theta": theta},
+            **rope_to_hf(model),
             MODEL_FLAGS_KEY: {flag: value for flag, value in flags.items() if flag not in _MAPPED_FLAGS},
             **(special_tokens or {}), "use_cache": True, **dtype_keys(dtype_name(dtype))}
 
@@ -199,5 +182,5 @@ def describe(config: Mapping[str, object]) -> list:
     heads = config.get("num_attention_heads")
     groups = config.get("num_key_value_heads") or heads
     return [f"attention: {heads} query heads in {groups} key/value groups",
-            f"rotary base: {rope_theta(config, 'config.json')}",
+            describe_rope(config),
             f"output layer: {'tied to' if config.get('tie_word_embeddings') else 'untied from'} the word embedding"]

@@ -3,16 +3,19 @@ kernel switches; their checks, and the ModelConfig section."""
 from typing import Mapping
 
 from megatron.config.flags.common import Limits, after_preset, flag
-from megatron.config.model_config import ModelConfig
+from megatron.config.model_config import ROPE_SCALING_DEFAULTS, ModelConfig
 from megatron.config.presets import preset_names
 from megatron.errors import InputError, require_divisible
 
 LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "seq_length"),
                 positive=("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
                           "max_position_embeddings", "make_vocab_size_divisible_by", "num_key_value_heads",
-                          "rope_theta"),
+                          "rope_theta", "rope_scaling_factor", "rope_scaling_low_freq_factor",
+                          "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
+                          "yarn_beta_fast", "yarn_beta_slow", "yarn_attention_factor"),
                 non_negative=("init_method_std",),
                 fractions=("hidden_dropout", "attention_dropout"))
+ROPE_SCALING_TYPES = tuple(ROPE_SCALING_DEFAULTS)
 # Defaults of the flags a --model-size preset may fill, when neither it nor the user set them.
 PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1, "normalization": "layernorm",
                    "use_rotary_position_embeddings": False, "rope_theta": 10000, "add_position_embedding": True,
@@ -45,6 +48,7 @@ def add_flags(parser) -> None:
                        help="Use the tanh approximation of GeLU instead of the erf form.")
     _add_numerics_flags(parser)
     _add_architecture_variants(parser)
+    _add_rope_scaling_flags(parser)
     _add_kernel_switches(parser)
 
 
@@ -76,6 +80,51 @@ def _add_architecture_variants(parser) -> None:
                        help="No biases in the attention and MLP linears (norms keep theirs).")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
                        help="An output layer of its own instead of scoring against the word embeddings.")
+
+
+def _add_rope_scaling_flags(parser) -> None:
+    group = parser.add_argument_group(
+        "rotary scaling", "Longer contexts from rotary frequencies trained on a shorter one, as transformers' "
+        "rope_parameters define them (docs/llama.md). Megatron-LM's flags; --rope-scaling-type where it has none. "
+        "The parameters of a type other than the chosen one have no effect.")
+    group.add_argument("--rope-scaling-type", choices=ROPE_SCALING_TYPES,
+                       help="llama3: Llama 3.1's rule (factor, low/high frequency factors, original context); "
+                            "linear: every frequency divided by the factor (position interpolation); yarn: YaRN "
+                            "(factor, beta fast/slow, mscale, original context). Needs "
+                            "--use-rotary-position-embeddings. Default: unscaled.")
+    group.add_argument("--use-rope-scaling", action="store_const", const="llama3", dest="rope_scaling_type",
+                       help="Megatron-LM's switch for Llama 3.x's rule: --rope-scaling-type llama3.")
+    group.add_argument("--rope-scaling-factor", "--rotary-scaling-factor", type=float,
+                       help="How many times longer the context becomes. Default 8 for llama3 (Megatron-LM's); "
+                            "linear and yarn need it.")
+    group.add_argument("--rope-scaling-low-freq-factor", type=float, default=1.0,
+                       help="llama3: wavelengths above original context / this are divided by the factor.")
+    group.add_argument("--rope-scaling-high-freq-factor", type=float, default=4.0,
+                       help="llama3: wavelengths below original context / this are kept; those between blend.")
+    group.add_argument("--yarn-original-max-position-embeddings", "--rope-scaling-original-max-position-embeddings",
+                       type=int, dest="rope_scaling_original_max_position_embeddings",
+                       help="The context the rotary frequencies were trained on (llama3 and yarn). Default 8192 "
+                            "for llama3, 4096 for yarn (Megatron-LM's).")
+    group.add_argument("--yarn-beta-fast", type=float, default=32.0,
+                       help="yarn: channels turning more often than this within the original context keep their "
+                            "frequency.")
+    group.add_argument("--yarn-beta-slow", type=float, default=1.0,
+                       help="yarn: channels turning less often than this are divided by the factor; those between "
+                            "blend.")
+    group.add_argument("--yarn-mscale", "--mscale", type=float, default=1.0, dest="yarn_mscale",
+                       help="yarn: the attention factor is (0.1 mscale ln(factor) + 1) / (0.1 mscale-all-dim "
+                            "ln(factor) + 1).")
+    group.add_argument("--yarn-mscale-all-dim", "--mscale-all-dim", type=float, default=0.0,
+                       dest="yarn_mscale_all_dim", help="yarn: see --yarn-mscale.")
+    group.add_argument("--yarn-attention-factor", type=float,
+                       help="yarn: the factor the cos and sin tables are multiplied by, instead of the one "
+                            "--yarn-mscale gives (transformers' attention_factor).")
+    group.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=True,
+                       help="yarn: round the blended channel range outwards to whole channels (transformers' "
+                            "truncate; on by default).")
+    group.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                       dest="yarn_correction_range_round_to_int",
+                       help="yarn: blend over the exact channel range (transformers' truncate: false).")
 
 
 def _add_numerics_flags(parser) -> None:
@@ -175,6 +224,9 @@ def shape(values: Mapping) -> dict:
                       "divisor of the key/value heads")
     if not 0.0 < values["rotary_percent"] <= 1.0:
         raise InputError(f"--rotary-percent {values['rotary_percent']} must be in (0, 1]")
+    if values["rope_scaling_type"] is not None and not values["use_rotary_position_embeddings"]:
+        raise InputError(f"--rope-scaling-type {values['rope_scaling_type']} scales rotary position embeddings; "
+                         "add --use-rotary-position-embeddings or drop it")
     return {"ffn_hidden_size": ffn, "max_position_embeddings": positions, "num_key_value_heads": kv_heads,
             "add_position_embedding": values["add_position_embedding"] and
             not values["use_rotary_position_embeddings"]}
@@ -186,6 +238,7 @@ def validate(values: Mapping) -> None:
                          "half precision; add --fp16 or --bf16, or drop it (an fp32 run is fp32 throughout)")
     if values["layernorm_epsilon"] <= 0:
         raise InputError(f"--layernorm-epsilon {values['layernorm_epsilon']} must be greater than 0, e.g. 1e-5")
+    section(values)  # ModelConfig's own checks (a rotary scaling type's parameters) before the run starts
 
 
 def section(values: Mapping) -> ModelConfig:

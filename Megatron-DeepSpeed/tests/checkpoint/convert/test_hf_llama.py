@@ -161,7 +161,7 @@ def test_tied_llama_with_biases_and_full_attention_round_trips(tmp_path):
                            reference(tokens).logits)
 
 
-def test_rotary_keys_of_transformers_4_and_5_and_a_scaled_rotary_refused(tmp_path):
+def test_rotary_keys_of_transformers_4_and_5_and_a_length_dependent_rotary_refused(tmp_path):
     four = {**LLAMA_SHAPE, "model_type": "llama", "vocab_size": 64, "rope_theta": 500000.0, "rope_scaling": None,
             "torch_dtype": "bfloat16"}
     five = {**four, "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}
@@ -169,11 +169,11 @@ def test_rotary_keys_of_transformers_4_and_5_and_a_scaled_rotary_refused(tmp_pat
     assert hf_llama.model_config_from_hf(five).rope_theta == 250000
     assert hf_llama.model_config_from_hf({**LLAMA_SHAPE}).rope_theta == 10000  # LlamaConfig's default
     scaled = {**five, "architectures": ["LlamaForCausalLM"],
-              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}
+              "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 8.0}}
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / hf_files.CONFIG_FILE).write_text(json.dumps(scaled))
-    with pytest.raises(InputError, match=r"^.*config.json uses rotary scaling 'llama3'; only the default \(unscaled\) "
-                                         r"rotary embedding is implemented, so this model cannot be imported$"):
+    with pytest.raises(InputError, match=r"^.*config.json uses rotary type 'dynamic'; only default, linear, llama3, yarn "
+                                         r"can be imported \(their frequencies do not change with the sequence length\)$"):
         import_hf(str(tmp_path / "hf"), str(tmp_path / "out"), TargetLayout(1, 1))
     assert not (tmp_path / "out").exists()
     with pytest.raises(InputError, match=r"sets hidden_act 'gelu'; only 'silu' \(SwiGLU\) can be imported"):
