@@ -41,7 +41,8 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
     rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
     untie_embeddings_and_output_weights=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
-    rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0, rope_scaling_original_max_position_embeddings=10,
+    rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0,
+    rope_scaling_original_max_position_embeddings=10,
     yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_mscale=0.9, yarn_mscale_all_dim=0.5, yarn_attention_factor=1.2,
     yarn_correction_range_round_to_int=False)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
