@@ -97,6 +97,9 @@ def test_old_checkpoints_get_upstream_defaults_and_bad_values_a_clear_error():
         ModelConfig.from_flags({**shape, "layernorm_epsilon": "big"})
     with pytest.raises(InputError, match=r"--num-layers is 2.5 in the command line; it must be int"):
         ModelConfig.from_flags({**shape, "num_layers": 2.5})
+    assert (old.rope_scaling_type, old.rope_scaling_factor) == (None, None)  # unscaled, as before the flags
+    with pytest.raises(InputError, match=r"^--rope-scaling-type 'ntk' is not one of llama3, linear, yarn$"):
+        ModelConfig.from_flags({**shape, "rope_scaling_type": "ntk"}, "the flags recorded in X")
 
 
 def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
