@@ -15,8 +15,9 @@ from megatron.model.rope_scaling import RopeScaling
 
 RENAMED = {"seed": "init_seed"}  # ModelConfig field -> GPTConfig field
 NOT_FLAGS = ("vocab_size", "kernels", "moe", "rope_scaling")  # GPTConfig fields no single flag of ModelConfig gives
-# The flags that make GPTConfig's rope_scaling: ModelConfig field -> RopeScaling field.
-ROPE_SCALING_FLAGS = {"rope_scaling_type": "kind", "rope_scaling_factor": "factor",
+# The flags that make GPTConfig's rope_scaling (config/model_config.ROPE_SCALING_FLAGS): ModelConfig field ->
+# RopeScaling field.
+ROPE_SCALING_FIELDS = {"rope_scaling_type": "kind", "rope_scaling_factor": "factor",
                       "rope_scaling_original_max_position_embeddings": "original_max_position_embeddings",
                       "rope_scaling_low_freq_factor": "low_freq_factor",
                       "rope_scaling_high_freq_factor": "high_freq_factor", "yarn_beta_fast": "beta_fast",
@@ -29,14 +30,14 @@ def gpt_config(model: ModelConfig, padded_vocab_size: int, kernels: Kernels = PO
     """The GPTConfig of `model` with `padded_vocab_size` embedding rows and `kernels`; `moe`: its experts (the
     MoE flags' own section, config/flags/moe.py; None: dense)."""
     values = {RENAMED.get(name, name): value for name, value in model.to_flags().items()
-              if name not in ROPE_SCALING_FLAGS}
-    scaling = RopeScaling(**{field: getattr(model, flag) for flag, field in ROPE_SCALING_FLAGS.items()})
+              if name not in ROPE_SCALING_FIELDS}
+    scaling = RopeScaling(**{field: getattr(model, flag) for flag, field in ROPE_SCALING_FIELDS.items()})
     return GPTConfig(vocab_size=padded_vocab_size, kernels=kernels, moe=moe, rope_scaling=scaling, **values)
 
 
 def model_config_of(config: GPTConfig) -> ModelConfig:
     """The flags of a model built straight from a GPTConfig (tools and tests do), e.g. to export it."""
     flag_of = {gpt_name: flag for flag, gpt_name in RENAMED.items()}
-    scaling = {flag: getattr(config.rope_scaling, field) for flag, field in ROPE_SCALING_FLAGS.items()}
+    scaling = {flag: getattr(config.rope_scaling, field) for flag, field in ROPE_SCALING_FIELDS.items()}
     return ModelConfig(**scaling, **{flag_of.get(spec.name, spec.name): getattr(config, spec.name)
                                      for spec in fields(config) if spec.name not in NOT_FLAGS})

@@ -52,7 +52,8 @@ class RotaryEmbedding:
         """`heads` [batch, heads, seq, head_dim] rotated by their positions (offset + 0 .. seq - 1)."""
         angles = self.angles(heads.shape[-2], offset, heads.device)
         scale = self.scaling.cos_sin_scale
-        cos, sin = ((part * scale).to(heads.dtype)[None, None] for part in (angles.cos(), angles.sin()))  # [1, 1, s, dim]
+        cos, sin = ((part * scale).to(heads.dtype)[None, None]  # [1, 1, s, dim]
+                    for part in (angles.cos(), angles.sin()))
         if self.dim == heads.shape[-1]:
             return self.multiply(heads, cos, sin)
         rotating, passing = heads[..., :self.dim].contiguous(), heads[..., self.dim:]

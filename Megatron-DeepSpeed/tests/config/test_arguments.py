@@ -541,6 +541,7 @@ ROTARY = ("--use-rotary-position-embeddings",)
      ("llama3", 32.0, 4096, 2.0, 6.0)),
     (["--rope-scaling-type", "yarn", "--rotary-scaling-factor", "4"], ("yarn", 4.0, 4096, 1.0, 4.0)),
     (["--rope-scaling-type", "linear", "--rope-scaling-factor", "2"], ("linear", 2.0, None, 1.0, 4.0)),
+    (["--rotary-seq-len-interpolation-factor", "2"], ("linear", 2.0, None, 1.0, 4.0)),  # Megatron-LM's linear
     ([], (None, None, None, 1.0, 4.0))])
 def test_rope_scaling_flags_reach_the_model_config(flags, expected):
     model = job_config(validated(*ROTARY, *flags)).model
@@ -565,7 +566,10 @@ def test_yarn_flags_in_megatron_lms_spellings():
      "--rope-scaling-high-freq-factor 4.0 must be above --rope-scaling-low-freq-factor 4.0 (Llama 3.1: 4 and 1)"),
     (["--use-rope-scaling", "--rope-scaling-factor", "0"], "--rope-scaling-factor 0.0 is out of range: it must be "
                                                            "greater than 0"),
-    (["--rope-scaling-type", "ntk"], "argument --rope-scaling-type: invalid choice: 'ntk'")])
+    (["--rope-scaling-type", "ntk"], "argument --rope-scaling-type: invalid choice: 'ntk'"),
+    (["--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "2"],
+     "--rotary-seq-len-interpolation-factor 2 is the linear rotary scaling; it cannot go with --rope-scaling-type "
+     "llama3 --rope-scaling-factor None: give one of them")])
 def test_bad_rope_scaling_flags_are_one_line_errors(flags, message):
     assert_names(error_of(*ROTARY, *flags), message)
 

@@ -41,7 +41,8 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
     rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
     untie_embeddings_and_output_weights=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
-    rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0, rope_scaling_original_max_position_embeddings=10,
+    rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0,
+    rope_scaling_original_max_position_embeddings=10,
     yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_mscale=0.9, yarn_mscale_all_dim=0.5, yarn_attention_factor=1.2,
     yarn_correction_range_round_to_int=False)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
@@ -96,6 +97,9 @@ def test_old_checkpoints_get_upstream_defaults_and_bad_values_a_clear_error():
         ModelConfig.from_flags({**shape, "layernorm_epsilon": "big"})
     with pytest.raises(InputError, match=r"--num-layers is 2.5 in the command line; it must be int"):
         ModelConfig.from_flags({**shape, "num_layers": 2.5})
+    assert (old.rope_scaling_type, old.rope_scaling_factor) == (None, None)  # unscaled, as before the flags
+    with pytest.raises(InputError, match=r"^--rope-scaling-type 'ntk' is not one of llama3, linear, yarn$"):
+        ModelConfig.from_flags({**shape, "rope_scaling_type": "ntk"}, "the flags recorded in X")
 
 
 def test_resuming_refuses_a_run_that_changes_any_architecture_flag():

@@ -160,8 +160,9 @@ def test_preset_parameter_count_is_the_llama_formula_in_the_built_model_and_the_
 def test_llama_3_1_and_3_2_presets_build_their_rotary_scaling_and_head(name, factor, tied):
     model = job_config(validate_args(parse_args(["--model-size", name, "--mock-data", "--tokenizer-type",
                                                  "NullTokenizer", "--vocab-size", "100"]), 8, "cuda")).model
-    assert (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings,
-            model.rope_scaling_low_freq_factor, model.rope_scaling_high_freq_factor) == ("llama3", factor, 8192, 1.0, 4.0)
+    scaling = (model.rope_scaling_type, model.rope_scaling_factor, model.rope_scaling_original_max_position_embeddings,
+               model.rope_scaling_low_freq_factor, model.rope_scaling_high_freq_factor)
+    assert scaling == ("llama3", factor, 8192, 1.0, 4.0)
     assert model.untie_embeddings_and_output_weights is not tied
 
 

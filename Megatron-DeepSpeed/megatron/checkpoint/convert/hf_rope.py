@@ -3,10 +3,10 @@ model/rope_scaling.py), for every adapter whose model rotates queries and keys.
 
 transformers 5.x writes one object, `rope_parameters` ({"rope_type", "rope_theta", and the type's keys});
 4.x wrote `rope_theta` beside `rope_scaling` (the type's keys, the type under "rope_type" or, older, "type"; null
-when unscaled). Reading takes either, as transformers 5.23 does (a non-null rope_scaling first): a missing original context is the model's
-max_position_embeddings (a top-level `original_max_position_embeddings` first), a YaRN factor left out is
-max_position_embeddings over it, YaRN's mscale pair counts only when both are non-zero, beta_fast / beta_slow
-left out or 0 are 32 / 1. Writing gives 5.23's `rope_parameters` and the 4.x keys beside it (both read back the
+when unscaled). Reading takes either, as transformers 5.23 does (a non-null rope_scaling first): a missing
+original context is the model's max_position_embeddings (a top-level `original_max_position_embeddings` first), a
+YaRN factor left out is max_position_embeddings over it, YaRN's mscale pair counts only when both are non-zero,
+beta_fast / beta_slow left out or 0 are 32 / 1. Writing gives 5.23's `rope_parameters` and the 4.x keys beside it (both read back the
 same). Types whose frequencies change with the sequence length (dynamic, longrope) or that we do not know are
 refused in one line naming them.
 """

@@ -97,6 +97,8 @@ def _add_rope_scaling_flags(parser) -> None:
     group.add_argument("--rope-scaling-factor", "--rotary-scaling-factor", type=float,
                        help="How many times longer the context becomes. Default 8 for llama3 (Megatron-LM's); "
                             "linear and yarn need it.")
+    group.add_argument("--rotary-seq-len-interpolation-factor", type=int,
+                       help="Megatron-LM's position interpolation: --rope-scaling-type linear with this factor.")
     group.add_argument("--rope-scaling-low-freq-factor", type=float, default=1.0,
                        help="llama3: wavelengths above original context / this are divided by the factor.")
     group.add_argument("--rope-scaling-high-freq-factor", type=float, default=4.0,
@@ -187,14 +189,24 @@ def _add_kernel_switches(parser) -> None:
 
 
 def after_parse(values: Mapping) -> dict:
-    """--encoder-seq-length is --seq-length under its upstream alias."""
+    """--encoder-seq-length is --seq-length under its upstream alias; Megatron-LM's
+    --rotary-seq-len-interpolation-factor is the linear rotary scaling."""
     alias, seq_length = values["encoder_seq_length"], values["seq_length"]
-    if alias is None:
-        return {}
-    if seq_length is not None and seq_length != alias:
+    if seq_length is not None and alias is not None and seq_length != alias:
         raise InputError(f"--seq-length {seq_length} and --encoder-seq-length {alias} "
                          "name the same length; give one of them")
-    return {"seq_length": alias}
+    return {**({} if alias is None else {"seq_length": alias}), **_interpolation(values)}
+
+
+def _interpolation(values: Mapping) -> dict:
+    factor = values["rotary_seq_len_interpolation_factor"]
+    if factor is None:
+        return {}
+    if values["rope_scaling_type"] not in (None, "linear") or values["rope_scaling_factor"] not in (None, factor):
+        raise InputError(f"--rotary-seq-len-interpolation-factor {factor} is the linear rotary scaling; it cannot "
+                         f"go with --rope-scaling-type {values['rope_scaling_type']} --rope-scaling-factor "
+                         f"{values['rope_scaling_factor']}: give one of them")
+    return {"rope_scaling_type": "linear", "rope_scaling_factor": float(factor)}
 
 
 def shape(values: Mapping) -> dict:
