@@ -75,12 +75,13 @@ def logits_match_cpu(name: str, layers: int, hidden: int, heads: int, seq: int) 
     return max(logit_error, loss_error)
 
 
-def attention_kernel(attention: Callable, heads: int, seq: int, head_dim: int) -> str:
-    """The ATen operator PyTorch dispatches `attention` to on the causal path (no mask) in bf16 with its default
+def attention_kernel(attention: Callable, heads: int, seq: int, head_dim: int,
+                     dtype: torch.dtype = torch.bfloat16) -> str:
+    """The ATen operator PyTorch dispatches `attention` to on the causal path (no mask) in `dtype` with its default
     backend choice, e.g. aten::_scaled_dot_product_flash_attention: the kernel that really runs in training.
     Read from the profiler's operator names, so it works on any device; 'not an SDPA kernel' for an adaptor's own
     attention."""
-    query = torch.randn(2, heads, seq, head_dim, dtype=torch.bfloat16, device=device.current_device())
+    query = torch.randn(2, heads, seq, head_dim, dtype=dtype, device=device.current_device())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         attention(query, query, query, None, 0.0)
     kernels = [event.name for event in profile.events() if event.name.startswith("aten::_scaled_dot_product_")]
@@ -235,10 +236,10 @@ SPEED_LOG_INTERVAL = 10
 
 
 def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024,
-               log_interval: int = SPEED_LOG_INTERVAL, compiles: bool = True) -> List[tuple]:
+               log_interval: int = SPEED_LOG_INTERVAL, compiles: bool = True, bf16: bool = True) -> List[tuple]:
     """(label, flags) of the settings tried for a shape, with torch's fused AdamW throughout; an accelerator's
-    cells log every `log_interval` iterations. Without `compiles` (no inductor backend for the device) the
-    torch.compile cells are left out."""
+    cells log every `log_interval` iterations, in bf16 where it has bf16 (`bf16`), else in fp32. Without
+    `compiles` (no inductor backend for the device) the torch.compile cells are left out."""
     grid = []
     for micro, recompute, zero, compiled, pipelined in SPEED_GRIDS[shape_name]:
         if compiled and not compiles:
@@ -246,7 +247,7 @@ def speed_grid(shape_name: str, on_accelerator: bool, seq: int = 1024,
         global_batch = max(micro, GLOBAL_BATCH_TOKENS // seq // micro * micro) if on_accelerator else micro
         label = (f"mbs {micro}, {'recompute' if recompute else 'no recompute'}, ZeRO {zero}"
                  f"{', torch.compile' if compiled else ''}{', pipeline engine' if pipelined else ''}")
-        flags = [*(["--bf16"] if on_accelerator else []), "--micro-batch-size", str(micro), "--zero-stage", str(zero),
+        flags = [*(["--bf16"] if on_accelerator and bf16 else []), "--micro-batch-size", str(micro), "--zero-stage", str(zero),
                  "--global-batch-size", str(global_batch),
                  "--log-interval", str(log_interval if on_accelerator else 1),
                  *([] if pipelined else ["--no-pipeline-parallel"]),
@@ -282,13 +283,16 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
     compile_missing = device.compile_unavailable() if "speed" in checks else None
     if compile_missing:
         say(f"torch.compile cells left out: {compile_missing}")
+    halves = half_precisions(on_accelerator)
+    bf16 = "--bf16" in halves
     speed_shapes = chosen(speed_candidates)
     for name, layers, hidden, heads, seq in speed_shapes:
-        say(f"[{name}] attention kernel, causal bf16: {attention_kernel(attention, heads, seq, hidden // heads)}")
+        say(f"[{name}] attention kernel, causal {'bf16' if bf16 else 'fp32'}: "
+            f"{attention_kernel(attention, heads, seq, hidden // heads, torch.bfloat16 if bf16 else torch.float32)}")
     if "correctness" in checks:
         train = correctness_training(pretrain, nproc)
         for shape in chosen(correctness_candidates):
-            check_correctness(shape, on_accelerator, train, iterations, say)
+            check_correctness(shape, on_accelerator, train, iterations, say, halves)
             if nproc > 1:
                 check_layouts(shape, nproc, on_accelerator, iterations, say)
     rows = []
@@ -297,8 +301,8 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
             train = functools.partial(train_in_fresh_process, keep=keep_log)
             shape_rows = [speed_row(shape, label, flags, iterations, train)
                           for label, flags in speed_grid(shape[0], on_accelerator, shape[4], log_interval,
-                                                         compile_missing is None)]
-            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log)
+                                                         compile_missing is None, bf16)]
+            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log, bf16)
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
         say(speed_table(rows, allocator_peaks=on_accelerator))
     return rows
@@ -306,10 +310,10 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
 
 def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int,
                       log_interval: int = SPEED_LOG_INTERVAL,
-                      keep_log: Optional[Callable[[str], None]] = None) -> List[SpeedRow]:
+                      keep_log: Optional[Callable[[str], None]] = None, bf16: bool = True) -> List[SpeedRow]:
     """The shape's first grid cell at each layout `nproc` devices allow (samples/s of the whole job; memory and
     the planner's estimate per device)."""
-    label, flags = speed_grid(shape[0], on_accelerator, shape[4], log_interval)[0]
+    label, flags = speed_grid(shape[0], on_accelerator, shape[4], log_interval, bf16=bf16)[0]
     rows = []
     for layout in node_layouts(nproc):
         engine = [flag for flag in flags if flag != "--no-pipeline-parallel" or layout.pipeline == 1]
@@ -331,10 +335,19 @@ def correctness_training(pretrain: Callable, nproc: int) -> Callable[[Sequence[s
     return train_in_fresh_process
 
 
+def half_precisions(on_accelerator: bool) -> List[str]:
+    """The half-precision flags this device trains in: on an accelerator bf16 where it has it and fp16 where an
+    overflow shows as inf/NaN (neither on a first-generation Ascend 910), on the CPU bf16."""
+    if not on_accelerator:
+        return ["--bf16"]
+    return [flag for flag, works in (("--bf16", device.bf16_supported()), ("--fp16", device.fp16_overflow_visible()))
+            if works]
+
+
 def check_correctness(shape, on_accelerator: bool, train: Callable[[Sequence[str]], str], iterations: int,
-                      say: Callable[[str], None]) -> None:
-    """fp32 against the CPU, recomputation against none, and each half precision against the fp32 curve; `train`
-    runs one training (argv -> log)."""
+                      say: Callable[[str], None], halves: Sequence[str] = ("--bf16",)) -> None:
+    """fp32 against the CPU, recomputation against none, and each half precision of `halves` against the fp32
+    curve; `train` runs one training (argv -> log)."""
     if on_accelerator:
         say(f"[{shape[0]}] fp32 logits/loss vs CPU: max relative difference {logits_match_cpu(*shape):.2e}")
     base = [*shape_flags(*shape[1:]), "--micro-batch-size", "2", "--train-iters", str(iterations),
@@ -342,7 +355,7 @@ def check_correctness(shape, on_accelerator: bool, train: Callable[[Sequence[str
     reference = losses_of(train(base))
     recomputed = losses_of(train([*base, "--checkpoint-activations"]))
     say(f"[{shape[0]}] recompute vs none, fp32: max relative loss gap {max_relative_gap(recomputed, reference):.2e}")
-    for dtype in (("--bf16", "--fp16") if on_accelerator else ("--bf16",)):
+    for dtype in halves:
         curve = losses_of(train([*base, dtype]))
         say(f"[{shape[0]}] {dtype[2:]} vs fp32 over {iterations} iterations: max relative loss gap "
             f"{max_relative_gap(curve, reference):.2e}; final loss {curve[-1]:.4f} vs {reference[-1]:.4f}")

@@ -6,11 +6,12 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 from megatron.errors import InputError
 from megatron.model.kernels import sdpa_attention
 from megatron.reports.device_check import (CPU_SHAPES, Layout, SpeedRow, TrainingFailed, attention_kernel,
-                                           check_layouts, correctness_training, node_layouts, report, speed_grid, speed_row, speed_table,
+                                           check_layouts, correctness_training, half_precisions, node_layouts, report, speed_grid, speed_row, speed_table,
                                            train_in_fresh_process)
 from megatron.training.log_lines import iteration_line, memory_line
 from tests.helpers.paths import TOOLS
@@ -209,6 +210,22 @@ def test_without_an_inductor_backend_the_compiled_cells_are_left_out():
         assert eager == [label for label in (label for label, _ in speed_grid(shape, True, 1024))
                          if not label.endswith(", torch.compile")]
         assert all("--torch-compile" not in flags for _, flags in speed_grid(shape, True, 1024, compiles=False))
+
+
+def test_a_device_without_bf16_or_visible_fp16_overflow_is_checked_in_fp32_only(monkeypatch):
+    """A first-generation Ascend 910 (its stand-in from test_launch_training: no bf16, fp16 saturating): the check
+    trains no precision the trainer refuses there, and its speed cells run in fp32."""
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from tests.tools.test_launch_training import FirstGenerationNpu, stand_in_torch_npu_utils
+    previous = get_accelerator()
+    set_accelerator(FirstGenerationNpu())
+    monkeypatch.setattr(torch, "npu", stand_in_torch_npu_utils(inf_nan_mode=False), raising=False)
+    try:
+        assert half_precisions(on_accelerator=True) == []
+    finally:
+        set_accelerator(previous)
+    assert half_precisions(on_accelerator=False) == ["--bf16"]
+    assert all("--bf16" not in flags for _, flags in speed_grid("345M", True, 1024, bf16=False))
 
 
 def test_with_several_devices_the_correctness_runs_leave_this_process_without_a_device():
