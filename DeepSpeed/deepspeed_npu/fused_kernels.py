@@ -1,11 +1,14 @@
 """torch_npu's fused attention, RMSNorm, rotary embedding and SwiGLU, shaped to the contracts of the trainer's
 megatron/model/kernels.py.
 
-The model calls attention as (query, key, value, attention_mask, dropout_p) on [batch, heads, seq, dim]
-tensors with Megatron's mask (True = may not attend, None = causal). torch_npu.npu_fusion_attention uses
-the same True-is-masked convention, so an explicit mask passes through unchanged; plain causal attention
-uses the kernel's own causal mode, which reads a fixed 2048 x 2048 compressed mask instead of a
-[seq, seq] one, so long sequences cost no mask memory.
+The model calls attention as (query, key, value, spec) on [batch, heads, seq, dim] tensors, the spec being the
+trainer's AttentionSpec (megatron/model/attention_spec.py, read here by its fields: causal, window_size,
+segment_ids, dropout_p, softmax_scale). Every case runs on one of the kernel's own sparse modes, each of which
+reads a fixed 2048 x 2048 compressed causal mask (True above the diagonal = not computed) instead of a
+[seq, seq] one, so long sequences cost no mask memory: plain causal attention in leftUpCausal mode (2); a
+sliding window of w earlier keys in band mode (4) with pre_tockens w and next_tockens 0; packed documents in the
+TND layout (the batch's rows laid end to end, one varlen sequence per document, actual_seq_qlen /
+actual_seq_kvlen their cumulative ends) in rightDownCausal mode (3), or band mode with a window.
 
 Only what torch_npu documents is used (op-plugin's docs/zh/custom_APIs/torch_npu/
 torch_npu-npu_fusion_attention.md): the kernel is for training (its notes say it is used in training only)
@@ -31,9 +34,13 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from megatron.model.kernels import rotate_half_mul
+
 # npu_fusion_attention's sparse_mode values (torch_npu documentation).
-MASK_AS_GIVEN = 0
+NO_MASK = 0  # with atten_mask None: every key computed
 TOP_LEFT_CAUSAL = 2
+BOTTOM_RIGHT_CAUSAL = 3
+BAND = 4  # keys from pre_tockens before to next_tockens after each query, from the bottom-right corner
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
 # The chips the kernel's documentation lists (Atlas A2 training series), by the SoC names torch_npu knows
 # (torch_npu/csrc/core/npu/NpuVariables.cpp: Ascend910B1, B2, B2C, B3, B4, B4-1).
@@ -49,15 +56,28 @@ class FusionAttention:
         self._fusion_attention = fusion_attention
         self._causal_masks: Dict[torch.device, torch.Tensor] = {}  # built once per device, reused every call
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
-        if attention_mask is None:
-            mask, sparse_mode = self._causal_mask(query.device), TOP_LEFT_CAUSAL
+    def __call__(self, query, key, value, spec):
+        if query.shape[2] != key.shape[2]:
+            raise ValueError("torch_npu.npu_fusion_attention is the training kernel: queries and keys must cover the "
+                             "same positions (generation uses the inference attention)")
+        options = dict(scale=spec.softmax_scale or 1.0 / math.sqrt(query.shape[-1]), keep_prob=1.0 - spec.dropout_p)
+        if not spec.causal:
+            options.update(atten_mask=None, sparse_mode=NO_MASK)
+        elif spec.window_size is not None:
+            options.update(atten_mask=self._causal_mask(query.device), sparse_mode=BAND,
+                           pre_tockens=spec.window_size, next_tockens=0)
         else:
-            mask, sparse_mode = attention_mask, MASK_AS_GIVEN
-        outputs = self._fusion_attention(
-            query, key, value, query.shape[1], "BNSD", atten_mask=mask, scale=1.0 / math.sqrt(query.shape[-1]),
-            keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
-        return outputs[0]  # the rest are softmax statistics and RNG state kept for the backward pass
+            options.update(atten_mask=self._causal_mask(query.device),
+                           sparse_mode=TOP_LEFT_CAUSAL if spec.segment_ids is None else BOTTOM_RIGHT_CAUSAL)
+        if spec.segment_ids is None:
+            return self._fusion_attention(query, key, value, query.shape[1], "BNSD", **options)[0]
+        # TND: [batch * seq, heads, dim], one varlen sequence per document.
+        batch, heads, length, _ = query.shape
+        ends = spec.document_ends()
+        tokens = (t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (query, key, value))
+        context = self._fusion_attention(*tokens, heads, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends,
+                                         **options)[0]
+        return context.view(batch, length, heads, -1).transpose(1, 2)
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         if device not in self._causal_masks:
@@ -78,13 +98,17 @@ def npu_rms_norm_class(rms_norm: Callable) -> type:
 
 
 class RotaryMul:
-    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin)."""
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin); cos and sin of
+    one row per batch row (B1SD: restarting position ids), which that mode does not list, take the portable
+    arithmetic."""
     kernel_name = "torch_npu.npu_rotary_mul"
 
     def __init__(self, rotary_mul: Callable):
         self._rotary_mul = rotary_mul
 
     def __call__(self, x, cos, sin):
+        if cos.shape[0] != 1:
+            return rotate_half_mul(x, cos, sin)
         return self._rotary_mul(x, cos, sin, rotary_mode="half")
 
 

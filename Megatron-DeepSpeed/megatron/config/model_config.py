@@ -52,6 +52,8 @@ class ModelConfig:
     use_rotary_position_embeddings: bool = _flag(False, architecture=True)
     rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
     rope_theta: int = _flag(10000, architecture=True)  # the rotary base
+    # Sliding-window attention: the earlier keys each query sees besides itself (None: all; model/attention_spec.py)
+    window_size: Optional[int] = _flag(None, architecture=True)
     swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
     num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
     add_bias_linear: bool = _flag(True, architecture=True)
@@ -91,7 +93,7 @@ class ModelConfig:
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
 # The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
 VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                 "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                 "rope_theta", "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
                  "untie_embeddings_and_output_weights")
 
 

@@ -35,23 +35,23 @@ class _LocalCore:
     def __init__(self, attend):
         self.attend = attend
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
-        context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), attention_mask, dropout_p)
+    def __call__(self, query, key, value, spec):
+        context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), spec)
         return context.transpose(1, 2)
 
 
 class UlyssesAttention:
     """An attention kernel (model/kernels.py's contract: [batch, heads, seq chunk, head_dim] in and out) that
-    attends over the whole sequence through DeepSpeed's DistributedAttention. `attention_mask` is None (causal)
-    or the whole sequence's [batch, 1, seq, seq] mask, which the batch keeps whole."""
+    attends over the whole sequence through DeepSpeed's DistributedAttention. The spec's segment_ids cover the
+    whole sequence (the batch keeps them whole while it cuts the tokens), as the core attends over all of it."""
 
     def __init__(self, attend, group):
         self.distributed = DistributedAttention(_LocalCore(attend), group, scatter_idx=HEADS_DIM,
                                                 gather_idx=SEQUENCE_DIM)
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
+    def __call__(self, query, key, value, spec):
         query, key, value = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-        context = self.distributed(query, key, value, BATCH_DIM, None, attention_mask, dropout_p)
+        context = self.distributed(query, key, value, BATCH_DIM, None, spec)
         return context.transpose(1, 2)
 
 
