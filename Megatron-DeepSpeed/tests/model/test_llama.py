@@ -111,14 +111,14 @@ def test_bf16_with_an_fp32_residual_stream_follows_fp32():
 def test_rotary_percent_rotates_the_first_channels_and_keeps_distances():
     rotary = RotaryEmbedding.for_heads(head_dim=8, percent=0.5, theta=10000)
     heads = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
-    rotated = rotary(heads)
+    rotated = rotary(heads, torch.arange(5)[None])
     assert torch.equal(rotated[..., 4:], heads[..., 4:]) and not torch.allclose(rotated[..., :4], heads[..., :4])
     # channel i pairs with i + dim/2: a complex number turned by position x theta^(-2i/dim)
     pairs = torch.complex(heads[..., :2], heads[..., 2:4])
     angles = torch.arange(5.0)[:, None] * 10000.0 ** (-torch.arange(0, 4, 2) / 4)
     turned = pairs * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(rotated[..., :4], torch.cat((turned.real, turned.imag), dim=-1))
-    shifted = rotary(heads, offset=7)
+    shifted = rotary(heads, torch.arange(7, 12)[None])
     scores = rotated @ rotated.transpose(-1, -2)
     torch.testing.assert_close(shifted @ shifted.transpose(-1, -2), scores)  # q.k depends on distance only
     with pytest.raises(InputError, match=r"^--rotary-percent 0.1 of the head size 8 is 0 channels"):
