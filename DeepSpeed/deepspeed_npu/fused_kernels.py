@@ -21,7 +21,7 @@ own on its first step, so it misses DeepSpeed's fresh `.grad` tensors, and DeepS
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
 x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
-* r2 with x BNSD and r1 / r2 11SD in its half mode; `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
+* r2 with x BNSD and r1 / r2 11SD or B1SD in its half mode; `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
 and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
 along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
 documentation lists only those; the other two list more, which are left portable until they are tried).
@@ -33,8 +33,6 @@ from types import ModuleType
 from typing import Callable, Dict, Optional
 
 import torch
-
-from megatron.model.kernels import rotate_half_mul
 
 # npu_fusion_attention's sparse_mode values (torch_npu documentation).
 NO_MASK = 0  # with atten_mask None: every key computed
@@ -98,17 +96,14 @@ def npu_rms_norm_class(rms_norm: Callable) -> type:
 
 
 class RotaryMul:
-    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x, 11SD cos and sin); cos and sin of
-    one row per batch row (B1SD: restarting position ids), which that mode does not list, take the portable
-    arithmetic."""
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode (BNSD x; 11SD cos and sin, or B1SD where
+    the position ids differ between rows)."""
     kernel_name = "torch_npu.npu_rotary_mul"
 
     def __init__(self, rotary_mul: Callable):
         self._rotary_mul = rotary_mul
 
     def __call__(self, x, cos, sin):
-        if cos.shape[0] != 1:
-            return rotate_half_mul(x, cos, sin)
         return self._rotary_mul(x, cos, sin, rotary_mode="half")
 
 

@@ -5,9 +5,13 @@ SCHEMA is the operator's declaration in Ascend/op-plugin, op_plugin/config/op_pl
 test_npu_fusion_attention_contract.py checks that the stand-in's signature says the same. A call with a
 misspelt or unknown keyword, or a positional argument out of place, fails here as it would on the device.
 The arithmetic follows the operator's documentation (docs/zh/custom_APIs/torch_npu/
-torch_npu-npu_fusion_attention.md, same commit): atten_mask True (1) = position not computed; BNSD layout;
-sparse_mode 0 takes the mask as given, 2 (leftUpCausal) reads causality from a 2048 x 2048 compressed triu(1)
-mask; masks are bool or uint8 of shape BNSS, B1SS, 11SS or SS.
+torch_npu-npu_fusion_attention.md, same commit): atten_mask True (1) = position not computed; BNSD or TND layout
+(TND: the varlen case, actual_seq_qlen / actual_seq_kvlen the cumulative ends of the sequences laid end to end,
+e.g. lengths 2 2 2 -> [2, 4, 6], each sequence attending within itself); sparse_mode 0 takes the mask as given
+(None: every key), 2 (leftUpCausal) and 3 (rightDownCausal) read causality from a 2048 x 2048 compressed triu(1)
+mask, counted from the top-left or the bottom-right corner, and 4 (band) computes the keys from pre_tockens before
+to next_tockens after each query, counted from the bottom-right corner, with the same compressed mask; masks are
+bool or uint8 of shape BNSS, B1SS, 11SS or SS (varlen: SS only).
 """
 import torch
 
@@ -29,22 +33,50 @@ class NpuFusionAttentionStandIn:
                  prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
                  sync=False, softmax_layout="", sink=None, dropout_mask=None, seed=0, offset=0):
         self.calls.append(dict(head_num=head_num, input_layout=input_layout, pse=pse, atten_mask=atten_mask,
-                               scale=scale, keep_prob=keep_prob, sparse_mode=sparse_mode))
-        assert input_layout == "BNSD" and head_num == query.shape[1]
+                               scale=scale, keep_prob=keep_prob, sparse_mode=sparse_mode, pre_tockens=pre_tockens,
+                               next_tockens=next_tockens, actual_seq_qlen=actual_seq_qlen,
+                               actual_seq_kvlen=actual_seq_kvlen))
         assert atten_mask is None or atten_mask.dtype in (torch.bool, torch.uint8)
-        if sparse_mode == 2:
+        if input_layout == "TND":
+            assert query.dim() == 3 and head_num == query.shape[1] and actual_seq_qlen and actual_seq_kvlen
+            assert actual_seq_qlen[-1] == query.shape[0] and actual_seq_kvlen[-1] == key.shape[0]
+            assert atten_mask is None or atten_mask.dim() == 2
+            bounds = zip([0, *actual_seq_qlen[:-1]], actual_seq_qlen, [0, *actual_seq_kvlen[:-1]], actual_seq_kvlen)
+            outputs = [self._attend(_bnsd(query[q0:q1]), _bnsd(key[k0:k1]), _bnsd(value[k0:k1]), atten_mask, scale,
+                                    keep_prob, pre_tockens, next_tockens, sparse_mode)[0].transpose(0, 1)
+                       for q0, q1, k0, k1 in bounds]
+            context = torch.cat(outputs)
+        else:
+            assert input_layout == "BNSD" and head_num == query.shape[1]
+            context = self._attend(query, key, value, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
+                                   sparse_mode)
+        statistics = torch.empty(0)
+        return context, statistics, statistics, torch.empty(0), 0, 0, 0
+
+    @staticmethod
+    def _attend(query, key, value, atten_mask, scale, keep_prob, pre_tockens, next_tockens, sparse_mode):
+        """[B, N, Sq, D] attention by the sparse_mode rule."""
+        queries, keys = query.shape[2], key.shape[2]
+        offset = torch.arange(keys)[None, :] - torch.arange(queries)[:, None]  # key - query, top-left origin
+        if sparse_mode in (2, 3, 4):
             assert torch.equal(atten_mask.cpu(), COMPRESSED_CAUSAL)
-            masked = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool).triu(1)
+            bottom_right = offset - (keys - queries)
+            masked = {2: offset > 0, 3: bottom_right > 0,
+                      4: (bottom_right < -pre_tockens) | (bottom_right > next_tockens)}[sparse_mode]
         else:
             assert sparse_mode == 0
             if atten_mask is not None:
-                assert atten_mask.shape[-2:] == (query.shape[2], key.shape[2]) and atten_mask.dim() in (2, 4)
+                assert atten_mask.shape[-2:] == (queries, keys) and atten_mask.dim() in (2, 4)
                 assert atten_mask.dim() == 2 or (atten_mask.shape[0] in (1, query.shape[0])
-                                                 and atten_mask.shape[1] in (1, head_num))
+                                                 and atten_mask.shape[1] in (1, query.shape[1]))
             masked = None if atten_mask is None else atten_mask.bool()
         scores = (query @ key.transpose(-1, -2)) * scale
         if masked is not None:
             scores = scores.masked_fill(masked, float("-inf"))
         probabilities = torch.nn.functional.dropout(scores.softmax(dim=-1), p=1.0 - keep_prob)
-        softmax_statistics = scores.amax(dim=-1)
-        return probabilities @ value, softmax_statistics, softmax_statistics, torch.empty(0), 0, 0, 0
+        return probabilities @ value
+
+
+def _bnsd(sequence):
+    """One TND sequence [S, N, D] as a batch of one [1, N, S, D]."""
+    return sequence.transpose(0, 1)[None]
