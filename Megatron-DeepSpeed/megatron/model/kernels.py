@@ -60,14 +60,17 @@ class FlexAttention:
     (and its recomputation) attends over the same documents."""
     kernel_name = "flex_attention"
 
-    def __init__(self):
-        self._compiled = torch.compile(flex_attention.flex_attention, dynamic=False)
+    def __init__(self, compiled: bool = True):
+        """compiled False: FlexAttention's eager path, which computes every score (what CPU tests can run: the
+        compiled CPU kernel takes a minute to build and has no backward)."""
+        self._flex = (torch.compile(flex_attention.flex_attention, dynamic=False) if compiled
+                      else flex_attention.flex_attention)
         self._last = (None, None)  # ((causal, window, segment_ids, length), its block mask)
 
     def __call__(self, query, key, value, spec: AttentionSpec):
         if spec.plain_causal or spec.dropout_p > 0 or query.shape[-2] != key.shape[-2]:
             return sdpa_attention(query, key, value, spec)
-        return self._compiled(query, key, value, block_mask=self._block_mask(spec, query),
+        return self._flex(query, key, value, block_mask=self._block_mask(spec, query),
                               scale=spec.scale(query.shape[-1]))
 
     def _block_mask(self, spec: AttentionSpec, query):

@@ -172,6 +172,33 @@ def test_reset_attention_mask_isolates_documents(variant):
         torch.testing.assert_close(packed_logits[:, :5], model(first_doc), rtol=1e-5, atol=1e-5)
 
 
+MISTRAL_LIKE = dict(ROTARY, window_size=2, swiglu=True, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("variant", [{}, ROTARY, MISTRAL_LIKE], ids=["gpt2", "rotary", "rotary-window"])
+def test_a_packed_batch_gives_each_example_its_loss_and_gradients_alone(variant):
+    """Three examples packed into one row (segment ids, restarting positions): the loss over one example's tokens
+    and its gradients equal training that example alone (fp32, 1e-5)."""
+    lengths = (4, 6, 5)
+    examples = [random_tokens(96, batch=1, seq=length + 1, seed=10 + index) for index, length in enumerate(lengths)]
+    packed = dict(tokens=torch.cat([e[:, :-1] for e in examples], 1), labels=torch.cat([e[:, 1:] for e in examples], 1),
+                  segment_ids=torch.cat([torch.full((1, n), i) for i, n in enumerate(lengths)], 1),
+                  position_ids=torch.cat([torch.arange(n) for n in lengths])[None])
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    for index, example in enumerate(examples):
+        model = small_model(**variant)
+        alone = model(example[:, :-1], labels=example[:, 1:])
+        expected = torch.autograd.grad(alone, list(model.parameters()))
+        loss_mask = torch.zeros(1, sum(lengths))
+        loss_mask[:, ends[index] - lengths[index]:ends[index]] = 1
+        loss = model(packed["tokens"], labels=packed["labels"], loss_mask=loss_mask, position_ids=packed["position_ids"],
+                     segment_ids=packed["segment_ids"])
+        torch.testing.assert_close(loss, alone, rtol=1e-5, atol=1e-6)
+        gradients = torch.autograd.grad(loss, list(model.parameters()))
+        for (name, _), grad, expected_grad in zip(model.named_parameters(), gradients, expected):
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 # --- activation checkpointing and dropout ------------------------------------------------------------
 
 def loss_and_grads(model, tokens, seed):
