@@ -63,15 +63,20 @@ def hf_weights(model: GPTModel) -> dict:
     return weights
 
 
-def hf_llama(model: GPTModel):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_llama(model: GPTModel, sliding_window=None):
+    """transformers' LlamaForCausalLM on `model`'s weights; with a sliding window, its MistralForCausalLM (the same
+    parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
     config = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
+    kind, options = (LlamaForCausalLM, LlamaConfig) if sliding_window is None else (
+        MistralForCausalLM, lambda **kw: MistralConfig(sliding_window=sliding_window, **kw))
+    hf = kind(options(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_hidden_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.layernorm_epsilon, rope_theta=config.rope_theta, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, attn_implementation="eager"))
+        attn_implementation="eager", **({"attention_bias": False, "mlp_bias": False} if sliding_window is None
+                                        else {})))
     weights = hf_weights(model)
     with torch.no_grad():
         for name, parameter in hf.named_parameters():
@@ -89,6 +94,24 @@ def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_h
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
     prompts = [[5, 9, 2, 7, 1], [3, 8]]  # left-padded: rotary angles depend on distances only
+    ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
+                                  use_kv_cache=cache) for cache in (True, False)}
+    assert ours[True] == ours[False]
+    for prompt, generated in zip(prompts, ours[True]):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert generated == expected[0, len(prompt):].tolist()
+
+
+def test_a_sliding_window_equals_transformers_mistral_and_generates_the_same_past_the_window():
+    """Hugging Face's sliding_window 4 is window_size 3 (model/attention_spec.py); prompts longer than the window
+    generate through the KV cache as transformers' generate does."""
+    model = GPTModel(llama_config(window_size=3)).eval()
+    hf = hf_llama(model, sliding_window=4)
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(GPTModel(llama_config()).eval()(tokens)[:, 4:], model(tokens)[:, 4:])
+    prompts = [[5, 9, 2, 7, 1, 4, 6, 3], [3, 8]]
     ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
                                   use_kv_cache=cache) for cache in (True, False)}
     assert ours[True] == ours[False]
