@@ -38,11 +38,12 @@ EVERY_FLAG_CHANGED = ModelConfig(
 EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
-    rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
+    rope_theta=500000, window_size=7, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
     untie_embeddings_and_output_weights=True)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
-                        "--rotary-percent", "0.5", "--rotary-base", "500000", "--swiglu", "--num-key-value-heads", "2",
+                        "--rotary-percent", "0.5", "--rotary-base", "500000", "--window-size", "7,0", "--swiglu",
+                        "--num-key-value-heads", "2",
                         "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-heads", "6", "--seq-length", "40",
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
@@ -96,7 +97,7 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
     assert set(ARCHITECTURE_FLAGS) == {"num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                                       "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                                       "rope_theta", "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
                                        "untie_embeddings_and_output_weights"}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
@@ -120,7 +121,7 @@ def assert_built_as(model: GPTModel, expected: ModelConfig, dropout: tuple):
         assert isinstance(attention.attend, UnfusedAttention) is not expected.masked_softmax_fusion
         assert attention.attend.coefficient == (index + 1 if expected.apply_query_key_layer_scaling else None)
         assert attention.attend.softmax_in_fp32 is expected.attention_softmax_in_fp32
-        assert (layer.dropout.p, attention.dropout_p) == dropout
+        assert (layer.dropout.p, attention.spec.dropout_p) == dropout
     assert model.embedding.dropout.p == dropout[0]
 
 
@@ -188,6 +189,7 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
         assert torch.equal(model.state_dict()[name], tensor), name
     attention = model.layers[0].self_attention
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
+    assert attention.spec.window_size == 7
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
                                          r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "
