@@ -106,9 +106,6 @@ class GPTConfig:
                             ("--attention-dropout", self.attention_dropout)):
             if not 0.0 <= value < 1.0:
                 raise InputError(f"{flag} is {value}; a dropout probability must be in [0, 1)")
-        if self.window_size is not None and self.window_size < 0:
-            raise InputError(f"--window-size {self.window_size} is negative; give the earlier keys each query sees "
-                             "(0 or more), or leave it out for full causal attention")
 
     @property
     def head_dim(self) -> int:
