@@ -3,9 +3,13 @@ causal, a sliding window, packed documents and both, with as many queries as key
 fewer; gradients too where the implementation trains on a CPU. The NPU fusion attention has its own contract test
 (DeepSpeed/tests/test_npu_fusion_attention_contract.py) and Ulysses its multi-process one
 (tests/model/test_ulysses.py)."""
+import numpy as np
 import pytest
 import torch
+from tests.helpers.distributed import run_on_ranks
+from tests.helpers.training import COMMON, VOCAB, assert_same_training, train
 
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.errors import InputError
 from megatron.model.attention_spec import AttentionSpec
 from megatron.model.kernels import FlexAttention, sdpa_attention
@@ -106,3 +110,32 @@ def test_a_batch_spec_drops_dropout_outside_training():
     spec = AttentionSpec(window_size=3, dropout_p=0.1)
     assert spec.for_batch(SEGMENTS, training=False) == AttentionSpec(window_size=3, segment_ids=SEGMENTS)
     assert spec.for_batch(None, training=True) is not spec and spec.for_batch(None, training=True) == spec
+
+
+@pytest.fixture(scope="module")
+def packed_runs(tmp_path_factory):
+    """Short documents each ended by the end-of-document id (NullTokenizer: VOCAB), several to a sample, trained
+    as packed sequences (--reset-attention-mask, --reset-position-ids) by a Llama-style model with a window, on one
+    process: the reference, and the flags."""
+    prefix = str(tmp_path_factory.mktemp("packed") / "documents_text_document")
+    rng = np.random.default_rng(1)
+    with MMapIndexedDatasetBuilder(prefix, np.uint16) as builder:
+        for _ in range(300):
+            start, step, length = rng.integers(0, VOCAB), rng.integers(1, 4), rng.integers(3, 12)
+            builder.add_item(np.append((start + step * np.arange(length)) % VOCAB, VOCAB))
+            builder.end_document()
+    flags = [*COMMON, "--data-path", prefix, "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss",
+             "--window-size", "5,0", "--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu",
+             "--normalization", "rmsnorm", "--disable-bias-linear", "--num-key-value-heads", "2"]
+    return flags, run_on_ranks(train, 1, [*flags, "--no-pipeline-parallel"])[0]
+
+
+@pytest.mark.full  # multi-process / whole-run tests: the full tier
+@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--no-pipeline-parallel"],
+                                    ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"],
+                                    ["--pipeline-model-parallel-size", "2"]], ids=["tp2", "ulysses-sp2", "pp2"])
+def test_packed_documents_with_a_window_train_as_on_one_process(packed_runs, layout):
+    """Segment ids stay whole under Ulysses while the tokens are cut; under PP they ride between stages with the
+    position ids."""
+    flags, reference = packed_runs
+    assert_same_training(run_on_ranks(train, 2, [*flags, *layout])[0], reference)
