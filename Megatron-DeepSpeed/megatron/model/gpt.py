@@ -383,9 +383,16 @@ def recomputed_checkpoints(config) -> int:
     return max(1, chunks + (config.num_layers if config.recompute_granularity == "selective" else 0))
 
 
+def layer_inputs(position_ids: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> tuple:
+    """(names, tensors) of the layers' keyword inputs that are given: passed on as plain tensors, since
+    DeepSpeed's partitioned checkpointing miscounts a None argument."""
+    given = {name: tensor for name, tensor in (("position_ids", position_ids), ("segment_ids", segment_ids))
+             if tensor is not None}
+    return tuple(given), tuple(given.values())
+
+
 def run_layers(layers, names: tuple, hidden: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-    """The layers in turn; `tensors` are their keyword inputs `names` (position_ids, segment_ids), passed as
-    plain tensors so that checkpointing sees only tensors."""
+    """The layers in turn; `tensors` are their keyword inputs `names` (layer_inputs)."""
     inputs = dict(zip(names, tensors))
     for layer in layers:
         hidden = layer(hidden, **inputs)
@@ -444,10 +451,7 @@ class GPTModel(nn.Module):
 
     def transformer(self, hidden: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                     segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
-        given = {name: tensor for name, tensor in (("position_ids", position_ids), ("segment_ids", segment_ids))
-                 if tensor is not None}
-        names, tensors = tuple(given), tuple(given.values())
+        names, tensors = layer_inputs(position_ids, segment_ids)
         for chunk, recomputed in self.layer_chunks():
             run = functools.partial(run_layers, chunk, names)
             hidden = self.checkpoint_layer(run, hidden, *tensors) if recomputed else run(hidden, *tensors)
