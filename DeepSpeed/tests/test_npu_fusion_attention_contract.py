@@ -1,7 +1,8 @@
 """The npu_fusion_attention call of deepspeed_npu against the operator's schema (op-plugin's
 op_plugin_functions.yaml, commit 517f2e7d0f202f38b76310706cb977ca2388ad21, copied into the stand-in's SCHEMA):
 argument order and names, the BNSD and TND layouts, sparse_mode and its band and varlen arguments, for each case of
-the attention spec: causal, sliding window, packed documents, both. The stand-in's signature is checked against the schema first, so it cannot drift from it."""
+the attention spec: causal, sliding window, packed documents, both. The stand-in's signature is checked against the
+schema first, so it cannot drift from it."""
 import math
 
 import pytest
@@ -41,7 +42,8 @@ def test_sliding_window_is_the_band_mode():
     kernel = NpuFusionAttentionStandIn()
     query, key, value = inputs(seed=1)
     spec = AttentionSpec(window_size=2)  # each query: itself and the two keys before
-    torch.testing.assert_close(FusionAttention(kernel)(query, key, value, spec), sdpa_attention(query, key, value, spec))
+    torch.testing.assert_close(FusionAttention(kernel)(query, key, value, spec),
+                               sdpa_attention(query, key, value, spec))
     [call] = kernel.calls
     assert (call["input_layout"], call["sparse_mode"], call["pre_tockens"], call["next_tockens"]) == ("BNSD", 4, 2, 0)
     assert torch.equal(call["atten_mask"], COMPRESSED_CAUSAL)
@@ -52,7 +54,8 @@ def test_packed_documents_are_varlen_sequences_of_the_tnd_layout(window, sparse_
     kernel = NpuFusionAttentionStandIn()
     query, key, value = inputs(seed=2)
     spec = AttentionSpec(window_size=window, segment_ids=DOCUMENTS, softmax_scale=0.3)
-    torch.testing.assert_close(FusionAttention(kernel)(query, key, value, spec), sdpa_attention(query, key, value, spec))
+    torch.testing.assert_close(FusionAttention(kernel)(query, key, value, spec),
+                               sdpa_attention(query, key, value, spec))
     [call] = kernel.calls
     assert (call["input_layout"], call["sparse_mode"], call["scale"]) == ("TND", sparse_mode, 0.3)
     assert call["actual_seq_qlen"] == call["actual_seq_kvlen"] == [3, 6, 7, 11, 12]  # cumulative ends, rows end to end

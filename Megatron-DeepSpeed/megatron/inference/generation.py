@@ -4,9 +4,9 @@ Prompts of different lengths are padded on the LEFT to a common length, so every
 the same column and one step feeds one column. Each row's position ids start at 0 at its first real token,
 and no real token attends to padding: the padding is a document of its own (segment 0, the prompt and what
 follows segment 1; model/attention_spec.py), whose (unused) values stay finite. A sliding window counts columns,
-which within a row's real tokens are its positions. With the KV cache (kv_cache.py) the model walks its own pieces (embedding, layers, final
-LayerNorm, tied LM head) feeding only the new column each step; without it the whole sequence goes through
-GPTModel.forward again every step, the simple oracle the cache must equal.
+which within a row's real tokens are its positions. With the KV cache (kv_cache.py) the model walks its own pieces
+(embedding, layers, final LayerNorm, tied LM head) feeding only the new column each step; without it the whole
+sequence goes through GPTModel.forward again every step, the simple oracle the cache must equal.
 
 Under tensor parallelism the LM head yields this rank's slice of the vocabulary; the slices are gathered
 before choosing, and the token chosen on tensor-parallel rank 0 is broadcast so all ranks continue alike.

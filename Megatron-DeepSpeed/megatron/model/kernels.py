@@ -12,7 +12,8 @@ Kernel contracts:
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
-  [batch or 1, 1, seq, dim] (model/rotary.py: one row per row of position ids): rotate_half(x) is (-second half, first half) of the last dim.
+  [batch or 1, 1, seq, dim] (model/rotary.py: a row per row of position ids): rotate_half(x) is (-second half,
+  first half) of the last dim.
 - swiglu(inner) -> SiLU(gate) * up, where inner's last dim interleaves them: [..., ffn, (gate, up)] flattened.
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
@@ -65,7 +66,7 @@ class FlexAttention:
         compiled CPU kernel takes a minute to build and has no backward)."""
         self._flex = (torch.compile(flex_attention.flex_attention, dynamic=False) if compiled
                       else flex_attention.flex_attention)
-        self._last = (None, None)  # ((causal, window, segment_ids, length), its block mask)
+        self._last = (None, None, None)  # (causal, window, length), segment ids, their block mask
 
     def __call__(self, query, key, value, spec: AttentionSpec):
         if spec.plain_causal or spec.dropout_p > 0 or query.shape[-2] != key.shape[-2]:
@@ -74,14 +75,13 @@ class FlexAttention:
                               scale=spec.scale(query.shape[-1]))
 
     def _block_mask(self, spec: AttentionSpec, query):
-        length = query.shape[-2]
-        rule = (spec.causal, spec.window_size, spec.segment_ids, length)
-        kept_rule, block_mask = self._last
-        if kept_rule is None or kept_rule[:2] != rule[:2] or kept_rule[2] is not rule[2] or kept_rule[3] != length:
+        rule, length = (spec.causal, spec.window_size, query.shape[-2]), query.shape[-2]
+        kept_rule, kept_segments, block_mask = self._last
+        if kept_rule != rule or kept_segments is not spec.segment_ids:
             batch = 1 if spec.segment_ids is None else query.shape[0]
             block_mask = flex_attention.create_block_mask(lambda b, h, q, k: spec.sees(b, q, k), batch, None,
                                                           length, length, device=query.device)
-            self._last = (rule, block_mask)
+            self._last = (rule, spec.segment_ids, block_mask)
         return block_mask
 
 

@@ -3,8 +3,9 @@
 Query-key layer scaling divides the scores of layer L by L (on top of 1/sqrt(head_dim)) while they are in half
 precision, and multiplies them by L again in fp32 right before the softmax, so large scores cannot overflow
 fp16; the probabilities are mathematically unchanged. --attention-softmax-in-fp32 (implied by the scaling)
-runs mask and softmax in fp32. Masked positions (those the AttentionSpec hides) get -10000, as in Megatron. The fused kernel (PyTorch's
-scaled_dot_product_attention, or a device's registered kernel) already does all of this in fp32 inside.
+runs mask and softmax in fp32. Masked positions (those the AttentionSpec hides) get -10000, as in Megatron. The
+fused kernel (PyTorch's scaled_dot_product_attention, or a device's registered kernel) already does all of this in
+fp32 inside.
 """
 import torch
 import torch.nn.functional as F

@@ -191,8 +191,8 @@ def test_a_packed_batch_gives_each_example_its_loss_and_gradients_alone(variant)
         expected = torch.autograd.grad(alone, list(model.parameters()))
         loss_mask = torch.zeros(1, sum(lengths))
         loss_mask[:, ends[index] - lengths[index]:ends[index]] = 1
-        loss = model(packed["tokens"], labels=packed["labels"], loss_mask=loss_mask, position_ids=packed["position_ids"],
-                     segment_ids=packed["segment_ids"])
+        loss = model(packed["tokens"], labels=packed["labels"], loss_mask=loss_mask,
+                     position_ids=packed["position_ids"], segment_ids=packed["segment_ids"])
         torch.testing.assert_close(loss, alone, rtol=1e-5, atol=1e-6)
         gradients = torch.autograd.grad(loss, list(model.parameters()))
         for (name, _), grad, expected_grad in zip(model.named_parameters(), gradients, expected):
