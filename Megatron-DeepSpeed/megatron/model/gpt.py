@@ -6,8 +6,9 @@ sitting.
            -> final norm -> LMHead (tied to the word embedding, or an output layer of its own) -> LanguageModelLoss
 
 The architecture fields (GPT-2's defaults): `normalization` LayerNorm or RMSNorm; `add_position_embedding`, and
-rotary embeddings on queries and keys (model/rotary.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the
-head count, grouped-query attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
+rotary embeddings on queries and keys (model/rotary.py); `window_size`, sliding-window attention
+(model/attention_spec.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the head count, grouped-query
+attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
