@@ -40,6 +40,7 @@ TOP_LEFT_CAUSAL = 2
 BOTTOM_RIGHT_CAUSAL = 3
 BAND = 4  # keys from pre_tockens before to next_tockens after each query, from the bottom-right corner
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
+MAX_VARLEN_SEQUENCES = 1024  # actual_seq_qlen's longest list in the varlen (TND) case
 # The chips the kernel's documentation lists (Atlas A2 training series), by the SoC names torch_npu knows
 # (torch_npu/csrc/core/npu/NpuVariables.cpp: Ascend910B1, B2, B2C, B3, B4, B4-1).
 DOCUMENTED_CHIP = re.compile(r"Ascend910B[1-4](C|-1)?")
@@ -72,6 +73,9 @@ class FusionAttention:
         # TND: [batch * seq, heads, dim], one varlen sequence per document.
         batch, heads, length, _ = query.shape
         ends = spec.document_ends()
+        if len(ends) > MAX_VARLEN_SEQUENCES:
+            raise ValueError(f"{len(ends)} documents in one micro-batch; torch_npu.npu_fusion_attention's TND layout "
+                             f"takes at most {MAX_VARLEN_SEQUENCES}: lower --micro-batch-size or --seq-length")
         tokens = (t.transpose(1, 2).reshape(batch * length, heads, -1) for t in (query, key, value))
         context = self._fusion_attention(*tokens, heads, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends,
                                          **options)[0]

@@ -62,6 +62,13 @@ def test_packed_documents_are_varlen_sequences_of_the_tnd_layout(window, sparse_
     assert torch.equal(call["atten_mask"], COMPRESSED_CAUSAL)  # a fixed 2048 x 2048 mask, whatever the lengths
 
 
+def test_more_documents_than_the_varlen_layout_takes_is_refused_in_one_line():
+    query = key = value = torch.zeros(1, 3, 1025, 8)
+    spec = AttentionSpec(segment_ids=torch.arange(1025)[None])  # one-token documents
+    with pytest.raises(ValueError, match=r"^1025 documents in one micro-batch; .* takes at most 1024: lower"):
+        FusionAttention(NpuFusionAttentionStandIn())(query, key, value, spec)
+
+
 def test_dropout_probability_becomes_keep_probability():
     kernel = NpuFusionAttentionStandIn()
     query, key, value = inputs()
