@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.data.gpt_batch import BatchMaker, collate, make_batch
+from megatron.data.gpt_batch import BatchMaker, collate, make_batch, model_inputs, sequence_chunk
 from megatron.model.attention_spec import AttentionSpec
 
 EOD = 0
@@ -129,3 +129,19 @@ def test_the_loaders_batch_maker_is_make_batch_of_the_stacked_samples():
     assert made.keys() == expected.keys() and made["segment_ids"] is None
     for name in ("tokens", "labels", "loss_mask", "position_ids"):
         assert torch.equal(made[name], expected[name]), name
+
+
+def test_a_ulysses_chunk_cuts_the_tokens_and_keeps_the_segment_ids_whole():
+    text = torch.tensor([[1, 2, EOD, 3, 4, 5, EOD, 6, 7]])
+    whole = make_batch(text, EOD, reset_position_ids=True, reset_attention_mask=True)
+    second = sequence_chunk(whole, 1, 2)
+    for name in ("tokens", "labels", "loss_mask", "position_ids"):
+        assert torch.equal(second[name], whole[name][:, 4:]), name
+    assert second["segment_ids"] is whole["segment_ids"]  # the attention core attends over the whole sequence
+    assert second["position_ids"].tolist() == [[1, 2, 3, 0]]
+
+
+def test_model_inputs_read_a_batch_without_segment_ids_as_one_stream():
+    batch = make_batch(TEXT, EOD)
+    del batch["segment_ids"]  # another producer's batch (e.g. fine-tuning's) may leave the key out
+    assert model_inputs(batch)["segment_ids"] is None and model_inputs(batch)["labels"] is batch["labels"]
