@@ -1,11 +1,14 @@
 """torch_npu's fused attention, RMSNorm, rotary embedding and SwiGLU, shaped to the contracts of the trainer's
 megatron/model/kernels.py.
 
-The model calls attention as (query, key, value, attention_mask, dropout_p) on [batch, heads, seq, dim]
-tensors with Megatron's mask (True = may not attend, None = causal). torch_npu.npu_fusion_attention uses
-the same True-is-masked convention, so an explicit mask passes through unchanged; plain causal attention
-uses the kernel's own causal mode, which reads a fixed 2048 x 2048 compressed mask instead of a
-[seq, seq] one, so long sequences cost no mask memory.
+The model calls attention as (query, key, value, spec) on [batch, heads, seq, dim] tensors, the spec being the
+trainer's AttentionSpec (megatron/model/attention_spec.py, read here by its fields: causal, window_size,
+segment_ids, dropout_p, softmax_scale). Every case runs on one of the kernel's own sparse modes, each of which
+reads a fixed 2048 x 2048 compressed causal mask (True above the diagonal = not computed) instead of a
+[seq, seq] one, so long sequences cost no mask memory: plain causal attention in leftUpCausal mode (2); a
+sliding window of w earlier keys in band mode (4) with pre_tockens w and next_tockens 0; packed documents in the
+TND layout (the batch's rows laid end to end, one varlen sequence per document, actual_seq_qlen /
+actual_seq_kvlen their cumulative ends) in rightDownCausal mode (3), or band mode with a window.
 
 Only what torch_npu documents is used (op-plugin's docs/zh/custom_APIs/torch_npu/
 torch_npu-npu_fusion_attention.md): the kernel is for training (its notes say it is used in training only)
@@ -20,7 +23,8 @@ fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
 x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
-* r2 in its half mode, x BSND with r1 / r2 1S1D as called here (BNSD with 11SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
+* r2 in its half mode, x BSND with r1 / r2 1S1D, or BS1D where the position ids differ between rows, as called
+here (BNSD with 11SD / B1SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
 and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
 along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
 documentation lists only those; the other two list more, which are left portable until they are tried).
@@ -35,9 +39,12 @@ import torch
 from deepspeed_npu.chips import generation_of
 
 # npu_fusion_attention's sparse_mode values (torch_npu documentation).
-MASK_AS_GIVEN = 0
+NO_MASK = 0  # with atten_mask None: every key computed
 TOP_LEFT_CAUSAL = 2
+BOTTOM_RIGHT_CAUSAL = 3
+BAND = 4  # keys from pre_tockens before to next_tockens after each query, from the bottom-right corner
 COMPRESSED_CAUSAL_MASK_SIZE = 2048
+MAX_VARLEN_SEQUENCES = 1024  # actual_seq_qlen's longest list in the varlen (TND) case
 DOCUMENTED_CHIPS = "Atlas A2 training chips (Ascend910B1-B4)"  # the kernels' documented products (chips.py)
 
 
@@ -55,16 +62,33 @@ class FusionAttention:
         self._fusion_attention = fusion_attention
         self._causal_masks: Dict[torch.device, torch.Tensor] = {}  # built once per device, reused every call
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
-        if attention_mask is None:
-            mask, sparse_mode = self._causal_mask(query.device), TOP_LEFT_CAUSAL
+    def __call__(self, query, key, value, spec):
+        if query.shape[2] != key.shape[2]:
+            raise ValueError("torch_npu.npu_fusion_attention is the training kernel: queries and keys must cover the "
+                             "same positions (generation uses the inference attention)")
+        options = dict(scale=spec.softmax_scale or 1.0 / math.sqrt(query.shape[-1]), keep_prob=1.0 - spec.dropout_p)
+        if not spec.causal:
+            options.update(atten_mask=None, sparse_mode=NO_MASK)
+        elif spec.window_size is not None:
+            options.update(atten_mask=self._causal_mask(query.device), sparse_mode=BAND,
+                           pre_tockens=spec.window_size, next_tockens=0)
         else:
-            mask, sparse_mode = attention_mask, MASK_AS_GIVEN
+            options.update(atten_mask=self._causal_mask(query.device),
+                           sparse_mode=TOP_LEFT_CAUSAL if spec.segment_ids is None else BOTTOM_RIGHT_CAUSAL)
         query_bsnd, key_bsnd, value_bsnd = (tensor.transpose(1, 2) for tensor in (query, key, value))
-        outputs = self._fusion_attention(
-            query_bsnd, key_bsnd, value_bsnd, query.shape[1], "BSND", atten_mask=mask,
-            scale=1.0 / math.sqrt(query.shape[-1]), keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode)
-        return outputs[0].transpose(1, 2)  # the rest are softmax statistics and RNG state for the backward pass
+        if spec.segment_ids is None:
+            outputs = self._fusion_attention(query_bsnd, key_bsnd, value_bsnd, query.shape[1], "BSND", **options)
+            return outputs[0].transpose(1, 2)  # the rest are softmax statistics and RNG state for the backward pass
+        # TND: [batch * seq, heads, dim], one varlen sequence per document (key/value with their own head count).
+        batch, heads, length, _ = query.shape
+        ends = spec.document_ends()
+        if len(ends) > MAX_VARLEN_SEQUENCES:
+            raise ValueError(f"{len(ends)} documents in one micro-batch; torch_npu.npu_fusion_attention's TND layout "
+                             f"takes at most {MAX_VARLEN_SEQUENCES}: lower --micro-batch-size or --seq-length")
+        tokens = (bsnd.reshape(batch * length, bsnd.shape[2], -1) for bsnd in (query_bsnd, key_bsnd, value_bsnd))
+        context = self._fusion_attention(*tokens, heads, "TND", actual_seq_qlen=ends, actual_seq_kvlen=ends,
+                                         **options)[0]
+        return context.view(batch, length, heads, -1).transpose(1, 2)
 
     def _causal_mask(self, device: torch.device) -> torch.Tensor:
         if device not in self._causal_masks:
@@ -85,10 +109,10 @@ def npu_rms_norm_class(rms_norm: Callable) -> type:
 
 
 class RotaryMul:
-    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode, given BSND x (1S1D cos and sin): the model's
-    [batch, heads, seq, dim] query and key are views of its [batch, seq, heads, dim] projection, so transposed back
-    they are in the layout the operator reads them in (non-contiguous input allowed), and the result is returned
-    as the same kind of view."""
+    """kernels.rotary_mul by torch_npu.npu_rotary_mul in its half mode, given BSND x (1S1D cos and sin, or BS1D where
+    the position ids differ between rows): the model's [batch, heads, seq, dim] query and key are views of its
+    [batch, seq, heads, dim] projection, so transposed back they are in the layout the operator reads them in
+    (non-contiguous input allowed), and the result is returned as the same kind of view."""
     kernel_name = "torch_npu.npu_rotary_mul"
 
     def __init__(self, rotary_mul: Callable):

@@ -19,6 +19,7 @@ from deepspeed_npu import NpuSetupError, activate, explain_import_failure
 from deepspeed_npu.__main__ import main as diagnose
 from deepspeed_npu.fused_kernels import FusionAttention
 from megatron.errors import InputError
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.kernels import PORTABLE_KERNELS, sdpa_attention, select_kernels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +143,7 @@ def test_working_npu_selects_deepspeed_npu_and_offers_fused_attention_for_traini
     assert npu.layer_norm is torch.nn.LayerNorm
     assert npu.description() == "attention torch_npu.npu_fusion_attention, AdamW(foreach=True)"
     query = torch.randn(1, 2, 4, 16)
-    npu.attention(query, query, query, None, 0.0)
+    npu.attention(query, query, query, AttentionSpec())
     assert len(module.npu_fusion_attention.calls) == 1  # the offered kernel calls torch_npu's
     assert select_kernels("npu", result.kernels, training=False).attention is sdpa_attention
 

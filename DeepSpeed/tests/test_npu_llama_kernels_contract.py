@@ -26,7 +26,11 @@ def test_the_stand_ins_have_the_schemas_signatures(name):
     assert signature_parameters(STAND_INS[name]) == schema_parameters(SCHEMAS[name])
 
 
-def loss_and_gradients(kernels, rotary_percent):
+PACKED = dict(position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1]]),
+              segment_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1]]))
+
+
+def loss_and_gradients(kernels, rotary_percent, packed=False):
     config = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=2, hidden_size=32,
                        num_attention_heads=4, num_key_value_heads=2, ffn_hidden_size=48, hidden_dropout=0.0,
                        attention_dropout=0.0, normalization="rmsnorm", add_position_embedding=False,
@@ -34,19 +38,20 @@ def loss_and_gradients(kernels, rotary_percent):
                        add_bias_linear=False, untie_embeddings_and_output_weights=True, kernels=kernels)
     model = GPTModel(config)
     tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
-    loss = model(tokens[:, :-1], labels=tokens[:, 1:])
+    loss = model(tokens[:, :-1], labels=tokens[:, 1:], **(PACKED if packed else {}))
     loss.backward()
     return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
 
 
-@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
-def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradients(rotary_percent):
+@pytest.mark.parametrize("rotary_percent, packed", [(1.0, False), (0.5, False), (1.0, True)])
+def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradients(rotary_percent, packed):
+    """Packed: documents with restarting positions, through the fusion attention's TND layout and BS1D rotary."""
     module = torch_npu()
     kernels = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
     assert (kernels.rms_norm.kernel_name, kernels.rotary_mul.kernel_name, kernels.swiglu.kernel_name) == (
         "torch_npu.npu_rms_norm", "torch_npu.npu_rotary_mul", "torch_npu.npu_swiglu")
-    expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, rotary_percent)
-    loss, gradients = loss_and_gradients(kernels, rotary_percent)
+    expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, rotary_percent, packed)
+    loss, gradients = loss_and_gradients(kernels, rotary_percent, packed)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, gradient in expected.items():
         torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)

@@ -84,8 +84,9 @@ def optimizer_tensors(engine):
 
 
 def training_step(engine, batch, before_optimizer_step=None) -> None:
-    loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                  labels=batch["labels"], loss_mask=batch["loss_mask"])
+    from megatron.data.gpt_batch import model_inputs
+
+    loss = engine(batch["tokens"], **model_inputs(batch))
     engine.backward(loss)
     if before_optimizer_step:
         before_optimizer_step()

@@ -65,6 +65,8 @@ class ModelConfig:
     yarn_mscale_all_dim: float = _flag(0.0, architecture=True)
     yarn_attention_factor: Optional[float] = _flag(None, architecture=True)  # None: from factor and mscales
     yarn_correction_range_round_to_int: bool = _flag(True, architecture=True)  # transformers' `truncate`
+    # Sliding-window attention: the earlier keys each query sees besides itself (None: all; model/attention_spec.py)
+    window_size: Optional[int] = _flag(None, architecture=True)
     swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
     num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
     add_bias_linear: bool = _flag(True, architecture=True)
@@ -132,7 +134,7 @@ ROPE_SCALING_FLAGS = ("rope_scaling_type", "rope_scaling_factor", "rope_scaling_
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
 # The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
 VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                 "rope_theta", *ROPE_SCALING_FLAGS, "swiglu", "num_key_value_heads", "add_bias_linear",
+                 "rope_theta", *ROPE_SCALING_FLAGS, "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
                  "untie_embeddings_and_output_weights")
 
 

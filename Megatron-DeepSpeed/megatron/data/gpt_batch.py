@@ -25,20 +25,17 @@ def _document_starts(is_eod):
     return torch.cummax(torch.where(after_eod, positions, 0), dim=1).values
 
 
-def _cross_document_causal_mask(is_eod):
-    """[b, 1, s, s] bool, True = masked: a query sees a key only if the key is not in its future
-    and no EOD lies between them (an EOD belongs to the document it ends)."""
-    document = torch.cumsum(is_eod, dim=1) - is_eod.long()
-    same_document = document.unsqueeze(2) == document.unsqueeze(1)
-    length = is_eod.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    return ~(same_document & causal).unsqueeze(1)
+def _segment_ids(is_eod):
+    """[b, s] int64: the index of each position's document within its row, counting the EODs before it (an EOD
+    belongs to the document it ends). Attention keeps each document to itself (model/attention_spec.py) without
+    any [b, 1, s, s] mask."""
+    return torch.cumsum(is_eod, dim=1) - is_eod.long()
 
 
 def make_batch(text, eod, *, reset_position_ids=False, reset_attention_mask=False,
                eod_mask_loss=False):
     """Model inputs from a [b, s+1] token tensor: tokens, labels, loss_mask (float), position_ids
-    and attention_mask (None when plain causal attention is meant)."""
+    and segment_ids (None when plain causal attention over the whole row is meant)."""
     if text.dim() != 2 or text.shape[1] < 2:
         raise ValueError(f"make_batch needs a [batch, seq_length + 1] tensor with "
                          f"seq_length >= 1, got shape {tuple(text.shape)}")
@@ -57,9 +54,16 @@ def make_batch(text, eod, *, reset_position_ids=False, reset_attention_mask=Fals
     else:
         position_ids = position_ids.contiguous()
 
-    attention_mask = _cross_document_causal_mask(is_eod) if reset_attention_mask else None
+    segment_ids = _segment_ids(is_eod) if reset_attention_mask else None
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
-            "attention_mask": attention_mask, "position_ids": position_ids}
+            "segment_ids": segment_ids, "position_ids": position_ids}
+
+
+def model_inputs(batch: dict) -> dict:
+    """GPTModel.forward's keyword inputs besides the tokens, from a batch of make_batch or any producer of the same
+    keys (a batch without "segment_ids" is one stream per row)."""
+    return {"position_ids": batch["position_ids"], "segment_ids": batch.get("segment_ids"),
+            "labels": batch["labels"], "loss_mask": batch["loss_mask"]}
 
 
 SEQUENCE_CHUNKED = ("tokens", "labels", "loss_mask", "position_ids")
@@ -68,7 +72,7 @@ SEQUENCE_CHUNKED = ("tokens", "labels", "loss_mask", "position_ids")
 def sequence_chunk(batch: dict, index: int, count: int) -> dict:
     """Chunk `index` of `count` equal chunks of each sequence, as upstream main's get_batch cuts it for
     DeepSpeed-Ulysses (model/ulysses.py): tokens, labels, loss mask and position ids (global positions) sliced;
-    the attention mask, which the whole-sequence attention core reads, stays whole."""
+    the segment ids, which the whole-sequence attention core reads, stay whole."""
     if count == 1:
         return batch
     length = batch["tokens"].shape[1] // count
@@ -79,11 +83,7 @@ def sequence_chunk(batch: dict, index: int, count: int) -> dict:
 def truncated_batch(batch, length):
     """Model inputs of make_batch cut to their first `length` positions (a sequence-length curriculum's batch, as
     upstream cuts it: the same tokens, labels, masks and positions, fewer of them)."""
-    cut = {name: None if tensor is None else tensor[:, :length].contiguous() for name, tensor in batch.items()
-           if name != "attention_mask"}
-    mask = batch["attention_mask"]
-    cut["attention_mask"] = None if mask is None else mask[:, :, :length, :length].contiguous()
-    return cut
+    return {name: None if tensor is None else tensor[:, :length].contiguous() for name, tensor in batch.items()}
 
 
 class BatchMaker:

@@ -2,10 +2,11 @@
 
 Prompts of different lengths are padded on the LEFT to a common length, so every row's newest token sits in
 the same column and one step feeds one column. Each row's position ids start at 0 at its first real token,
-and no real token attends to padding; a padding position attends to itself only, which keeps its (unused)
-values finite. With the KV cache (kv_cache.py) the model walks its own pieces (embedding, layers, final
-LayerNorm, tied LM head) feeding only the new column each step; without it the whole sequence goes through
-GPTModel.forward again every step, the simple oracle the cache must equal.
+and no real token attends to padding: the padding is a document of its own (segment 0, the prompt and what
+follows segment 1; model/attention_spec.py), whose (unused) values stay finite. A sliding window counts columns,
+which within a row's real tokens are its positions. With the KV cache (kv_cache.py) the model walks its own pieces
+(embedding, layers, final LayerNorm, tied LM head) feeding only the new column each step; without it the whole
+sequence goes through GPTModel.forward again every step, the simple oracle the cache must equal.
 
 Under tensor parallelism the LM head yields this rank's slice of the vocabulary; the slices are gathered
 before choosing, and the token chosen on tensor-parallel rank 0 is broadcast so all ranks continue alike.
@@ -42,22 +43,22 @@ class PaddedBatch:
         return cls(tokens.to(device), (columns - padding).clamp(min=0).to(device), (columns < padding).to(device),
                    prompt_length)
 
-    def attention_mask(self, start: int, end: int) -> torch.Tensor:
-        """bool [batch, 1, end - start, end], True = may not attend: queries are columns start..end-1, keys
-        every column before end; a query sees earlier real tokens and itself."""
-        queries = torch.arange(start, end, device=self.tokens.device).unsqueeze(1)
-        keys = torch.arange(end, device=self.tokens.device).unsqueeze(0)
-        visible = (keys <= queries) & (~self.is_padding[:, None, :end] | (keys == queries))
-        return ~visible.unsqueeze(1)
+    def segment_ids(self, end: int) -> Optional[torch.Tensor]:
+        """int64 [batch, end] of the columns before `end`: padding 0, real tokens 1; None where no row is padded
+        (one stream)."""
+        if not self.is_padding.any():
+            return None
+        return (~self.is_padding[:, :end]).long()
 
 
 def cached_step_logits(model: GPTModel, batch: PaddedBatch, cache: KVCache, end: int) -> torch.Tensor:
     """Feed the columns after the cached ones up to `end`; logits [batch, vocab (slice)] of column end - 1."""
     start = cache.length
-    hidden = model.embedding(batch.tokens[:, start:end], batch.position_ids[:, start:end])
-    attention_mask = batch.attention_mask(start, end)
+    position_ids = batch.position_ids[:, start:end]
+    hidden = model.embedding(batch.tokens[:, start:end], position_ids)
+    segment_ids = batch.segment_ids(end)
     for layer, layer_cache in zip(model.layers, cache.layers):
-        hidden = layer(hidden, attention_mask, kv_cache=layer_cache)
+        hidden = layer(hidden, position_ids, segment_ids, kv_cache=layer_cache)
     last = model.final_layernorm(hidden[:, -1])
     return model.lm_head(last, model.embedding.word_embeddings.weight)
 
@@ -65,7 +66,7 @@ def cached_step_logits(model: GPTModel, batch: PaddedBatch, cache: KVCache, end:
 def recomputed_step_logits(model: GPTModel, batch: PaddedBatch, end: int) -> torch.Tensor:
     """The whole sequence up to `end` through GPTModel.forward; logits of column end - 1."""
     logits = model(batch.tokens[:, :end], position_ids=batch.position_ids[:, :end],
-                   attention_mask=batch.attention_mask(0, end))
+                   segment_ids=batch.segment_ids(end))
     return logits[:, -1]
 
 

@@ -6,9 +6,9 @@ sitting.
            -> final norm -> LMHead (tied to the word embedding, or an output layer of its own) -> LanguageModelLoss
 
 The architecture fields (GPT-2's defaults): `normalization` LayerNorm or RMSNorm; `add_position_embedding`, and
-rotary embeddings on queries and keys (model/rotary.py; `rope_scaling`, model/rope_scaling.py); `swiglu`, a
-SiLU-gated MLP; `num_key_value_heads` below the head count, grouped-query attention; `add_bias_linear`;
-`untie_embeddings_and_output_weights`.
+rotary embeddings on queries and keys (model/rotary.py; `rope_scaling`, model/rope_scaling.py); `window_size`,
+sliding-window attention (model/attention_spec.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the
+head count, grouped-query attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megatron.errors import InputError, require_divisible
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.cross_entropy import cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
 from megatron.model.rope_scaling import RopeScaling
@@ -77,6 +78,9 @@ class GPTConfig:
     rotary_percent: float = 1.0
     rope_theta: int = 10000
     rope_scaling: RopeScaling = RopeScaling()  # llama3 / linear / yarn frequencies (model/rope_scaling.py)
+    # Sliding-window attention (None: none): each query sees itself and the window_size keys before it
+    # (model/attention_spec.py, which also maps Hugging Face's sliding_window to it).
+    window_size: Optional[int] = None
     swiglu: bool = False
     num_key_value_heads: Optional[int] = None  # None: num_attention_heads
     add_bias_linear: bool = True
@@ -213,7 +217,7 @@ class SelfAttention(nn.Module):
         self.num_heads, self.num_groups = config.num_attention_heads, config.num_key_value_heads
         self.queries_per_group = config.num_attention_heads // config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.dropout_p = config.attention_dropout
+        self.spec = AttentionSpec(window_size=config.window_size, dropout_p=config.attention_dropout)
         # Output features ordered [query groups, (its queries..., key, value), head_dim] (Megatron's grouped
         # layout; without grouped-query attention [heads, (q, k, v), head_dim]): splitting them across
         # tensor-parallel ranks hands each rank whole query groups.
@@ -231,13 +235,15 @@ class SelfAttention(nn.Module):
         # own random streams (attention dropout draws from them).
         self.checkpoint_core = checkpoint_layer
         # Which equal chunk of the sequence `hidden` is (model/ulysses.py sets it under DeepSpeed-Ulysses, which
-        # also swaps `attend` for an all-to-all around it): rotary positions start at that chunk.
+        # also swaps `attend` for an all-to-all around it): without position ids, rotary positions start there.
         self.sequence_chunk_index = 0
 
-    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                kv_cache=None) -> torch.Tensor:
-        """kv_cache (text generation, megatron/inference): keeps the keys and values of earlier positions, so
-        `hidden` holds only the new ones; attention_mask is then [batch, 1, new, all positions]."""
+    def forward(self, hidden: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                segment_ids: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
+        """position_ids [batch, seq] of `hidden`'s tokens turn the rotary embedding (None: consecutive positions);
+        segment_ids [batch, all positions]: the packed documents (model/attention_spec.py). kv_cache (text
+        generation, megatron/inference): keeps the keys and values of earlier positions, so `hidden` holds only
+        the new ones."""
         qkv = self.query_key_value(hidden)
         # Sizes come from the projection's output: under tensor parallelism it holds only this rank's heads,
         # and under sequence parallelism the whole sequence while `hidden` held only a chunk of it.
@@ -246,24 +252,26 @@ class SelfAttention(nn.Module):
         query = qkv[:, :, :, :-2].flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
         key, value = (qkv[:, :, :, i].transpose(1, 2) for i in (-2, -1))  # [b, groups, s, head_dim]
         if self.rotary is not None:
-            first = self.sequence_chunk_index * seq_length if kv_cache is None else kv_cache.length
-            query, key = self.rotary(query, first), self.rotary(key, first)
+            if position_ids is None:
+                first = self.sequence_chunk_index * seq_length if kv_cache is None else kv_cache.length
+                position_ids = torch.arange(first, first + seq_length, device=qkv.device).unsqueeze(0)
+            query, key = self.rotary(query, position_ids), self.rotary(key, position_ids)
         if kv_cache is not None:
             key, value = kv_cache.extend(key, value)
         if self.queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
             # each key/value head serves its group's query heads (a kernel that takes them grouped pairs them itself)
             key, value = (t.repeat_interleave(self.queries_per_group, dim=1) for t in (key, value))
-        dropout_p = self.dropout_p if self.training else 0.0
         if self.recompute_core and torch.is_grad_enabled():
             # Only tensors go in (DeepSpeed's partitioned checkpointing miscounts a None argument).
-            masks = () if attention_mask is None else (attention_mask,)
-            context = self.checkpoint_core(functools.partial(self.attend_core, dropout_p), query, key, value, *masks)
+            segments = () if segment_ids is None else (segment_ids,)
+            context = self.checkpoint_core(functools.partial(self.attend_core, self.training), query, key, value,
+                                           *segments)
         else:
-            context = self.attend(query, key, value, attention_mask, dropout_p)
+            context = self.attend_core(self.training, query, key, value, segment_ids)
         return self.dense(context.transpose(1, 2).reshape(batch, seq_length, -1))
 
-    def attend_core(self, dropout_p: float, query, key, value, attention_mask=None) -> torch.Tensor:
-        return self.attend(query, key, value, attention_mask, dropout_p)
+    def attend_core(self, training: bool, query, key, value, segment_ids=None) -> torch.Tensor:
+        return self.attend(query, key, value, self.spec.for_batch(segment_ids, training))
 
 
 class MLP(nn.Module):
@@ -295,10 +303,10 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                kv_cache=None) -> torch.Tensor:
-        hidden = hidden + self.dropout(self.self_attention(normalize(self.input_layernorm, hidden), attention_mask,
-                                                      kv_cache))
+    def forward(self, hidden: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                segment_ids: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
+        hidden = hidden + self.dropout(self.self_attention(normalize(self.input_layernorm, hidden), position_ids,
+                                                           segment_ids, kv_cache))
         return hidden + self.dropout(self.mlp(normalize(self.post_attention_layernorm, hidden)))
 
 
@@ -379,9 +387,19 @@ def recomputed_checkpoints(config) -> int:
     return max(1, chunks + (config.num_layers if config.recompute_granularity == "selective" else 0))
 
 
-def run_layers(layers, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+def layer_inputs(position_ids: Optional[torch.Tensor], segment_ids: Optional[torch.Tensor]) -> tuple:
+    """(names, tensors) of the layers' keyword inputs that are given: passed on as plain tensors, since
+    DeepSpeed's partitioned checkpointing miscounts a None argument."""
+    given = {name: tensor for name, tensor in (("position_ids", position_ids), ("segment_ids", segment_ids))
+             if tensor is not None}
+    return tuple(given), tuple(given.values())
+
+
+def run_layers(layers, names: tuple, hidden: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+    """The layers in turn; `tensors` are their keyword inputs `names` (layer_inputs)."""
+    inputs = dict(zip(names, tensors))
     for layer in layers:
-        hidden = layer(hidden, attention_mask)
+        hidden = layer(hidden, **inputs)
     return hidden
 
 
@@ -411,14 +429,15 @@ class GPTModel(nn.Module):
         self.checkpoint_layer = checkpoint_layer
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                attention_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                segment_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits [batch, seq, vocab] (under tensor parallelism this rank's vocabulary slice); or, given labels,
         the scalar loss.
 
-        attention_mask: None for causal attention, else bool [batch, 1, seq, seq] with True = masked.
+        position_ids: each token's position (learned and rotary embeddings; None: 0, 1, ...); segment_ids: None
+        for one causal stream, else int64 [batch, seq] packed documents (model/attention_spec.py).
         """
-        hidden = self.transformer(self.embedding(tokens, position_ids), attention_mask)
+        hidden = self.transformer(self.embedding(tokens, position_ids), position_ids, segment_ids)
         return self.head(hidden, labels, loss_mask)
 
     @property
@@ -434,12 +453,12 @@ class GPTModel(nn.Module):
         return [(self.layers[start:end], recomputed)
                 for start, end, recomputed in recomputed_chunks(self.config, len(self.layers))]
 
-    def transformer(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # Only tensors go in: DeepSpeed's partitioned checkpointing miscounts a None argument.
-        masks = () if attention_mask is None else (attention_mask,)
+    def transformer(self, hidden: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                    segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        names, tensors = layer_inputs(position_ids, segment_ids)
         for chunk, recomputed in self.layer_chunks():
-            run = functools.partial(run_layers, chunk)
-            hidden = self.checkpoint_layer(run, hidden, *masks) if recomputed else run(hidden, *masks)
+            run = functools.partial(run_layers, chunk, names)
+            hidden = self.checkpoint_layer(run, hidden, *tensors) if recomputed else run(hidden, *tensors)
         return hidden
 
     def head(self, hidden: torch.Tensor, labels: Optional[torch.Tensor] = None,

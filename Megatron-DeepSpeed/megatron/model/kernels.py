@@ -5,16 +5,17 @@ package such as the Ascend `deepspeed_npu` offers) and the result is passed into
 optimizer. Nothing is registered globally, so two models in one process can use different kernels.
 
 Kernel contracts:
-- attention(query, key, value, attention_mask, dropout_p) -> context. query/key/value/context are
-  [batch, heads, seq, head_dim]; attention_mask is None for plain causal attention, or a bool tensor
-  [batch, 1, seq, seq] where True means "may not attend" (Megatron's convention). When generating with a KV
-  cache, key/value hold more positions than query and the mask is [batch, 1, query seq, key seq]. Under
-  grouped-query attention key/value come repeated to the query's heads, unless the kernel has `takes_grouped_kv`
-  True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
+- attention(query, key, value, spec) -> context. query/key/value/context are [batch, heads, seq, head_dim]; spec is
+  a model/attention_spec.AttentionSpec: causal, sliding window, packed documents (segment_ids), dropout
+  probability and softmax scale. When generating with a KV cache, key/value hold more positions than query, the
+  queries being the last of them. Every implementation honours every field of the spec, or refuses it in one line.
+  Under grouped-query attention key/value come repeated to the query's heads, unless the kernel has
+  `takes_grouped_kv` True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
-  [1, 1, seq, dim] (model/rotary.py): rotate_half(x) is (-second half, first half) of the last dim.
+  [batch or 1, 1, seq, dim] (model/rotary.py: a row per row of position ids): rotate_half(x) is (-second half,
+  first half) of the last dim.
 - swiglu(inner) -> SiLU(gate) * up, where inner's last dim interleaves them: [..., ffn, (gate, up)] flattened.
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
@@ -36,18 +37,59 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import flex_attention
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.cross_entropy import CHUNK_BYTES
 
 
-def sdpa_attention(query, key, value, attention_mask, dropout_p):
-    """PyTorch's scaled_dot_product_attention, which picks a flash / memory-efficient path by itself; the
-    causal path passes no mask, so the flash kernel is eligible."""
-    if attention_mask is None:
-        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=True)
-    # SDPA's boolean mask marks the positions that MAY be attended: the opposite of Megatron's.
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=~attention_mask, dropout_p=dropout_p)
+def sdpa_attention(query, key, value, spec: AttentionSpec):
+    """PyTorch's scaled_dot_product_attention, which picks a flash / memory-efficient path by itself. Plain causal
+    attention passes no mask, so the flash kernel is eligible; a window or packed documents take the spec's mask,
+    built here for this call."""
+    scale = spec.scale(query.shape[-1])
+    if spec.plain_causal and query.shape[-2] == key.shape[-2]:
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=spec.dropout_p, is_causal=True,
+                                              scale=scale)
+    mask = spec.allowed(query.shape[-2], key.shape[-2], query.device)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=spec.dropout_p, scale=scale)
+
+
+class FlexAttention:
+    """sdpa_attention, except that a window or packed documents in training shapes (as many queries as keys, no
+    dropout) run through torch's FlexAttention with a block mask of the spec's rule: only the blocks the rule
+    leaves visible are computed, and no [batch, 1, seq, seq] mask exists. FlexAttention has no dropout, so
+    attention dropout keeps SDPA's masked path. The block mask of the last batch is kept: every layer of a forward
+    (and its recomputation) attends over the same documents."""
+    kernel_name = "flex_attention"
+
+    def __init__(self, compiled: bool = True):
+        """compiled False: FlexAttention's eager path, which computes every score (what CPU tests can run: the
+        compiled CPU kernel takes a minute to build and has no backward)."""
+        self._flex = (torch.compile(flex_attention.flex_attention, dynamic=False) if compiled
+                      else flex_attention.flex_attention)
+        self._last = (None, None, None)  # (causal, window, length), segment ids, their block mask
+
+    def __call__(self, query, key, value, spec: AttentionSpec):
+        if spec.plain_causal or spec.dropout_p > 0 or query.shape[-2] != key.shape[-2]:
+            return sdpa_attention(query, key, value, spec)
+        return self._flex(query, key, value, block_mask=self._block_mask(spec, query),
+                              scale=spec.scale(query.shape[-1]))
+
+    def _block_mask(self, spec: AttentionSpec, query):
+        rule, length = (spec.causal, spec.window_size, query.shape[-2]), query.shape[-2]
+        kept_rule, kept_segments, block_mask = self._last
+        if kept_rule != rule or kept_segments is not spec.segment_ids:
+            batch = 1 if spec.segment_ids is None else query.shape[0]
+            block_mask = flex_attention.create_block_mask(lambda b, h, q, k: spec.sees(b, q, k), batch, None,
+                                                          length, length, device=query.device)
+            self._last = (rule, spec.segment_ids, block_mask)
+        return block_mask
+
+
+# Where FlexAttention trains (its backward runs on CUDA; its CPU path is forward-only in torch 2.13).
+FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
 
 
 def rotate_half_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -132,6 +174,8 @@ def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, t
     kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
+    if device_name in FLEX_ATTENTION_DEVICES:
+        kernels = replace(kernels, attention=FlexAttention())
     if adaptor_kernels is not None:
         attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
         chosen = {"attention": attention, **{name: getattr(adaptor_kernels, name, None)

@@ -21,7 +21,7 @@ from deepspeed.moe.layer import MoE
 from deepspeed.utils import groups
 from torch import nn
 
-from megatron.model.gpt import MLP, GPTConfig, GPTModel, init_linear, layer_piece, seeded_init
+from megatron.model.gpt import MLP, GPTConfig, GPTModel, init_linear, layer_inputs, layer_piece, seeded_init
 
 EXPERT_SEED_STRIDE = 1_000_003  # keeps the experts' streams apart from the pieces' (seed + piece index)
 
@@ -80,11 +80,13 @@ def expert_parallel_rank(moe, parallel_state) -> int:
     return groups._get_expert_parallel_rank(name)
 
 
-def run_moe_layers(layers, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None):
-    """The layers on `hidden`, and the sum of their MoE layers' load-balancing losses."""
+def run_moe_layers(layers, names: tuple, hidden: torch.Tensor, *tensors: torch.Tensor):
+    """The layers on `hidden` (keyword inputs as gpt.run_layers), and the sum of their MoE layers' load-balancing
+    losses."""
     aux = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    inputs = dict(zip(names, tensors))
     for layer in layers:
-        hidden = layer(hidden, attention_mask)
+        hidden = layer(hidden, **inputs)
         if isinstance(layer.mlp, ExpertsMLP):
             aux = aux + layer.mlp.aux_loss.float()
     return hidden, aux
@@ -109,20 +111,21 @@ class MoEGPTModel(GPTModel):
         self.dropped_sum = torch.zeros((), dtype=torch.int64)
         self.forwards = 0
 
-    def transformer(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        masks = () if attention_mask is None else (attention_mask,)
+    def transformer(self, hidden: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                    segment_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        names, tensors = layer_inputs(position_ids, segment_ids)
         self.aux_loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for chunk, recomputed in self.layer_chunks():
-            run = functools.partial(run_moe_layers, chunk)
-            hidden, aux = self.checkpoint_layer(run, hidden, *masks) if recomputed else run(hidden, *masks)
+            run = functools.partial(run_moe_layers, chunk, names)
+            hidden, aux = self.checkpoint_layer(run, hidden, *tensors) if recomputed else run(hidden, *tensors)
             self.aux_loss = self.aux_loss + aux
         return hidden
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                attention_mask: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                segment_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """As GPTModel's; given labels, the LM loss plus --moe-loss-coeff x the load-balancing losses."""
-        output = super().forward(tokens, position_ids, attention_mask, labels, loss_mask)
+        output = super().forward(tokens, position_ids, segment_ids, labels, loss_mask)
         if labels is None:
             return output
         moe_loss = self.config.moe.loss_coeff * self.aux_loss

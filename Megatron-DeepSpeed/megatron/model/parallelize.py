@@ -45,9 +45,9 @@ class RNGForkedAttention:
     def __init__(self, kernel, rng_tracker: RNGStatesTracker):
         self.kernel, self.rng_tracker = kernel, rng_tracker
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
+    def __call__(self, query, key, value, spec):
         with self.rng_tracker.fork():
-            return self.kernel(query, key, value, attention_mask, dropout_p)
+            return self.kernel(query, key, value, spec)
 
 
 class VocabParallelLMHead(nn.Module):

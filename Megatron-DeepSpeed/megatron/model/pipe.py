@@ -7,9 +7,9 @@ then move between the two trainers and upstream's tools read ours. Upstream has 
 L+3 (a dtype cast and the [s, b, h] transposes); ours are batch-first, so those positions hold `same_inputs`.
 
     spec 0          same_inputs
-    spec 1          EmbeddingPipe   (tokens, position_ids[, attention_mask]) -> hidden[, attention_mask]
+    spec 1          EmbeddingPipe   (tokens, position_ids[, segment_ids]) -> (hidden, position_ids[, segment_ids])
     spec 2          same_inputs
-    specs 3..L+2    TransformerLayerPipe, one per layer: hidden[, attention_mask] -> the same
+    specs 3..L+2    TransformerLayerPipe, one per layer: (hidden, position_ids[, segment_ids]) -> the same
     spec L+3        same_inputs
     spec L+4        FinalLayerNormPipe: a bare LayerNorm (weight, bias) or RMSNorm (weight) that drops the mask
     spec L+5        the LM head: EmbeddingPipe again, tied (TiedLayerSpec 'embed'), scoring against its word
@@ -20,7 +20,8 @@ L+3 (a dtype cast and the [s, b, h] transposes); ours are batch-first, so those 
 Stages are cut between transformer layers (partition "type:TransformerLayerPipe"): the first stage also holds
 the embedding, the last one the final LayerNorm, the LM head and the loss. The data iterator yields
 pipeline_micro_batch(batch): the first stage reads its inputs, the last one its labels and loss mask, and the
-attention mask (when there is one) rides along between stages with the hidden states.
+position ids (rotary embeddings) and segment ids (packed documents, when there are some) ride along between
+stages with the hidden states.
 
 Every piece is built as GPTModel builds it (same seeded_init index) and then handed to `prepare` with its path in
 GPTModel (`gpt_model_path`), which under tensor parallelism shards it right away by the same plan as the plain
@@ -106,8 +107,8 @@ class EmbeddingPipe(Embedding):
         prepare(self, self.gpt_model_path)
 
     def forward(self, inputs):
-        tokens, position_ids, *attention_mask = inputs
-        return _pack(super().forward(tokens, position_ids), attention_mask)
+        tokens, *passengers = inputs
+        return _pack(super().forward(tokens, passengers[0]), passengers)
 
 
 def lm_head_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
@@ -122,8 +123,8 @@ class TransformerLayerPipe(TransformerLayer):
         prepare(self, self.gpt_model_path)
 
     def forward(self, inputs):
-        hidden, *attention_mask = _as_tuple(inputs)
-        return _pack(super().forward(hidden, *attention_mask), attention_mask)
+        hidden, *passengers = _as_tuple(inputs)
+        return _pack(super().forward(hidden, *passengers), passengers)
 
 
 class FinalLayerNormPipe(nn.Module):
@@ -182,10 +183,10 @@ def compiled_pieces(stage: PipelineModule) -> list:
 
 def pipeline_micro_batch(batch: dict) -> tuple:
     """A micro-batch of data/gpt_batch.make_batch as DeepSpeed's pipeline engine reads it: (first-stage inputs,
-    last-stage labels). The attention mask is left out when attention is plain causal."""
+    last-stage labels). The segment ids are left out when each row is one stream."""
     inputs = (batch["tokens"], batch["position_ids"])
-    if batch["attention_mask"] is not None:
-        inputs += (batch["attention_mask"],)
+    if batch.get("segment_ids") is not None:
+        inputs += (batch["segment_ids"],)
     return inputs, (batch["labels"], batch["loss_mask"])
 
 

@@ -3,8 +3,9 @@
 The first `dim` channels of each query and key head rotate by an angle proportional to the token's position
 (`--rotary-percent` of the head; the rest pass through). Channel i of the first half pairs with channel i of the
 second half (the "rotate half" form of GPT-NeoX, Megatron and Hugging Face Llama, not the interleaved pairs of
-the original paper), with frequency theta^(-2i / dim). Positions count from 0 along the sequence, whatever the
-batch's position ids say (upstream's rule); while generating with a KV cache they continue from the cached length.
+the original paper), with frequency theta^(-2i / dim). Each token turns by its own position id, so documents packed
+into one sequence with restarting positions (--reset-position-ids) each start at 0, as trained alone (upstream
+turned every row by 0, 1, ... whatever its position ids said).
 The angles are worked out in fp32 on the fly: the model holds no table that a cast to half precision would round.
 A rotary scaling rule (model/rope_scaling.py: llama3, linear, yarn) changes the frequencies and, for YaRN, scales
 the cos / sin tables.
@@ -36,11 +37,9 @@ class RotaryEmbedding:
                              "count")
         return cls(dim, float(theta), multiply, scaling)
 
-    def angles(self, length: int, offset: int, device) -> torch.Tensor:
-        """[length, dim] angles of positions offset .. offset + length - 1, each frequency twice (both halves)."""
-        positions = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
-        frequencies = self.frequencies(device)
-        angles = torch.outer(positions, frequencies)
+    def angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """[rows, seq, dim] angles of `positions` [rows, seq], each frequency twice (both halves)."""
+        angles = positions.to(torch.float32).unsqueeze(-1) * self.frequencies(positions.device)
         return torch.cat((angles, angles), dim=-1)
 
     def frequencies(self, device) -> torch.Tensor:
@@ -48,11 +47,11 @@ class RotaryEmbedding:
         base = self.theta ** (-torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
         return self.scaling.frequencies(base, self.theta)
 
-    def __call__(self, heads: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """`heads` [batch, heads, seq, head_dim] rotated by their positions (offset + 0 .. seq - 1)."""
-        angles = self.angles(heads.shape[-2], offset, heads.device)
+    def __call__(self, heads: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`heads` [batch, heads, seq, head_dim] rotated by `positions` [batch or 1, seq]."""
+        angles = self.angles(positions)
         scale = self.scaling.cos_sin_scale
-        cos, sin = ((part * scale).to(heads.dtype)[None, None]  # [1, 1, s, dim]
+        cos, sin = ((part * scale).to(heads.dtype)[:, None]  # [b or 1, 1, s, dim]
                     for part in (angles.cos(), angles.sin()))
         if self.dim == heads.shape[-1]:
             return self.multiply(heads, cos, sin)

@@ -37,30 +37,30 @@ class _LocalCore:
     def __init__(self, attend):
         self.attend = attend
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
+    def __call__(self, query, key, value, spec):
         queries_per_group = query.shape[HEADS_DIM] // key.shape[HEADS_DIM]
         if queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
             key, value = (t.repeat_interleave(queries_per_group, dim=HEADS_DIM) for t in (key, value))
-        context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), attention_mask, dropout_p)
+        context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), spec)
         return context.transpose(1, 2)
 
 
 class UlyssesAttention:
     """An attention kernel (model/kernels.py's contract: [batch, heads, seq chunk, head_dim] in and out) that
-    attends over the whole sequence through DeepSpeed's DistributedAttention. `attention_mask` is None (causal)
-    or the whole sequence's [batch, 1, seq, seq] mask, which the batch keeps whole. With `takes_grouped_kv` (the
-    key/value heads divide among the group's ranks: `key_value_heads` a multiple of its size) grouped-query key and
-    value cross the all-to-all with their own heads, not repeated to the query's: each rank's block of query heads
-    is served by its block of key/value heads, so the exchange moves no repeated bytes."""
+    attends over the whole sequence through DeepSpeed's DistributedAttention. The spec's segment_ids cover the
+    whole sequence (the batch keeps them whole while it cuts the tokens), as the core attends over all of it. With
+    `takes_grouped_kv` (the key/value heads divide among the group's ranks: `key_value_heads` a multiple of its size)
+    grouped-query key and value cross the all-to-all with their own heads, not repeated to the query's: each rank's
+    block of query heads is served by its block of key/value heads, so the exchange moves no repeated bytes."""
 
     def __init__(self, attend, group, key_value_heads: int):
         self.distributed = DistributedAttention(_LocalCore(attend), group, scatter_idx=HEADS_DIM,
                                                 gather_idx=SEQUENCE_DIM)
         self.takes_grouped_kv = key_value_heads % dist.get_world_size(group) == 0
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
+    def __call__(self, query, key, value, spec):
         query, key, value = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-        context = self.distributed(query, key, value, BATCH_DIM, None, attention_mask, dropout_p)
+        context = self.distributed(query, key, value, BATCH_DIM, None, spec)
         return context.transpose(1, 2)
 
 

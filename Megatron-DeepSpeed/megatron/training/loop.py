@@ -32,7 +32,7 @@ from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_c
 from megatron.config.job import CheckpointConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
 from megatron.data.data_loaders import build_data_loader, build_datasets
-from megatron.data.gpt_batch import BatchMaker, truncated_batch
+from megatron.data.gpt_batch import BatchMaker, model_inputs, truncated_batch
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, recomputed_checkpoints
 from megatron.model.gpt_config import gpt_config
@@ -142,8 +142,7 @@ def train_step(engine, batches: Batches, num_micro_batches: int, parallel: Paral
         # --rampup-batch-size change of accumulation steps can leave out of step with the iteration.
         engine.set_gradient_accumulation_boundary(index == num_micro_batches - 1)
         batch = next(batches)
-        loss = engine(batch["tokens"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
-                      labels=batch["labels"], loss_mask=batch["loss_mask"])
+        loss = engine(batch["tokens"], **model_inputs(batch))
         with contextlib.nullcontext() if reduce_gradients else engine.no_sync():
             engine.backward(loss)
         engine.step()  # DeepSpeed steps the optimizer only at the gradient-accumulation boundary
@@ -167,9 +166,7 @@ def evaluate(engine, batches: Batches, eval_iters: int, num_micro_batches: int, 
     with torch.no_grad():
         for _ in range(eval_iters * num_micro_batches):
             batch = next(batches)
-            total += engine(batch["tokens"], position_ids=batch["position_ids"],
-                            attention_mask=batch["attention_mask"], labels=batch["labels"],
-                            loss_mask=batch["loss_mask"]).float()
+            total += engine(batch["tokens"], **model_inputs(batch)).float()
     engine.train()
     moe = take_moe_figures(engine.module, parallel)  # the LM loss alone, as upstream evaluates
     return moe.lm_loss if moe else data_parallel_mean(total / (eval_iters * num_micro_batches), parallel)

@@ -39,7 +39,7 @@ EVERY_FLAG_CHANGED = ModelConfig(
 EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
-    rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
+    rope_theta=500000, window_size=7, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
     untie_embeddings_and_output_weights=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
     rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0,
     rope_scaling_original_max_position_embeddings=10,
@@ -47,7 +47,8 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     yarn_correction_range_round_to_int=False)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
-                        "--rotary-percent", "0.5", "--rotary-base", "500000", "--swiglu", "--num-key-value-heads", "2",
+                        "--rotary-percent", "0.5", "--rotary-base", "500000", "--window-size", "7,0", "--swiglu",
+                        "--num-key-value-heads", "2",
                         "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--rope-scaling-type",
                         "yarn", "--rope-scaling-factor", "4", "--rope-scaling-low-freq-factor", "2",
                         "--rope-scaling-high-freq-factor", "8", "--yarn-original-max-position-embeddings", "10",
@@ -108,7 +109,7 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
     assert set(ARCHITECTURE_FLAGS) == {"num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                                       "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
+                                       "rope_theta", "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
                                        "untie_embeddings_and_output_weights", *ROPE_SCALING_FLAGS}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
@@ -132,7 +133,7 @@ def assert_built_as(model: GPTModel, expected: ModelConfig, dropout: tuple):
         assert isinstance(attention.attend, UnfusedAttention) is not expected.masked_softmax_fusion
         assert attention.attend.coefficient == (index + 1 if expected.apply_query_key_layer_scaling else None)
         assert attention.attend.softmax_in_fp32 is expected.attention_softmax_in_fp32
-        assert (layer.dropout.p, attention.dropout_p) == dropout
+        assert (layer.dropout.p, attention.spec.dropout_p) == dropout
     assert model.embedding.dropout.p == dropout[0]
 
 
@@ -201,6 +202,7 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     attention = model.layers[0].self_attention
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
     assert attention.rotary.scaling == RopeScaling("yarn", 4.0, 10, 2.0, 8.0, 16.0, 2.0, 0.9, 0.5, 1.2, False)
+    assert attention.spec.window_size == 7
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
                                          r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.data.gpt_batch import BatchMaker, collate, make_batch
+from megatron.data.gpt_batch import BatchMaker, collate, make_batch, model_inputs, sequence_chunk
+from megatron.model.attention_spec import AttentionSpec
 
 EOD = 0
 # Tokens (the first 7) hold EODs at positions 1 and 4: documents {0, 1}, {2, 3, 4}, {5, 6}.
@@ -36,7 +37,7 @@ def test_tokens_and_labels_are_the_two_shifted_views():
 
 def test_defaults_mean_one_causal_stream():
     batch = make_batch(TEXT, EOD)
-    assert batch["attention_mask"] is None
+    assert batch["segment_ids"] is None
     assert batch["position_ids"].tolist() == [list(range(7))] * 2
     assert batch["loss_mask"].dtype == torch.float32
     assert batch["loss_mask"].tolist() == [[1.0] * 7] * 2
@@ -50,14 +51,20 @@ def test_eod_mask_loss_zeroes_the_eod_positions():
 def test_reset_position_ids_restarts_after_each_eod():
     batch = make_batch(TEXT, EOD, reset_position_ids=True)
     assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2, 0, 1], list(range(7))]
-    assert batch["attention_mask"] is None
+    assert batch["segment_ids"] is None
+
+
+def may_not_attend(segment_ids):
+    """The [b, 1, s, s] mask (True = may not attend) the attention kernels make of the batch's segment ids."""
+    return ~AttentionSpec(segment_ids=segment_ids).allowed(segment_ids.shape[1], segment_ids.shape[1], "cpu")
 
 
 def test_reset_attention_mask_blocks_attention_across_documents():
-    mask = make_batch(TEXT, EOD, reset_attention_mask=True)["attention_mask"]
-    assert mask.dtype == torch.bool and mask.shape == (2, 1, 7, 7)
+    segment_ids = make_batch(TEXT, EOD, reset_attention_mask=True)["segment_ids"]
+    # One document index per token (an EOD in the document it ends), never a [b, 1, s, s] tensor.
+    assert segment_ids.dtype == torch.int64 and segment_ids.tolist() == [[0, 0, 1, 1, 1, 2, 2], [0] * 7]
     expected = torch.tensor([[MAY_ATTEND_TWO_EODS], [MAY_ATTEND_CAUSAL]], dtype=torch.float)
-    assert torch.equal(mask, expected < 0.5)
+    assert torch.equal(may_not_attend(segment_ids), expected < 0.5)
     # Reset attention alone leaves the position ids running.
     assert make_batch(TEXT, EOD, reset_attention_mask=True)["position_ids"].tolist()[0] == \
         list(range(7))
@@ -89,7 +96,7 @@ def test_matches_megatrons_loop_on_random_documents(seed):
     text[0, 0] = text[1, 15] = EOD
     batch = make_batch(text, EOD, reset_position_ids=True, reset_attention_mask=True)
     mask, positions = megatron_loop(text[:, :-1], EOD, True, True)
-    assert torch.equal(batch["attention_mask"], mask)
+    assert torch.equal(may_not_attend(batch["segment_ids"]), mask)
     assert torch.equal(batch["position_ids"], positions)
 
 
@@ -119,6 +126,22 @@ def test_the_loaders_batch_maker_is_make_batch_of_the_stacked_samples():
     samples = [{"text": row.numpy()} for row in TEXT]
     maker = pickle.loads(pickle.dumps(BatchMaker(EOD, reset_position_ids=True, eod_mask_loss=True)))  # to workers
     made, expected = maker(samples), make_batch(TEXT, EOD, reset_position_ids=True, eod_mask_loss=True)
-    assert made.keys() == expected.keys() and made["attention_mask"] is None
+    assert made.keys() == expected.keys() and made["segment_ids"] is None
     for name in ("tokens", "labels", "loss_mask", "position_ids"):
         assert torch.equal(made[name], expected[name]), name
+
+
+def test_a_ulysses_chunk_cuts_the_tokens_and_keeps_the_segment_ids_whole():
+    text = torch.tensor([[1, 2, EOD, 3, 4, 5, EOD, 6, 7]])
+    whole = make_batch(text, EOD, reset_position_ids=True, reset_attention_mask=True)
+    second = sequence_chunk(whole, 1, 2)
+    for name in ("tokens", "labels", "loss_mask", "position_ids"):
+        assert torch.equal(second[name], whole[name][:, 4:]), name
+    assert second["segment_ids"] is whole["segment_ids"]  # the attention core attends over the whole sequence
+    assert second["position_ids"].tolist() == [[1, 2, 3, 0]]
+
+
+def test_model_inputs_read_a_batch_without_segment_ids_as_one_stream():
+    batch = make_batch(TEXT, EOD)
+    del batch["segment_ids"]  # another producer's batch (e.g. fine-tuning's) may leave the key out
+    assert model_inputs(batch)["segment_ids"] is None and model_inputs(batch)["labels"] is batch["labels"]

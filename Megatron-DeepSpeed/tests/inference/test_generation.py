@@ -12,6 +12,7 @@ from megatron.errors import InputError
 from megatron.inference.generation import PaddedBatch, generate_batch
 from megatron.inference.prompts import gather_prompts, read_prompt_file, tokenize_prompts
 from megatron.inference.sampling import SamplingParams, filter_logits, prompt_generators
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.gpt_config import model_config_of
 from megatron.tokenizer.null_tokenizer import NullTokenizer
@@ -108,14 +109,15 @@ def test_left_padding_positions_and_masks():
     assert batch.prompt_length == 3
     assert batch.tokens.tolist() == [[5, 6, 7, 0, 0], [0, 0, 8, 0, 0]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]]
-    masked = batch.attention_mask(0, 4)  # True = may not attend
-    assert masked.shape == (2, 1, 4, 4)
-    assert masked[1, 0].int().tolist() == [[0, 1, 1, 1],  # a padding position sees itself only
-                                           [1, 0, 1, 1],
-                                           [1, 1, 0, 1],  # the first real token: itself
-                                           [1, 1, 0, 0]]
-    assert masked[0, 0].int().tolist() == [[0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]
-    assert batch.attention_mask(3, 4)[1, 0].int().tolist() == [[1, 1, 0, 0]]  # one new query over the cache
+    # The padding is a document of its own: no real token sees it (model/attention_spec.py draws the masks).
+    assert batch.segment_ids(4).tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
+    seen = AttentionSpec(segment_ids=batch.segment_ids(4)).allowed(4, 4, "cpu")
+    assert seen[1, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    assert seen[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    cached = AttentionSpec(segment_ids=batch.segment_ids(4)).allowed(1, 4, "cpu")  # one new query over the cache
+    assert cached[1, 0].int().tolist() == [[0, 0, 1, 1]]
+    unpadded = PaddedBatch.left_padded([[5, 6], [7, 8]], max_new_tokens=1, pad_id=0, device=torch.device("cpu"))
+    assert unpadded.segment_ids(3) is None  # one stream: the kernels' mask-free causal path
 
 
 def test_top_k_top_p_and_temperature_by_hand():

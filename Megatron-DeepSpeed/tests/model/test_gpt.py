@@ -10,6 +10,7 @@ import torch
 from megatron.checkpoint.convert.hf_gpt2 import to_hf_tensors
 from megatron.errors import InputError
 from megatron.model import gpt, kernels
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.gpt import GPTConfig, GPTModel
 
 SMALL = dict(vocab_size=96, max_position_embeddings=16, num_layers=2, hidden_size=32, num_attention_heads=4,
@@ -146,26 +147,57 @@ def causal_mask(batch, seq):
     return torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1).expand(batch, 1, seq, seq)
 
 
-def test_explicit_causal_mask_equals_default():
+def test_one_segment_equals_one_stream():
     model = small_model().eval()
     tokens = random_tokens(96)
     with torch.no_grad():
-        assert torch.allclose(model(tokens, attention_mask=causal_mask(2, 12)), model(tokens), atol=1e-6)
+        assert torch.allclose(model(tokens, segment_ids=torch.zeros(2, 12, dtype=torch.long)), model(tokens),
+                              atol=1e-6)
 
 
-def test_reset_attention_mask_isolates_documents():
+ROTARY = dict(use_rotary_position_embeddings=True, add_position_embedding=False, normalization="rmsnorm")
+
+
+@pytest.mark.parametrize("variant", [{}, ROTARY], ids=["learned-positions", "rotary"])
+def test_reset_attention_mask_isolates_documents(variant):
     """Two documents packed in one sample, with Megatron's --reset-attention-mask/--reset-position-ids:
-    the second document's logits equal those of running it alone."""
-    model = small_model().eval()
+    each document's logits equal those of running it alone (rotary embeddings turn by the restarting positions)."""
+    model = small_model(**variant).eval()
     first_doc, second_doc = random_tokens(96, batch=1, seq=5, seed=4), random_tokens(96, batch=1, seq=7, seed=5)
     packed = torch.cat([first_doc, second_doc], dim=1)
-    mask = causal_mask(1, 12).clone()
-    mask[..., 5:, :5] = True
+    segment_ids = torch.tensor([[0] * 5 + [1] * 7])
     position_ids = torch.cat([torch.arange(5), torch.arange(7)]).unsqueeze(0)
     with torch.no_grad():
-        packed_logits = model(packed, position_ids=position_ids, attention_mask=mask)
-        assert torch.allclose(packed_logits[:, 5:], model(second_doc), atol=1e-5)
-        assert torch.allclose(packed_logits[:, :5], model(first_doc), atol=1e-5)
+        packed_logits = model(packed, position_ids=position_ids, segment_ids=segment_ids)
+        torch.testing.assert_close(packed_logits[:, 5:], model(second_doc), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed_logits[:, :5], model(first_doc), rtol=1e-5, atol=1e-5)
+
+
+MISTRAL_LIKE = dict(ROTARY, window_size=2, swiglu=True, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("variant", [{}, ROTARY, MISTRAL_LIKE], ids=["gpt2", "rotary", "rotary-window"])
+def test_a_packed_batch_gives_each_example_its_loss_and_gradients_alone(variant):
+    """Three examples packed into one row (segment ids, restarting positions): the loss over one example's tokens
+    and its gradients equal training that example alone (fp32, 1e-5)."""
+    lengths = (4, 6, 5)
+    examples = [random_tokens(96, batch=1, seq=length + 1, seed=10 + index) for index, length in enumerate(lengths)]
+    packed = dict(tokens=torch.cat([e[:, :-1] for e in examples], 1), labels=torch.cat([e[:, 1:] for e in examples], 1),
+                  segment_ids=torch.cat([torch.full((1, n), i) for i, n in enumerate(lengths)], 1),
+                  position_ids=torch.cat([torch.arange(n) for n in lengths])[None])
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    for index, example in enumerate(examples):
+        model = small_model(**variant)
+        alone = model(example[:, :-1], labels=example[:, 1:])
+        expected = torch.autograd.grad(alone, list(model.parameters()))
+        loss_mask = torch.zeros(1, sum(lengths))
+        loss_mask[:, ends[index] - lengths[index]:ends[index]] = 1
+        loss = model(packed["tokens"], labels=packed["labels"], loss_mask=loss_mask,
+                     position_ids=packed["position_ids"], segment_ids=packed["segment_ids"])
+        torch.testing.assert_close(loss, alone, rtol=1e-5, atol=1e-6)
+        gradients = torch.autograd.grad(loss, list(model.parameters()))
+        for (name, _), grad, expected_grad in zip(model.named_parameters(), gradients, expected):
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
 # --- activation checkpointing and dropout ------------------------------------------------------------
@@ -241,7 +273,7 @@ def test_fused_adamw_follows_the_dispatcher():
 
 
 def test_an_adaptor_training_attention_is_not_used_for_inference():
-    def training_attention(query, key, value, attention_mask, dropout_p):
+    def training_attention(query, key, value, spec):
         raise AssertionError("documented for training only")
     adaptor = SimpleNamespace(attention=training_attention)
     assert kernels.select_kernels("npu", adaptor).attention is training_attention
@@ -251,9 +283,9 @@ def test_an_adaptor_training_attention_is_not_used_for_inference():
 def test_attention_kernel_passed_in_is_used_by_the_model():
     calls = []
 
-    def counting_attention(query, key, value, attention_mask, dropout_p):
+    def counting_attention(query, key, value, spec):
         calls.append(query.shape)
-        return kernels.sdpa_attention(query, key, value, attention_mask, dropout_p)
+        return kernels.sdpa_attention(query, key, value, spec)
 
     small_model(kernels=replace(kernels.PORTABLE_KERNELS, attention=counting_attention))(random_tokens(96))
     assert calls == [(2, 4, 12, 8)] * 2  # [batch, heads, seq, head_dim], once per layer
@@ -265,9 +297,9 @@ def test_sdpa_attention_matches_softmax_by_hand():
     mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]], dtype=torch.bool)
     scores = (query @ key.transpose(-1, -2)) / math.sqrt(8)
     expected = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ value
-    got = kernels.sdpa_attention(query, key, value, mask.expand(1, 1, 4, 4), 0.0)
+    got = kernels.sdpa_attention(query, key, value, AttentionSpec(window_size=1))  # itself and the key before
     assert torch.allclose(got, expected, atol=1e-6)
-    causal = kernels.sdpa_attention(query, key, value, None, 0.0)
+    causal = kernels.sdpa_attention(query, key, value, AttentionSpec())
     expected_causal = torch.softmax(scores.masked_fill(causal_mask(1, 4), float("-inf")), dim=-1) @ value
     assert torch.allclose(causal, expected_causal, atol=1e-6)
 

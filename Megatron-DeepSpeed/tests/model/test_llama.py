@@ -65,15 +65,20 @@ def hf_weights(model: GPTModel) -> dict:
     return weights
 
 
-def hf_llama(model: GPTModel):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_llama(model: GPTModel, sliding_window=None):
+    """transformers' LlamaForCausalLM on `model`'s weights; with a sliding window, its MistralForCausalLM (the same
+    parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
     config = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
+    kind, options = (LlamaForCausalLM, LlamaConfig) if sliding_window is None else (
+        MistralForCausalLM, lambda **kw: MistralConfig(sliding_window=sliding_window, **kw))
+    hf = kind(options(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.ffn_hidden_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.layernorm_epsilon, rope_theta=config.rope_theta, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, attn_implementation="eager"))
+        attn_implementation="eager", **({"attention_bias": False, "mlp_bias": False} if sliding_window is None
+                                        else {})))
     weights = hf_weights(model)
     with torch.no_grad():
         for name, parameter in hf.named_parameters():
@@ -99,6 +104,24 @@ def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_h
         assert generated == expected[0, len(prompt):].tolist()
 
 
+def test_a_sliding_window_equals_transformers_mistral_and_generates_the_same_past_the_window():
+    """Hugging Face's sliding_window 4 is window_size 3 (model/attention_spec.py); prompts longer than the window
+    generate through the KV cache as transformers' generate does."""
+    model = GPTModel(llama_config(window_size=3)).eval()
+    hf = hf_llama(model, sliding_window=4)
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(GPTModel(llama_config()).eval()(tokens)[:, 4:], model(tokens)[:, 4:])
+    prompts = [[5, 9, 2, 7, 1, 4, 6, 3], [3, 8]]
+    ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
+                                  use_kv_cache=cache) for cache in (True, False)}
+    assert ours[True] == ours[False]
+    for prompt, generated in zip(prompts, ours[True]):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert generated == expected[0, len(prompt):].tolist()
+
+
 @pytest.mark.low_precision
 def test_bf16_with_an_fp32_residual_stream_follows_fp32():
     """RMSNorm on the fp32 stream normalises in fp32 with the bf16 weight upcast (model/gpt.py's normalize)."""
@@ -114,14 +137,14 @@ def test_bf16_with_an_fp32_residual_stream_follows_fp32():
 def test_rotary_percent_rotates_the_first_channels_and_keeps_distances():
     rotary = RotaryEmbedding.for_heads(head_dim=8, percent=0.5, theta=10000)
     heads = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
-    rotated = rotary(heads)
+    rotated = rotary(heads, torch.arange(5)[None])
     assert torch.equal(rotated[..., 4:], heads[..., 4:]) and not torch.allclose(rotated[..., :4], heads[..., :4])
     # channel i pairs with i + dim/2: a complex number turned by position x theta^(-2i/dim)
     pairs = torch.complex(heads[..., :2], heads[..., 2:4])
     angles = torch.arange(5.0)[:, None] * 10000.0 ** (-torch.arange(0, 4, 2) / 4)
     turned = pairs * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(rotated[..., :4], torch.cat((turned.real, turned.imag), dim=-1))
-    shifted = rotary(heads, offset=7)
+    shifted = rotary(heads, torch.arange(7, 12)[None])
     scores = rotated @ rotated.transpose(-1, -2)
     torch.testing.assert_close(shifted @ shifted.transpose(-1, -2), scores)  # q.k depends on distance only
     with pytest.raises(InputError, match=r"^--rotary-percent 0.1 of the head size 8 is 0 channels"):

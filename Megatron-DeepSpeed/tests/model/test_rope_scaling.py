@@ -74,12 +74,12 @@ def test_cos_sin_tables_equal_transformers_past_the_original_context(case):
     cos, sin = reference(heads, torch.arange(LONGEST)[None])
     rotary = RotaryEmbedding.for_heads(HEAD_DIM, 1.0, THETA, scaling=scaling)
     offset = 40  # as a KV cache continues past the original context
-    angles = rotary.angles(LONGEST - offset, offset, "cpu")
+    angles = rotary.angles(torch.arange(offset, LONGEST)[None])[0]
     scale = rotary.scaling.cos_sin_scale
     torch.testing.assert_close(angles.cos() * scale, cos[0, offset:], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(angles.sin() * scale, sin[0, offset:], rtol=1e-5, atol=1e-6)
     query = torch.randn(2, 3, LONGEST, HEAD_DIM, generator=torch.Generator().manual_seed(0))
-    rotated = rotary(query)
+    rotated = rotary(query, torch.arange(LONGEST)[None])
     expected = query * cos[None] + torch.cat((-query[..., HEAD_DIM // 2:], query[..., :HEAD_DIM // 2]), -1) * sin[None]
     torch.testing.assert_close(rotated, expected, rtol=1e-5, atol=1e-5)
 

@@ -82,11 +82,12 @@ def test_grouped_key_value_heads_are_repeated_after_the_all_to_all_not_before():
     """Under Ulysses a layer's grouped-query key/value cross the all-to-all with their own heads (UlyssesAttention's
     takes_grouped_kv where they divide among the ranks); the local core then pairs each query head with its group's
     key/value head, as the model's repeat would have, for a kernel that needs them repeated."""
+    from megatron.model.attention_spec import AttentionSpec
     from megatron.model.kernels import sdpa_attention
     from megatron.model.ulysses import _LocalCore
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(2, 6, 4, 8, generator=generator)  # [batch, seq, heads, head_dim], as DeepSpeed calls it
     key, value = (torch.randn(2, 6, 2, 8, generator=generator) for _ in range(2))
-    context = _LocalCore(sdpa_attention)(query, key, value, None, 0.0)
+    context = _LocalCore(sdpa_attention)(query, key, value, AttentionSpec())
     repeated = [t.repeat_interleave(2, dim=2).transpose(1, 2) for t in (key, value)]
-    torch.testing.assert_close(context, sdpa_attention(query.transpose(1, 2), *repeated, None, 0.0).transpose(1, 2))
+    torch.testing.assert_close(context, sdpa_attention(query.transpose(1, 2), *repeated, AttentionSpec()).transpose(1, 2))

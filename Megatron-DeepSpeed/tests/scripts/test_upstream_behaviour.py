@@ -11,6 +11,7 @@ from megatron.config.batch_schedule import BatchSchedule
 from megatron.config.learning_rates import learning_rate
 from megatron.data.samplers import MegatronPretrainingRandomSampler
 from megatron.errors import InputError
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.kernels import sdpa_attention
 from megatron.model.unfused_attention import UnfusedAttention
@@ -100,21 +101,18 @@ def qkv(dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("scaling, fp32", [(False, False), (True, True)])
 def test_unfused_attention_equals_the_fused_kernel_in_fp32(scaling, fp32):
     query, key, value = qkv()
-    padding = torch.zeros(2, 1, 8, 8, dtype=torch.bool)
-    padding[..., 5:] = True  # a reset-attention-mask style mask
-    mask = padding | torch.ones(8, 8, dtype=torch.bool).triu(1)
-    for attention_mask in (None, mask):
+    documents = AttentionSpec(segment_ids=torch.tensor([[0] * 5 + [1] * 3, [0] * 8]))  # --reset-attention-mask
+    for spec in (AttentionSpec(), documents):
         unfused = UnfusedAttention(layer_number=7, apply_query_key_layer_scaling=scaling, softmax_in_fp32=fp32)
-        torch.testing.assert_close(unfused(query, key, value, attention_mask, 0.0),
-                                   sdpa_attention(query, key, value, attention_mask, 0.0))
+        torch.testing.assert_close(unfused(query, key, value, spec), sdpa_attention(query, key, value, spec))
 
 
 def test_unfused_causal_mask_aligns_new_queries_with_the_last_keys():
     # As with a KV cache: the last 3 queries against all 8 keys give the last 3 rows of the full attention.
     query, key, value = qkv()
     unfused = UnfusedAttention(2, apply_query_key_layer_scaling=True, softmax_in_fp32=False)
-    torch.testing.assert_close(unfused(query[:, :, -3:], key, value, None, 0.0),
-                               unfused(query, key, value, None, 0.0)[:, :, -3:])
+    torch.testing.assert_close(unfused(query[:, :, -3:], key, value, AttentionSpec()),
+                               unfused(query, key, value, AttentionSpec())[:, :, -3:])
 
 
 @pytest.mark.low_precision
@@ -123,8 +121,8 @@ def test_query_key_layer_scaling_keeps_large_fp16_scores_finite():
     query = key = value = torch.full((1, 1, 4, 16), 300.0, dtype=torch.float16)
     scaled = UnfusedAttention(64, apply_query_key_layer_scaling=True, softmax_in_fp32=False)
     unscaled = UnfusedAttention(64, apply_query_key_layer_scaling=False, softmax_in_fp32=True)
-    assert torch.isfinite(scaled(query, key, value, None, 0.0)).all()
-    assert not torch.isfinite(unscaled(query, key, value, None, 0.0)).all()
+    assert torch.isfinite(scaled(query, key, value, AttentionSpec())).all()
+    assert not torch.isfinite(unscaled(query, key, value, AttentionSpec())).all()
 
 
 @pytest.mark.parametrize("scaling, fp32, softmax_dtype", [(False, False, torch.bfloat16), (False, True, torch.float32),
@@ -134,7 +132,7 @@ def test_softmax_precision_under_bf16(scaling, fp32, softmax_dtype, monkeypatch)
     seen, softmax = [], torch.softmax
     monkeypatch.setattr(torch, "softmax", lambda scores, dim: seen.append(scores.dtype) or softmax(scores, dim))
     query, key, value = qkv(torch.bfloat16)
-    output = UnfusedAttention(4, scaling, fp32)(query, key, value, None, 0.0)
+    output = UnfusedAttention(4, scaling, fp32)(query, key, value, AttentionSpec())
     assert seen == [softmax_dtype] and output.dtype == torch.bfloat16
 
 

@@ -87,8 +87,8 @@ class RecordingAttention:
     def __init__(self):
         self.masks = []
 
-    def __call__(self, query, key, value, attention_mask, dropout_p):
-        seq = query.shape[-2]
+    def __call__(self, query, key, value, spec):
+        seq, dropout_p = query.shape[-2], spec.dropout_p
         scores = query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])
         future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
         keep = F.dropout(torch.ones_like(scores), dropout_p)

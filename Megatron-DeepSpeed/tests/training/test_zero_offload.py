@@ -25,7 +25,7 @@ def test_dp2_with_offloaded_optimizer_equals_single_process(stage, data_prefix, 
 def offloaded_engine_facts(stage: str) -> dict:
     """Build the engine as pretrain() does, take one step, and describe where its optimizer state lives."""
     from megatron.config.arguments import job_config, validate_args
-    from megatron.data.gpt_batch import make_batch
+    from megatron.data.gpt_batch import make_batch, model_inputs
     from megatron.model.kernels import select_kernels
     from megatron.model.provider import model_provider
     from megatron.parallel_state import ParallelState
@@ -42,9 +42,7 @@ def offloaded_engine_facts(stage: str) -> dict:
                            tensor_parallel_rng_tracker(config.model.seed, 0))
     engine, _, _ = build_engine(model, config, kernels, parallel)
     batch = make_batch(torch.randint(0, 200, (2, 33)), 200)
-    engine.backward(engine(batch["tokens"], position_ids=batch["position_ids"],
-                           attention_mask=batch["attention_mask"], labels=batch["labels"],
-                           loss_mask=batch["loss_mask"]))
+    engine.backward(engine(batch["tokens"], **model_inputs(batch)))
     engine.step()
     model_storages = {p.untyped_storage().data_ptr() for p in engine.module.parameters()}
     # Keyed by the tensors Adam stepped (ZeRO-3 puts them into param_groups only during its step).

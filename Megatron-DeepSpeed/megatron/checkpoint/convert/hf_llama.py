@@ -43,7 +43,7 @@ HF_KEYS = (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),
            ("attention_dropout", "attention_dropout"))
 # The flags a Llama model has by definition (what holds() checks and an import sets).
 LLAMA_FLAGS = {"normalization": "rmsnorm", "add_position_embedding": False, "use_rotary_position_embeddings": True,
-               "rotary_percent": 1.0, "swiglu": True}
+               "rotary_percent": 1.0, "swiglu": True, "window_size": None}
 # Set on import unless config.json carries our own: transformers' Llama has no hidden dropout and scales attention
 # scores by 1/sqrt(d) only.
 IMPORT_FLAGS = {"hidden_dropout": 0.0, "apply_query_key_layer_scaling": False}

@@ -31,7 +31,8 @@ def add_flags(parser) -> None:
     group.add_argument("--reset-position-ids", action="store_true",
                        help="Restart position ids after each end-of-document token.")
     group.add_argument("--reset-attention-mask", action="store_true",
-                       help="Do not attend across end-of-document tokens.")
+                       help="Do not attend across end-of-document tokens: each document attends within itself "
+                            "(the batch carries segment ids; no [seq, seq] mask is built).")
     group.add_argument("--data-impl", choices=DATA_IMPLS, default="infer",
                        help="Accepted for every upstream value; all read the 'mmap' .bin/.idx files (a legacy "
                             "lazy/cached index is refused with a message saying how to convert it).")

@@ -1,6 +1,6 @@
 """Model flags: the shape (--num-layers ... or a --model-size preset), numerics, initialisation and upstream's
 kernel switches; their checks, and the ModelConfig section."""
-from typing import Mapping
+from typing import Mapping, Optional
 
 from megatron.config.flags.common import Limits, after_preset, flag
 from megatron.config.model_config import ROPE_SCALING_DEFAULTS, ModelConfig
@@ -68,6 +68,11 @@ def _add_architecture_variants(parser) -> None:
     group.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=int, dest="rope_theta",
                        help="The rotary base theta (Llama 2: 10000, Llama 3: 500000). "
                             + after_preset(PRESET_DEFAULTS["rope_theta"]))
+    group.add_argument("--window-size", type=str, default=None, metavar="LEFT,RIGHT",
+                       help="Sliding-window attention, as Megatron-LM spells it: each query sees itself and the "
+                            "LEFT keys before it (Hugging Face's sliding_window W is LEFT = W - 1); RIGHT must be 0 "
+                            "(a causal model sees no later key); LEFT -1 or no flag: no window. LEFT alone is "
+                            "accepted.")
     group.add_argument("--no-position-embedding", action="store_false", default=None, dest="add_position_embedding",
                        help="No learned absolute position table.")
     group.add_argument("--swiglu", action="store_true", default=None,
@@ -240,8 +245,24 @@ def shape(values: Mapping) -> dict:
         raise InputError(f"--rope-scaling-type {values['rope_scaling_type']} scales rotary position embeddings; "
                          "add --use-rotary-position-embeddings or drop it")
     return {"ffn_hidden_size": ffn, "max_position_embeddings": positions, "num_key_value_heads": kv_heads,
+            "window_size": window_size(values["window_size"]),
             "add_position_embedding": values["add_position_embedding"] and
             not values["use_rotary_position_embeddings"]}
+
+
+def window_size(flag: Optional[str]) -> Optional[int]:
+    """Megatron-LM's --window-size "LEFT,RIGHT" (or LEFT) as the model's window_size: LEFT, or None for no
+    window."""
+    if flag is None:
+        return None
+    parts = flag.split(",")
+    if len(parts) > 2 or not all(part.strip().lstrip("-").isdigit() for part in parts):
+        raise InputError(f"--window-size {flag!r} is not LEFT,RIGHT (two integers, e.g. 4095,0) or LEFT")
+    left, right = (int(part) for part in (parts + ["0"])[:2])
+    if right != 0 or left < -1:
+        raise InputError(f"--window-size {flag}: only causal windows are supported, LEFT 0 or more (or -1 for "
+                         "none) and RIGHT 0, e.g. --window-size 4095,0")
+    return None if left == -1 else left
 
 
 def validate(values: Mapping) -> None:
