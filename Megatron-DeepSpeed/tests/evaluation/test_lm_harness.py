@@ -74,10 +74,16 @@ def evaluate(harness, model: str, model_args: str, **options):
                                    batch_size=3, log_samples=True, **options)
 
 
-def test_a_tp2_pp2_checkpoint_scores_as_its_hf_export(harness):
+@pytest.fixture(scope="module")
+def scores(harness):
+    """(ours, lm-eval's hf model's on the export): simple_evaluate's results with every request's answer."""
     _, _, checkpoint, exported = harness
-    ours = evaluate(harness, "megatron_gpt", f"load={checkpoint}")
-    theirs = evaluate(harness, "hf", f"pretrained={exported},dtype=float32", device="cpu")
+    return (evaluate(harness, "megatron_gpt", f"load={checkpoint}"),
+            evaluate(harness, "hf", f"pretrained={exported},dtype=float32", device="cpu"))
+
+
+def test_a_tp2_pp2_checkpoint_scores_as_its_hf_export(scores):
+    ours, theirs = scores
     for task in TASKS:
         mine, reference = ours["samples"][task], theirs["samples"][task]
         assert len(mine) == len(reference) == 8
@@ -96,13 +102,11 @@ def test_a_tp2_pp2_checkpoint_scores_as_its_hf_export(harness):
                 assert ours["results"][task][metric] == pytest.approx(value, rel=1e-6), (task, metric)
 
 
-def test_requests_come_back_in_their_order_whatever_the_batch(harness):
-    _, _, checkpoint, _ = harness
-    lm_eval = harness[0]
+def test_requests_come_back_in_their_order_whatever_the_batch(harness, scores):
+    lm_eval, tasks, checkpoint, _ = harness
     one = lm_eval.simple_evaluate(model="megatron_gpt", model_args=f"load={checkpoint}", tasks=["tiny_choice"],
-                                  task_manager=harness[1], batch_size=1, log_samples=True)
-    three = evaluate(harness, "megatron_gpt", f"load={checkpoint}")
-    for sample, batched in zip(one["samples"]["tiny_choice"], three["samples"]["tiny_choice"]):
+                                  task_manager=tasks, batch_size=1, log_samples=True)
+    for sample, batched in zip(one["samples"]["tiny_choice"], scores[0]["samples"]["tiny_choice"]):
         assert [answer[0][0] for answer in sample["resps"]] == pytest.approx(
             [answer[0][0] for answer in batched["resps"]], abs=1e-5)
 
@@ -122,9 +126,11 @@ def test_bad_model_args_are_one_line(harness):
 
 
 @pytest.mark.full
-def test_the_tool_is_lm_evals_command_line_with_our_model(harness, tmp_path):
+def test_the_tool_is_lm_evals_command_line_with_our_model(harness, scores, tmp_path):
     _, _, checkpoint, _ = harness
-    env = {**os.environ, **OFFLINE}
+    # this tree's packages, whichever checkout the environment's editable install names
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(
+        [PACKAGE_ROOT, os.path.join(os.path.dirname(PACKAGE_ROOT), "DeepSpeed")])}
     result = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "evaluate_harness.py"), "--model",
                              "megatron_gpt", "--model_args", f"load={checkpoint}", "--tasks", "tiny_choice",
                              "--include_path", FIXTURES, "--batch_size", "4", "--output_path", str(tmp_path)],
@@ -134,7 +140,7 @@ def test_the_tool_is_lm_evals_command_line_with_our_model(harness, tmp_path):
                 if name.startswith("results") and name.endswith(".json")]
     with open(written, encoding="utf-8") as handle:
         scores = json.load(handle)["results"]["tiny_choice"]
-    reference = evaluate(harness, "megatron_gpt", f"load={checkpoint}")["results"]["tiny_choice"]
+    reference = scores[0]["results"]["tiny_choice"]
     assert scores["acc,none"] == reference["acc,none"] and scores["acc_norm,none"] == reference["acc_norm,none"]
     bad = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "evaluate_harness.py"), "--model",
                           "megatron_gpt", "--model_args", f"load={checkpoint},dtype=float64", "--tasks", "tiny_choice",

@@ -13,7 +13,7 @@ from megatron import device
 from megatron.errors import InputError
 from megatron.device_probe import DeviceFacts, read_device_facts
 from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_memory, check_nodes, detect_device, precision_flags,
-                                  rendezvous_flags, timeout_flags)
+                                  rendezvous_flags, timeout_flags, wandb_flags)
 
 
 def facts(name, bf16, fp16_overflow_visible=True):
@@ -165,3 +165,13 @@ def test_the_last_node_reports_and_multi_node_flags_are_checked():
         check_nodes(nodes(nnodes=2, node_rank=2, output_dir="run"))
     with pytest.raises(InputError, match="give --output_dir=DIR on a file system all nodes see"):
         check_nodes(nodes(nnodes=2))
+
+
+@pytest.mark.parametrize("passthrough, expected", [
+    (["--wandb-project", "gpt"], ["--wandb-save-dir", "/runs/r/wandb"]),
+    (["--wandb-exp-name=first"], ["--wandb-save-dir", "/runs/r/wandb"]),
+    (["--wandb-project", "gpt", "--wandb-save-dir", "/elsewhere"], []),
+    (["--zero-stage", "1"], []),
+])
+def test_wandb_files_go_to_the_run_directory_unless_placed(passthrough, expected):
+    assert wandb_flags(passthrough, "/runs/r") == expected
