@@ -1,8 +1,11 @@
-"""lm-evaluation-harness on a checkpoint of this project, at any layout, in one process (the TP x PP shards are
+"""usage: evaluate_harness.py --model megatron_gpt --model_args load=DIR[,ARG=VALUE...] --tasks T1[,T2...]
+                           [any other flag of `lm_eval run`]
+
+lm-evaluation-harness on a checkpoint of this project, at any layout, in one process (the TP x PP shards are
 joined while they load):
 
-    python tools/evaluate_harness.py --model megatron_gpt --model_args load=checkpoints/gpt \
-        --tasks hellaswag,arc_easy,mmlu --batch_size 8 --output_path results/
+    python tools/evaluate_harness.py --model megatron_gpt --model_args load=checkpoints/gpt
+        --tasks hellaswag,arc_easy,mmlu --batch_size 8 --output_path results/      (one command line)
 
 This is lm_eval's own command line (every flag of `lm_eval run --help`) with the model type megatron_gpt
 registered (megatron/evaluation/lm_harness.py). --model_args: load=DIR (required), iteration=N, dtype=float32 |

@@ -139,9 +139,9 @@ def test_the_tool_is_lm_evals_command_line_with_our_model(harness, scores, tmp_p
     written, = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
                 if name.startswith("results") and name.endswith(".json")]
     with open(written, encoding="utf-8") as handle:
-        scores = json.load(handle)["results"]["tiny_choice"]
+        from_tool = json.load(handle)["results"]["tiny_choice"]
     reference = scores[0]["results"]["tiny_choice"]
-    assert scores["acc,none"] == reference["acc,none"] and scores["acc_norm,none"] == reference["acc_norm,none"]
+    assert from_tool["acc,none"] == reference["acc,none"] and from_tool["acc_norm,none"] == reference["acc_norm,none"]
     bad = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "evaluate_harness.py"), "--model",
                           "megatron_gpt", "--model_args", f"load={checkpoint},dtype=float64", "--tasks", "tiny_choice",
                           "--include_path", FIXTURES], capture_output=True, text=True, env=env, cwd=FIXTURES)
