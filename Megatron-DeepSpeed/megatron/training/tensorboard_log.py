@@ -4,8 +4,9 @@ written to one or more writers (TensorBoard here; W&B in wandb_log.py) through o
 Tags are upstream's (b4d4a0e), grouped as it groups them: each training scalar is written against the
 iteration, and a " vs samples" / " vs tokens" twin against consumed samples / tokens, e.g.
 "lm-loss-training/lm loss", "lm-loss-training/lm loss vs samples", "learning-rate/learning-rate",
-"lm-loss-validation/lm loss validation ppl vs tokens"; throughput under upstream main's "throughput/" names.
-Written by the last rank only.
+"lm-loss-validation/lm loss validation ppl vs tokens". Upstream main's "throughput/" scalars go to the writers
+that take them (W&B: main writes them to W&B only), so the TensorBoard files keep b4d4a0e's tags. Written by the
+last rank only.
 """
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Protocol, Sequence
@@ -37,7 +38,9 @@ class Point(NamedTuple):
 class ScalarWriter(Protocol):
     """Where the points go. `write` gets the points of one event (an iteration, a validation run), all of one
     iteration; `flush`: make them visible to readers now (a validation result is rare and awaited); `close`
-    flushes and ends."""
+    flushes and ends. `writes_throughput`: whether it takes upstream main's throughput/ scalars."""
+
+    writes_throughput: bool
 
     def write(self, points: Sequence[Point], flush: bool) -> None: ...
 
@@ -45,6 +48,8 @@ class ScalarWriter(Protocol):
 
 
 class TensorBoardWriter:
+    writes_throughput = False
+
     def __init__(self, log_dir: str, queue_size: int):
         from torch.utils.tensorboard import SummaryWriter
         self.writer = SummaryWriter(log_dir=log_dir, max_queue=queue_size)
@@ -75,9 +80,10 @@ class ScalarLog:
         self.writers = list(writers)
         self.options = options
 
-    def _write(self, points: Sequence[Point], flush: bool = False) -> None:
+    def _write(self, points: Sequence[Point], flush: bool = False, throughput: bool = False) -> None:
         for writer in self.writers:
-            writer.write(points, flush)
+            if writer.writes_throughput or not throughput:
+                writer.write(points, flush)
 
     def due(self, iteration: int) -> bool:
         return iteration % self.options.log_interval == 0
@@ -108,13 +114,13 @@ class ScalarLog:
         self._write(points)
 
     def throughput(self, iteration: int, samples_per_second: float, tflops: float, mfu: Optional[float]) -> None:
-        """The log line's throughput figures (at --log-interval), under upstream main's names; MFU where the
-        device's peak is known."""
+        """The log line's throughput figures (at --log-interval), under upstream main's names, to the writers that
+        take them; MFU where the device's peak is known."""
         points = [Point("throughput/samples_per_sec", samples_per_second, ITERATION, iteration),
                   Point("throughput/tflops", tflops, ITERATION, iteration)]
         if mfu is not None:
             points.append(Point("throughput/mfu", mfu, ITERATION, iteration))
-        self._write(points)
+        self._write(points, throughput=True)
 
     def timers(self, iteration: int, samples: int, tokens: int, seconds: float, milliseconds: dict) -> None:
         """Iteration time, and the mean milliseconds per iteration of the --timing-log-level timers as

@@ -23,6 +23,7 @@ _log = logging.getLogger(__name__)
 class WandbWriter:
     """A started W&B run as a tensorboard_log.ScalarWriter: one W&B row per event, the tags it has not seen before
     declared against their axis first."""
+    writes_throughput = True
 
     def __init__(self, run):
         self.run = run
