@@ -35,13 +35,13 @@ DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's hf model's
 LM_EVAL_OPTIONS = ("max_batch_size", "device")
 
 
-def _positive_int(name: str, value) -> int:
+def _whole_number(name: str, value, least: int = 1) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise InputError(f"--model_args {name}={value}: give a whole number of 1 or more")
+        number = least - 1
+    if number < least:
+        raise InputError(f"--model_args {name}={value}: give a whole number of {least} or more")
     return number
 
 
@@ -64,23 +64,31 @@ class MegatronGPT(TemplateLM):
                              "of a training run, or a converted one)")
         if dtype not in DTYPES:
             raise InputError(f"--model_args dtype={dtype}: choose one of {', '.join(DTYPES)}")
-        iteration = None if iteration is None else int(iteration)
+        iteration = None if iteration is None else _whole_number("iteration", iteration, least=0)
+        self.batch_size = _whole_number("batch_size", batch_size)
+        self.max_gen_toks = _whole_number("max_gen_toks", max_gen_toks)
+        self.seed = _whole_number("seed", seed, least=0)
         recorded = recorded_flags(load, iteration)
         self.tokenizer = build_checkpoint_tokenizer(tokenizer_flags, recorded)
         self.model, _ = load_model(load, tokenizer_vocab_size=self.tokenizer.vocab_size, parallel_state=None,
                                    kernels=select_kernels(device.device_name(), training=False),
                                    dtype=DTYPES[dtype], device=device.current_device(), iteration=iteration)
         self.max_length = RecordedFlags.of(recorded).max_position_embeddings
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
-        self.seed = int(seed)
 
     @property
     def eot_token_id(self) -> int:
         return self.tokenizer.eod
 
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context and the first rolling window condition on: as lm-eval's hf model, the BOS token
+        where the tokenizer has one (HFTokenizer's bos_token), else the end of document."""
+        bos = getattr(self.tokenizer, "bos", None)  # only HFTokenizer names one
+        return self.eot_token_id if bos is None else bos
+
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs) -> List[int]:
-        """The tokenizer's ids, as training saw the text (special tokens as its post-processor adds them)."""
+        """The tokenizer's ids, as training saw the text (special tokens as its post-processor adds them, e.g.
+        Llama's BOS, which lm-eval's hf model adds only with add_bos_token=True)."""
         return list(self.tokenizer.tokenize(string))
 
     def _batches(self, count: int, length) -> List[List[int]]:

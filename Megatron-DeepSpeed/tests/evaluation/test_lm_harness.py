@@ -123,6 +123,8 @@ def test_bad_model_args_are_one_line(harness):
         MegatronGPT(load=checkpoint, dtype="float64")
     with pytest.raises(InputError, match=r"--model_args batch_size=auto: give a whole number of 1 or more"):
         MegatronGPT(load=checkpoint, batch_size="auto")
+    with pytest.raises(InputError, match=r"--model_args iteration=last: give a whole number of 0 or more"):
+        MegatronGPT(load=checkpoint, iteration="last")
 
 
 @pytest.mark.full
