@@ -139,13 +139,14 @@ def test_wandb_without_a_directory_is_refused():
 
 @pytest.mark.full
 def test_training_run_logs_the_tensorboard_loss_series_and_resumes_it(data_prefix, tmp_path):
-    """The CPU demo's flags with upstream main's --wandb-* flags: W&B holds TensorBoard's loss series; a run
-    resumed from the checkpoint continues the same W&B run."""
+    """The CPU demo's flags with upstream main's --wandb-* flags: W&B holds TensorBoard's series (every tag, the
+    timers' and validation perplexity's too); a run resumed from the checkpoint continues the same W&B run."""
     save = str(tmp_path / "ckpt")
     common = [sys.executable, os.path.join(PACKAGE_ROOT, "pretrain_gpt.py"), *TINY_FLAGS, "--micro-batch-size", "4",
               "--global-batch-size", "8", "--data-path", data_prefix, "--log-interval", "1", "--eval-interval", "3",
               "--eval-iters", "1", "--train-iters", "6", "--save", save, "--save-interval", "3", "--tensorboard-dir",
-              str(tmp_path / "tb"), "--wandb-project", "demo", "--wandb-exp-name", "tiny"]
+              str(tmp_path / "tb"), "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard",
+              "--timing-log-level", "1", "--wandb-project", "demo", "--wandb-exp-name", "tiny"]
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     for extra in (["--exit-interval", "3"], ["--load", save]):  # stops after iteration 3; resumes there
         result = subprocess.run([*common, *extra], capture_output=True, text=True, env=env, cwd=PACKAGE_ROOT)
@@ -154,8 +155,12 @@ def test_training_run_logs_the_tensorboard_loss_series_and_resumes_it(data_prefi
     histories = [run_history(run) for run in runs]
     assert len(runs) == 2 and histories[0][0] == histories[1][0] == recorded_run_id(save)
     assert histories[0][1]["layout"]["world_size"] == 1 and histories[0][1]["wandb_project"] == "demo"
-    losses = [(row["iteration"], row["lm-loss-training/lm loss"]) for _, _, rows in histories for row in rows
-              if "lm-loss-training/lm loss" in row]
-    board = tensorboard_points(str(tmp_path / "tb"))["lm-loss-training/lm loss"]
-    assert [iteration for iteration, _ in losses] == [step for step, _ in board] == list(range(1, 7))
-    assert [loss for _, loss in losses] == pytest.approx([value for _, value in board], rel=1e-6)
+    got = wandb_points([row for _, _, rows in histories for row in rows])
+    board = tensorboard_points(str(tmp_path / "tb"))
+    assert [step for step, _ in board["lm-loss-training/lm loss"]] == list(range(1, 7))
+    assert [step for step, _ in board["lm-loss-validation/lm loss validation ppl"]] == [3, 6]
+    assert "train-step-time" in board and "iteration-time/iteration-time vs tokens" in board
+    assert set(got) == set(board) | {"throughput/samples_per_sec", "throughput/tflops"}
+    for tag, points in board.items():  # every scalar of both runs, at the same x
+        assert [x for x, _ in got[tag]] == [x for x, _ in points], tag
+        assert [value for _, value in got[tag]] == pytest.approx([value for _, value in points], rel=1e-6), tag
