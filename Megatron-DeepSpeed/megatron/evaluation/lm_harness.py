@@ -117,7 +117,8 @@ class MegatronGPT(TemplateLM):
                 end = len(inputs[row])
                 scores = log_probabilities[row, end - len(continuation):end]
                 target = torch.tensor(continuation, dtype=torch.long)
-                answer = (float(scores.gather(1, target.unsqueeze(1)).sum()), bool((scores.argmax(-1) == target).all()))
+                answer = (float(scores.gather(1, target.unsqueeze(1)).sum()),
+                          bool((scores.argmax(-1) == target).all()))
                 results[index] = answer
                 if key is not None:
                     self.cache_hook.add_partial("loglikelihood", key, answer)
@@ -125,7 +126,7 @@ class MegatronGPT(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
         """Each text's log-likelihood in disjoint windows of max_length tokens, each conditioned on the token
-        before it (lm-eval's windows: the first on the end-of-document token)."""
+        before it (lm-eval's windows: the first on prefix_token_id)."""
         windows, owners = [], []
         for index, (text,) in enumerate(request.args for request in requests):
             for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
@@ -157,7 +158,7 @@ class MegatronGPT(TemplateLM):
                 raise InputError(f"max_gen_toks {max_gen_toks} leaves no room for a context in the model's "
                                  f"{self.max_length} positions; give a smaller max_gen_toks")
             prompts = [self.tok_encode(context)[-(self.max_length - max_gen_toks):] for _, context, _ in members]
-            params = SamplingParams(greedy=not do_sample, temperature=temperature if do_sample else 1.0,
+            params = SamplingParams(greedy=not do_sample, temperature=temperature if temperature > 0 else 1.0,
                                     seed=self.seed)
             generated = generate_for_prompts(self.model, prompts, batch_size=self.batch_size,
                                              max_new_tokens=max_gen_toks, params=params, eod=self.eot_token_id,
