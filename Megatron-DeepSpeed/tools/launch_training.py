@@ -160,6 +160,15 @@ def timeout_flags(passthrough: list[str]) -> tuple[list[str], float]:
     return ["--distributed-timeout-minutes", f"{DEFAULT_TIMEOUT_MINUTES:g}"], DEFAULT_TIMEOUT_MINUTES
 
 
+def wandb_flags(passthrough: list[str], run_dir: str) -> list[str]:
+    """W&B's files beside the run's TensorBoard events (<run>/wandb) when a --wandb-project or --wandb-exp-name is
+    passed without a --wandb-save-dir: a performance run has no --save for the trainer's default."""
+    names = {arg.split("=")[0] for arg in passthrough}
+    if names & {"--wandb-project", "--wandb-exp-name"} and "--wandb-save-dir" not in names:
+        return ["--wandb-save-dir", os.path.join(run_dir, "wandb")]
+    return []
+
+
 def demo_data() -> tuple[str, str, str]:
     prefix = os.path.join(REPO_ROOT, "data", "demo_text_document")
     tokenizer = os.path.join(REPO_ROOT, "data", "demo_tokenizer")
@@ -287,7 +296,8 @@ def main(argv=None):
     ulysses = ["--ds-sequence-parallel-size", str(sizes["SP"])] if sizes["SP"] > 1 else []
     flags = ["--model-size", model_size, "--train-iters", str(train_iters), "--data-path", data_prefix, *ulysses,
              *tokenizer_flags, *schedule_flags(args.run, train_iters),
-             "--tensorboard-dir", os.path.join(run_dir, "tensorboard"), *precision, *timeout]
+             "--tensorboard-dir", os.path.join(run_dir, "tensorboard"), *wandb_flags(passthrough, run_dir), *precision,
+             *timeout]
     if args.run == "full":
         checkpoints = os.path.join(run_dir, "checkpoints")
         flags += ["--save", checkpoints, *resume_flags(checkpoints)]

@@ -3,7 +3,9 @@
 # sees the system's site-packages, so a torch (+ torch_npu) the user already has is reused, never replaced, even
 # when it fails to import (then set-up stops and says why: deepspeed_npu/torch_install.py). Without a torch, a
 # CPU build is installed on machines without an accelerator, torch 2.13.0 on NVIDIA hosts, none on Ascend hosts.
-# Usage: bash Megatron-DeepSpeed/tools/setup_env.sh [--tests]     (prints the venv's python path last)
+# Usage: bash Megatron-DeepSpeed/tools/setup_env.sh [--tests] [--extras]   (prints the venv's python path last)
+#   --extras: the optional integrations (W&B, lm-evaluation-harness; pyproject.toml's extras), never needed to
+#   train; --tests: the test suite's requirements, and the extras, which it tests.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -12,7 +14,15 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${MEGATRON_VENV:-$root/.venv}
 python=${PYTHON:-python3}
 requirements=("$root/requirements.txt")
-[ "${1:-}" = "--tests" ] && requirements+=("$root/Megatron-DeepSpeed/tests/requirements.txt")
+extras=("$root/requirements-wandb.txt" "$root/requirements-eval.txt")
+for option in "$@"; do
+  case "$option" in
+    --tests) requirements+=("$root/Megatron-DeepSpeed/tests/requirements.txt") ;&
+    --extras) requirements+=("${extras[@]}") ;;
+    *) echo "setup: unknown option $option (use --tests, --extras)" >&2; exit 2 ;;
+  esac
+done
+mapfile -t requirements < <(printf '%s\n' "${requirements[@]}" | awk '!seen[$0]++')  # --tests --extras: once
 
 # One stamp per set of requirement files and their contents: an unchanged set is not installed again.
 stamp="$venv/.setup-$(cat "${requirements[@]}" "$root/pyproject.toml" | sha256sum | cut -c1-16)"

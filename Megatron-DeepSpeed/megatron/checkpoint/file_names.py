@@ -29,6 +29,7 @@ ITERATION_PATTERN = re.compile(r"[0-9]{1,18}")
 # A checkpoint's name, whole (fullmatch): global_stepN, or with a suffix such as ds_to_universal's
 # `global_stepN_universal`; one path component, never '..' or a path.
 TAG_PATTERN = re.compile(r"global_step([0-9]{1,18})(?![0-9])[A-Za-z0-9_.-]*")
+WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run a resumed run continues (megatron/training/wandb_log.py)
 UNIVERSAL_DIR = "zero"  # per-parameter state of a universal checkpoint (DeepSpeed's universal layout)
 UNIVERSAL_MARK = "universal_checkpoint"  # client-state key of our writer's checkpoints: they load at any DP/ZeRO
 OPTIMIZER_SAVED = "optimizer_saved"  # client-state key, False when saved with --no-save-optim

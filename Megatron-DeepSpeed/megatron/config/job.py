@@ -213,6 +213,17 @@ class LoggingConfig:
     log_validation_ppl_to_tensorboard: bool
     log_optimizer_states_to_tensorboard: bool
     log_memory_to_tensorboard: bool
+    wandb_project: str
+    wandb_exp_name: str
+    wandb_save_dir: str
+    wandb_entity: Optional[str]
+    wandb_required: bool
+
+    @property
+    def scalar_log_interval(self) -> Optional[int]:
+        """Iterations between TensorBoard / W&B points; None when neither is written."""
+        writes = self.tensorboard_dir or self.wandb_project or self.wandb_exp_name
+        return self.tensorboard_log_interval if writes else None
 
 
 @dataclass(frozen=True)

@@ -638,8 +638,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
         settled = _Settled(phases, pending, round(sum(read_to_host(_skipped_counters(trainer)))), [], [])
         reduce_gradients = reduces_gradients(trainer)
         # Every rank takes the pending figures at the same iterations (their reading is a collective), so this
-        # asks whether the run writes TensorBoard at all, not whether this rank does (only the last one does).
-        tensorboard_interval = logging_config.tensorboard_log_interval if logging_config.tensorboard_dir else None
+        # asks whether the run writes TensorBoard or W&B at all, not whether this rank does (only the last one does).
+        scalar_interval = logging_config.scalar_log_interval
         while state.iteration < train_iters and not tokens_budget_spent(config.schedule, state.consumed_train_tokens):
             batch_size = batch.schedule.batch_size(state.consumed_train_samples)
             step_batches, length = iteration_batches(config, curriculum, train_batches, state.iteration)
@@ -667,7 +667,7 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
             finished = state.iteration >= train_iters or tokens_budget_spent(config.schedule,
                                                                              state.consumed_train_tokens)
             if saving or exiting or exit_reason or finished or \
-                    due(state.iteration, logging_config.log_interval, tensorboard_interval):
+                    due(state.iteration, logging_config.log_interval, scalar_interval):
                 settled.settle()
 
             paused = time.perf_counter()

@@ -1,5 +1,6 @@
 """What the training loop reports: Megatron's iteration and validation lines, the optional timer line, and
-TensorBoard scalars under upstream's tags (megatron/training/tensorboard_log.py).
+the scalars under upstream's TensorBoard tags (megatron/training/tensorboard_log.py) to TensorBoard and W&B
+(megatron/training/wandb_log.py).
 
 Only the last rank prints and writes; every figure that needs a collective (norms, zero counts, optimizer
 statistics) is computed by the loop on all ranks and handed in.
@@ -19,7 +20,8 @@ from megatron.training.flops import (LayerMatrices, flops_per_iteration, model_f
                                      tflops_per_device)
 from megatron.training.log_lines import iteration_line, memory_line, perplexity, timers_line, validation_lines
 from megatron.training.moe_losses import MoEFigures
-from megatron.training.tensorboard_log import TensorBoardLog, TensorBoardOptions
+from megatron.training.tensorboard_log import ScalarLog, TensorBoardOptions, TensorBoardWriter
+from megatron.training.wandb_log import start_wandb
 
 _log = logging.getLogger(__name__)
 
@@ -84,14 +86,12 @@ def tensorboard_options(logging_config: LoggingConfig) -> TensorBoardOptions:
 
 
 class MetricsLog:
-    """Megatron's iteration lines (and TensorBoard scalars when asked) from the last rank."""
+    """Megatron's iteration lines (and TensorBoard / W&B scalars when asked) from the last rank."""
 
     def __init__(self, config: JobConfig, model: GPTConfig, train_iters: int, last_rank: bool, timers: StepTimers):
         self.config, self.model, self.train_iters, self.last_rank = config, model, train_iters, last_rank
         self.timers = timers
-        self.tensorboard = None
-        if config.logging.tensorboard_dir and last_rank:
-            self.tensorboard = TensorBoardLog(config.logging.tensorboard_dir, tensorboard_options(config.logging))
+        self.tensorboard = self._scalar_log() if last_rank else None
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
         self.moe_figures = []
         self.memory_reported_at: Optional[int] = None  # Megatron's memory line: after the first logged iteration
@@ -101,6 +101,21 @@ class MetricsLog:
         # An MoE model's counts are of its active parameters (megatron/training/flops.py).
         self.hardware_flops = self.model_flops = 0.0  # since the last log line
         self.peak = peak_tflops(device.device_model_name(), config.precision.name)
+
+    def _scalar_log(self) -> Optional[ScalarLog]:
+        """The TensorBoard and W&B writers asked for; None when neither is."""
+        logging_config = self.config.logging
+        writers = []
+        if logging_config.tensorboard_dir:
+            writers.append(TensorBoardWriter(logging_config.tensorboard_dir, logging_config.tensorboard_queue_size))
+        checkpoint, parallel = self.config.checkpoint, self.config.parallel
+        layout = {"tensor": parallel.tensor, "pipeline": parallel.pipeline, "data": parallel.data,
+                  "sequence": parallel.ds_sequence_parallel_size, "world_size": parallel.world_size,
+                  "zero_stage": parallel.zero_stage}
+        wandb = start_wandb(logging_config, checkpoint.load, checkpoint.save, {**self.config.flags, "layout": layout})
+        if wandb is not None:
+            writers.append(wandb)
+        return ScalarLog(writers, tensorboard_options(logging_config)) if writers else None
 
     def _print(self, text: str) -> None:
         if self.last_rank:
@@ -148,9 +163,10 @@ class MetricsLog:
         timer_means = self.timers.take_means(iterations)
         if timer_means:
             self._print(timers_line(timer_means))
-        if tensorboard is not None and tensorboard.options.timers:
-            tensorboard.iteration_time(state.iteration, state.consumed_train_samples, tokens, seconds)
-            tensorboard.timers(state.iteration, timer_means)
+        if tensorboard is not None:
+            tensorboard.throughput(state.iteration, self.samples / (seconds * iterations), tflops, mfu)
+            if tensorboard.options.timers:
+                tensorboard.timers(state.iteration, state.consumed_train_samples, tokens, seconds, timer_means)
         state.skipped_iterations = state.nan_iterations = 0
         self.losses, self.samples, self.interval_start = [], 0, time.perf_counter()
         self.hardware_flops = self.model_flops = 0.0

@@ -1,12 +1,15 @@
-"""TensorBoard scalars under Megatron-DeepSpeed's tag names, so dashboards built on its runs keep working.
+"""Training scalars under Megatron-DeepSpeed's TensorBoard tag names, so dashboards built on its runs keep working,
+written to one or more writers (TensorBoard here; W&B in wandb_log.py) through one small interface.
 
 Tags are upstream's (b4d4a0e), grouped as it groups them: each training scalar is written against the
 iteration, and a " vs samples" / " vs tokens" twin against consumed samples / tokens, e.g.
 "lm-loss-training/lm loss", "lm-loss-training/lm loss vs samples", "learning-rate/learning-rate",
-"lm-loss-validation/lm loss validation ppl vs tokens". Written by the last rank only.
+"lm-loss-validation/lm loss validation ppl vs tokens". Upstream main's "throughput/" scalars go to the writers
+that take them (W&B: main writes them to W&B only), so the TensorBoard files keep b4d4a0e's tags. Written by the
+last rank only.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, NamedTuple, Optional, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -22,19 +25,65 @@ class TensorBoardOptions:
     memory: bool = False
 
 
-class TensorBoardLog:
-    def __init__(self, log_dir: str, options: TensorBoardOptions):
+ITERATION, SAMPLES, TOKENS = "iteration", "samples", "tokens"  # the x-axes
+
+
+class Point(NamedTuple):
+    tag: str
+    value: float
+    axis: str  # ITERATION, SAMPLES or TOKENS
+    x: int
+
+
+class ScalarWriter(Protocol):
+    """Where the points go. `write` gets the points of one event (an iteration, a validation run), all of one
+    iteration; `flush`: make them visible to readers now (a validation result is rare and awaited); `close`
+    flushes and ends. `writes_throughput`: whether it takes upstream main's throughput/ scalars."""
+
+    writes_throughput: bool
+
+    def write(self, points: Sequence[Point], flush: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardWriter:
+    writes_throughput = False
+
+    def __init__(self, log_dir: str, queue_size: int):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=log_dir, max_queue=options.queue_size)
+        self.writer = SummaryWriter(log_dir=log_dir, max_queue=queue_size)
+
+    def write(self, points: Sequence[Point], flush: bool) -> None:
+        for point in points:
+            self.writer.add_scalar(point.tag, point.value, point.x)
+        if flush:
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _with_twins(tag: str, value: float, iteration: int, samples: Optional[int] = None,
+                tokens: Optional[int] = None) -> List[Point]:
+    """The scalar against the iteration, and its " vs samples" / " vs tokens" twins where those are given."""
+    points = [Point(tag, value, ITERATION, iteration)]
+    if samples is not None:
+        points.append(Point(tag + " vs samples", value, SAMPLES, samples))
+    if tokens is not None:
+        points.append(Point(tag + " vs tokens", value, TOKENS, tokens))
+    return points
+
+
+class ScalarLog:
+    def __init__(self, writers: Sequence[ScalarWriter], options: TensorBoardOptions):
+        self.writers = list(writers)
         self.options = options
 
-    def _write(self, tag: str, value: float, iteration: int, samples: Optional[int] = None,
-               tokens: Optional[int] = None) -> None:
-        self.writer.add_scalar(tag, value, iteration)
-        if samples is not None:
-            self.writer.add_scalar(tag + " vs samples", value, samples)
-        if tokens is not None:
-            self.writer.add_scalar(tag + " vs tokens", value, tokens)
+    def _write(self, points: Sequence[Point], flush: bool = False, throughput: bool = False) -> None:
+        for writer in self.writers:
+            if writer.writes_throughput or not throughput:
+                writer.write(points, flush)
 
     def due(self, iteration: int) -> bool:
         return iteration % self.options.log_interval == 0
@@ -45,45 +94,57 @@ class TensorBoardLog:
         """One iteration's scalars (call when `due`); under a sequence-length curriculum its length, as b4d4a0e's
         "curriculum_seqlen"."""
         options = self.options
-        self.writer.add_scalar("steps-vs-samples/y=steps,x=samples", iteration, samples)
-        self.writer.add_scalar("steps-vs-samples/y=samples,x=steps", samples, iteration)
-        self.writer.add_scalar("steps-vs-tokens/y=steps,x=tokens", iteration, tokens)
-        self.writer.add_scalar("steps-vs-tokens/y=tokens,x=steps", tokens, iteration)
+        points = [Point("steps-vs-samples/y=steps,x=samples", iteration, SAMPLES, samples),
+                  Point("steps-vs-samples/y=samples,x=steps", samples, ITERATION, iteration),
+                  Point("steps-vs-tokens/y=steps,x=tokens", iteration, TOKENS, tokens),
+                  Point("steps-vs-tokens/y=tokens,x=steps", tokens, ITERATION, iteration)]
         if options.learning_rate:
-            self._write("learning-rate/learning-rate", learning_rate, iteration, samples, tokens)
+            points += _with_twins("learning-rate/learning-rate", learning_rate, iteration, samples, tokens)
         if options.batch_size:
-            self._write("batch-size/batch-size", batch_size, iteration, samples)
-        self._write("lm-loss-training/lm loss", loss, iteration, samples, tokens)
+            points += _with_twins("batch-size/batch-size", batch_size, iteration, samples)
+        points += _with_twins("lm-loss-training/lm loss", loss, iteration, samples, tokens)
         if options.loss_scale:
-            self._write("loss-scale/loss-scale", loss_scale, iteration, samples, tokens)
+            points += _with_twins("loss-scale/loss-scale", loss_scale, iteration, samples, tokens)
         for tag, value in (("grad-norm/grad-norm", grad_norm), ("num-zeros/num-zeros", num_zeros),
                            ("params-norm/params-norm", params_norm)):
             if value is not None:
-                self._write(tag, value, iteration, samples, tokens)
+                points += _with_twins(tag, value, iteration, samples, tokens)
         if curriculum_seqlen is not None:
-            self.writer.add_scalar("curriculum_seqlen", curriculum_seqlen, iteration)
+            points.append(Point("curriculum_seqlen", curriculum_seqlen, ITERATION, iteration))
+        self._write(points)
 
-    def timers(self, iteration: int, milliseconds: dict) -> None:
-        """Mean milliseconds per iteration of the --timing-log-level timers, as "<name>-time"."""
-        for name, value in milliseconds.items():
-            self.writer.add_scalar(f"{name}-time", value, iteration)
+    def throughput(self, iteration: int, samples_per_second: float, tflops: float, mfu: Optional[float]) -> None:
+        """The log line's throughput figures (at --log-interval), under upstream main's names, to the writers that
+        take them; MFU where the device's peak is known."""
+        points = [Point("throughput/samples_per_sec", samples_per_second, ITERATION, iteration),
+                  Point("throughput/tflops", tflops, ITERATION, iteration)]
+        if mfu is not None:
+            points.append(Point("throughput/mfu", mfu, ITERATION, iteration))
+        self._write(points, throughput=True)
 
-    def iteration_time(self, iteration: int, samples: int, tokens: int, seconds: float) -> None:
-        self._write("iteration-time/iteration-time", seconds, iteration, samples, tokens)
+    def timers(self, iteration: int, samples: int, tokens: int, seconds: float, milliseconds: dict) -> None:
+        """Iteration time, and the mean milliseconds per iteration of the --timing-log-level timers as
+        "<name>-time"."""
+        points = _with_twins("iteration-time/iteration-time", seconds, iteration, samples, tokens)
+        points += [Point(f"{name}-time", value, ITERATION, iteration) for name, value in milliseconds.items()]
+        self._write(points)
 
     def optimizer_states(self, iteration: int, tokens: int, statistics: dict) -> None:
+        points = []
         for name, value in statistics.items():
-            self.writer.add_scalar(f"optimizer/{name} vs tokens", value, tokens)
-            self.writer.add_scalar(f"optimizer/{name}", value, iteration)
+            points += [Point(f"optimizer/{name} vs tokens", value, TOKENS, tokens),
+                       Point(f"optimizer/{name}", value, ITERATION, iteration)]
+        self._write(points)
 
     def memory(self, iteration: int, allocated_bytes: int) -> None:
-        self.writer.add_scalar("mem-allocated-bytes", allocated_bytes, iteration)
+        self._write([Point("mem-allocated-bytes", allocated_bytes, ITERATION, iteration)])
 
     def validation(self, iteration: int, samples: int, tokens: int, loss: float, ppl: float) -> None:
-        self._write("lm-loss-validation/lm loss validation", loss, iteration, samples, tokens)
+        points = _with_twins("lm-loss-validation/lm loss validation", loss, iteration, samples, tokens)
         if self.options.validation_ppl:
-            self._write("lm-loss-validation/lm loss validation ppl", ppl, iteration, samples, tokens)
-        self.writer.flush()
+            points += _with_twins("lm-loss-validation/lm loss validation ppl", ppl, iteration, samples, tokens)
+        self._write(points, flush=True)
 
     def close(self) -> None:
-        self.writer.close()
+        for writer in self.writers:
+            writer.close()

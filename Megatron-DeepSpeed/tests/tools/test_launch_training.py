@@ -18,7 +18,7 @@ from megatron.device_probe import DeviceFacts, read_device_facts
 from tests.helpers.broken_cann import write_broken_cann_stand_in
 from tests.helpers.paths import PACKAGE_ROOT, REPO_ROOT, TOOLS
 from tools.launch_training import (DEFAULT_TIMEOUT_MINUTES, check_memory, check_nodes, detect_device, precision_flags,
-                                  rendezvous_flags, timeout_flags)
+                                  rendezvous_flags, timeout_flags, wandb_flags)
 
 
 def facts(name, bf16, fp16_overflow_visible=True):
@@ -186,3 +186,13 @@ def test_a_broken_cann_is_diagnosed_in_one_line_before_the_launcher_imports_torc
     assert "Traceback" not in done.stderr
     assert "torch_npu cannot load the CANN library libhccl.so" in done.stderr
     assert "source test/env_npu.sh" in done.stderr
+
+
+@pytest.mark.parametrize("passthrough, expected", [
+    (["--wandb-project", "gpt"], ["--wandb-save-dir", "/runs/r/wandb"]),
+    (["--wandb-exp-name=first"], ["--wandb-save-dir", "/runs/r/wandb"]),
+    (["--wandb-project", "gpt", "--wandb-save-dir", "/elsewhere"], []),
+    (["--zero-stage", "1"], []),
+])
+def test_wandb_files_go_to_the_run_directory_unless_placed(passthrough, expected):
+    assert wandb_flags(passthrough, "/runs/r") == expected

@@ -49,6 +49,18 @@ def add_flags(parser) -> None:
                        help="Write norms and extremes of Adam's moments and of the weights to TensorBoard.")
     board.add_argument("--log-memory-to-tensorboard", action="store_true",
                        help="Write the device memory in use (the process's resident memory on CPU).")
+    wandb = parser.add_argument_group("Weights & Biases", "The TensorBoard scalars (same tags, x-axes and "
+                                      "--log-*-to-tensorboard choices) also to W&B, from the last rank; needs the "
+                                      "wandb package. WANDB_MODE=offline logs without network.")
+    wandb.add_argument("--wandb-project", default="",
+                       help="Log to this W&B project (upstream main's flag; with --wandb-exp-name alone, W&B's "
+                            "default project).")
+    wandb.add_argument("--wandb-exp-name", default="", help="The W&B run's name.")
+    wandb.add_argument("--wandb-save-dir", default="",
+                       help="W&B's local files go here (default: <--save>/wandb).")
+    wandb.add_argument("--wandb-entity", help="The W&B team or user owning the project (Megatron-LM's flag).")
+    wandb.add_argument("--wandb-required", action="store_true",
+                       help="Stop the run when W&B cannot start (default: one warning line, training goes on).")
 
 
 def validate(values: Mapping) -> None:
@@ -63,6 +75,9 @@ def validate(values: Mapping) -> None:
     if values["log_optimizer_states_to_tensorboard"] and values["optimizer"] != "adam":
         raise InputError("--log-optimizer-states-to-tensorboard reports Adam's moments; it needs --optimizer "
                          "adam")
+    if (values["wandb_project"] or values["wandb_exp_name"]) and not (values["save"] or values["wandb_save_dir"]):
+        raise InputError("--wandb-project/--wandb-exp-name keep W&B's files in <--save>/wandb, but --save was not "
+                         "given; add --save DIR or --wandb-save-dir DIR")
     if values["skip_train"] and not values["load"]:
         raise InputError("--skip-train evaluates the checkpoint in --load, but --load was not given; add "
                          "--load DIR (the --save directory of a training run)")
