@@ -10,11 +10,15 @@ import torch
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, VOCAB, train, write_counting_dataset
 
-from megatron.checkpoint.convert import hf_files, hf_gpt2
-from megatron.checkpoint.convert.conversions import export_hf, import_hf, reshape
+from megatron.checkpoint.hf import files as hf_files
+from megatron.checkpoint.hf.directory import model_config_from_hf
+from megatron.families import hf_tensors
+from megatron.families.gpt2 import hf_adapter as hf_gpt2
+from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.checkpoint.reshape.conversions import reshape
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import check_model_flags
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
 from megatron.errors import InputError
@@ -190,8 +194,8 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
-                                         r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "
-                                         r"can hold \(Llama needs .*--rotary-percent 1"):
+                                         r"--add-position-embedding False, .*, which none of transformers' .*LlamaForCausalLM"
+                                         r".* can hold \(.*Llama needs .*--rotary-percent 1"):
         export_hf(saved, str(tmp_path / "hf"))
 
 
@@ -205,11 +209,11 @@ def test_a_reshaped_old_checkpoint_records_every_model_flag(tmp_path):
 
 
 def test_a_plain_gpt2_config_json_is_the_upstream_default_model():
-    config = hf_gpt2.model_config_from_hf({"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16})
+    config = model_config_from_hf(hf_gpt2, {"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16}, "config.json")
     assert config == ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=16,
                                  openai_gelu=True)  # transformers' default activation is the tanh form
     with pytest.raises(InputError, match=r"^config.json sets megatron_model_flags to 3; it must map flag names"):
-        hf_gpt2.model_config_from_hf({"n_layer": 2, hf_files.MODEL_FLAGS_KEY: 3})
+        model_config_from_hf(hf_gpt2, {"n_layer": 2, hf_tensors.MODEL_FLAGS_KEY: 3}, "config.json")
 
 
 @pytest.mark.full  # a training run

@@ -1,47 +1,25 @@
-"""Hugging Face model directories by architecture: which adapter (hf_gpt2.py, hf_llama.py) reads a config.json or
-writes one of our models. Each adapter offers the same functions: holds(ModelConfig), model_config_from_hf(config,
-path), hf_config(model, vocab_size, dtype, special_tokens), from_hf_state_dict(weights, GPTConfig) (lazy),
-to_hf_tensors(model, GPTConfig, vocab_size) (one tensor at a time) and describe(config)."""
+"""A Hugging Face model directory as read: its config.json, the family whose adapter maps it
+(megatron/families/registry.py), our model flags, and its weights under our names, shape-checked first."""
 import os
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.convert import hf_gpt2, hf_llama
-from megatron.checkpoint.convert.hf_files import CONFIG_FILE, open_weights, read_config_json
+from megatron.checkpoint.hf.files import CONFIG_FILE, open_weights, read_config_json
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
+from megatron.families.adapter import HFAdapter
+from megatron.families.registry import family_of_hf_config
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 
 MAX_VOCAB_SIZE = 1 << 31  # token ids are stored as int32 at most (data/indexed_dataset.py)
 
-ADAPTERS = (hf_gpt2, hf_llama)
 
-
-def adapter_for_config(config: Mapping[str, object], path: str) -> ModuleType:
-    """The adapter of a config.json's model_type (and architectures, when listed)."""
-    architectures = config.get("architectures") or []
-    for adapter in ADAPTERS:
-        if config.get("model_type") == adapter.MODEL_TYPE and (not architectures or
-                                                               adapter.ARCHITECTURE in architectures):
-            return adapter
-    listed = ", ".join(architectures) or "no architectures listed"
-    known = " and ".join(f"{adapter.MODEL_TYPE} ({adapter.ARCHITECTURE})" for adapter in ADAPTERS)
-    raise InputError(f"{path} describes a '{config.get('model_type')}' model ({listed}); only {known} can be "
-                     "imported")
-
-
-def adapter_for_model(model: ModelConfig, source: str) -> ModuleType:
-    """The adapter whose architecture holds `model`, or an InputError naming its variants."""
-    for adapter in ADAPTERS:
-        if adapter.holds(model):
-            return adapter
-    raise InputError(f"--to-hf: {source} holds a model with {', '.join(model.variants())}, which neither "
-                     "transformers' GPT-2 nor Llama can hold (Llama needs --normalization rmsnorm, "
-                     "--use-rotary-position-embeddings at --rotary-percent 1, --swiglu and no position embedding)")
+def model_config_from_hf(adapter: HFAdapter, config: Mapping[str, object], source: str) -> ModelConfig:
+    """The model a config.json describes, read by its family's `adapter`."""
+    return ModelConfig.from_flags(adapter.model_flags_from_hf(config, source), source)
 
 
 @dataclass(frozen=True)
@@ -49,7 +27,7 @@ class HFModel:
     """A Hugging Face model directory as read: its config.json, adapter and model flags."""
     directory: str
     config: dict
-    adapter: ModuleType
+    adapter: HFAdapter
     model_config: ModelConfig
 
     @property
@@ -106,9 +84,9 @@ def read_hf_model(directory: str) -> HFModel:
     """Read `directory`'s config.json: which architecture, which model."""
     config = read_config_json(directory)
     path = os.path.join(directory, CONFIG_FILE)
-    adapter = adapter_for_config(config, path)
+    adapter = family_of_hf_config(config, path).adapter
     vocab_size = config.get("vocab_size")
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= MAX_VOCAB_SIZE:
         raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
                          f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
-    return HFModel(directory, config, adapter, adapter.model_config_from_hf(config, path))
+    return HFModel(directory, config, adapter, model_config_from_hf(adapter, config, path))

@@ -1,30 +1,27 @@
-"""The shared core of the Hugging Face adapters (hf_gpt2.py, hf_llama.py): a transformers model directory's
-files, read and written one tensor at a time.
+"""A transformers model directory's files, read and written one tensor at a time (the families' adapters,
+megatron/families/, map the tensors' names and layouts).
 
 A directory holds config.json and its weights either as one model.safetensors, as shards named by
 model.safetensors.index.json ({"weight_map": {tensor name: shard file}}), or as an older pytorch_model.bin. Reading
 opens the safetensors files memory-mapped and takes one tensor when asked, so an import holds the tensor it is
 converting, never a whole shard; writing fills a shard up to a byte limit, writes it and starts the next, naming
-them model-0000i-of-0000n.safetensors as transformers does. The model flags transformers' config has no key for
-travel in config.json under MODEL_FLAGS_KEY, which transformers keeps as an attribute and otherwise ignores.
+them model-0000i-of-0000n.safetensors as transformers does.
 """
 import json
 import os
 import re
-from collections import abc
-from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple
+from typing import Dict, Iterable, Mapping, Tuple
 
 import torch
 
 from megatron.errors import InputError
+from megatron.families.hf_tensors import LazyTensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
-MODEL_FLAGS_KEY = "megatron_model_flags"  # our key: the model flags the architecture's config has none for
 HF_CONFIG_KEPT = "hf_config_kept"  # checkpoint flag: what an imported config.json said that an export writes back
-DTYPE_KEYS = ("dtype", "torch_dtype")  # transformers 5.x writes the first, 4.x the second
 DEFAULT_SHARD_BYTES = 5 * 10 ** 9  # transformers' save_pretrained default ("5GB")
 _SIZE = re.compile(r"^\s*(\d+)\s*(|B|KB|MB|GB|TB)\s*$", re.IGNORECASE)
 
@@ -46,24 +43,6 @@ def read_config_json(directory: str) -> dict:
     return config
 
 
-def unmapped_flags(config: Mapping[str, object], source: str) -> dict:
-    """The model flags recorded under MODEL_FLAGS_KEY (none when absent)."""
-    ours = config.get(MODEL_FLAGS_KEY) or {}
-    if not isinstance(ours, dict):
-        raise InputError(f"{source} sets {MODEL_FLAGS_KEY} to {ours!r}; it must map flag names to values "
-                         "(or be removed)")
-    return ours
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_keys(name: str) -> dict:
-    """The weights' dtype under both transformers generations' keys."""
-    return {key: name for key in DTYPE_KEYS}
-
-
 def parse_shard_size(text: str) -> int:
     """Bytes of a size written as transformers' max_shard_size is ('500MB', '5GB', '1000'; decimal units)."""
     match = _SIZE.match(str(text))
@@ -73,24 +52,7 @@ def parse_shard_size(text: str) -> int:
     return int(match.group(1)) * units[match.group(2).lower()]
 
 
-class _LazyTensors(abc.Mapping):
-    """A mapping over a fixed set of tensor names whose tensors are produced only when asked (the subclass's
-    __getitem__); membership, order and length come from the names, without producing anything."""
-
-    def __init__(self, names: Iterable[str]):
-        self._names = dict.fromkeys(names)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-
-class SafetensorsWeights(_LazyTensors):
+class SafetensorsWeights(LazyTensors):
     """Tensor name -> tensor over one or more safetensors files, each tensor read when asked (memory-mapped)."""
 
     def __init__(self, directory: str, file_of: Mapping[str, str]):
@@ -164,44 +126,6 @@ def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
                              "damaged") from err
     raise InputError(f"{directory} has none of {INDEX_FILE}, {WEIGHTS_FILE}, {LEGACY_WEIGHTS_FILE}: it holds no "
                      "weights to import")
-
-
-class DerivedWeights(_LazyTensors):
-    """Our tensors by name, each computed from the Hugging Face tensors when asked (the last one kept, as a
-    checkpoint writer asks for the same tensor once per tensor-parallel rank)."""
-
-    def __init__(self, recipes: Mapping[str, Callable[[], torch.Tensor]]):
-        super().__init__(recipes)
-        self._recipes = dict(recipes)
-        self._last: Tuple[Optional[str], Optional[torch.Tensor]] = (None, None)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if self._last[0] != name:
-            self._last = (None, None)
-            self._last = (name, self._recipes[name]().contiguous())
-        return self._last[1]
-
-
-def taker(weights: Mapping[str, torch.Tensor], architecture: str, prefixes: Tuple[str, ...] = ("",)):
-    """take(name): the tensor stored as name under the first of `prefixes` that has it, or an InputError."""
-
-    def take(name: str) -> torch.Tensor:
-        for prefix in prefixes:
-            if prefix + name in weights:
-                return weights[prefix + name]
-        spelled = " / ".join(f"'{prefix}{name}'" for prefix in prefixes)
-        raise InputError(f"the Hugging Face weights have no tensor {spelled}; they do not belong to a "
-                         f"{architecture} of this config.json")
-    return take
-
-
-def padded_vocabulary(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """A vocabulary matrix zero-padded to `rows` rows (our padded vocabulary)."""
-    if tensor.shape[0] > rows:
-        raise InputError(f"the Hugging Face vocabulary has {tensor.shape[0]} rows, more than the padded size {rows}")
-    padded = torch.zeros(rows, *tensor.shape[1:], dtype=tensor.dtype)
-    padded[:tensor.shape[0]] = tensor
-    return padded
 
 
 def write_config_json(directory: str, config: Mapping[str, object]) -> None:

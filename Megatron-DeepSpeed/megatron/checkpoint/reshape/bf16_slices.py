@@ -25,7 +25,7 @@ from typing import Callable, List, Mapping
 
 import torch
 
-from megatron.checkpoint.convert.expert_zero_partitions import partition
+from megatron.checkpoint.reshape.expert_zero_partitions import partition
 from megatron.checkpoint.file_names import MOMENTS
 
 

@@ -22,7 +22,7 @@ from megatron.checkpoint.formats.checkpoint import OptimizerState
 from megatron.checkpoint.formats.partitions import flat_range
 from megatron.checkpoint.torch_files import save
 from megatron.checkpoint.shards import shard_of
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.model.gpt import GPTConfig
 
 

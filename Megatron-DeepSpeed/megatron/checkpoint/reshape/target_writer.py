@@ -11,7 +11,7 @@ them:
         weights, loss scale; mixed_precision_state.zero0_state) for fp16, and for bf16 on the plain engine.
         The pipeline engine in bf16 steps DeepSpeed's BF16_Optimizer instead, whose state is written for the
         target data-parallel size D only, in global_step{N}/bf16_zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt
-        (checkpoint/convert/bf16_slices.py), `optimizer` then None.
+        (checkpoint/reshape/bf16_slices.py), `optimizer` then None.
   global_step{N}/layer_{piece:02d}-model_{tp:02d}-model_states.pt   under the pipeline engine, each piece's
         weights (the files DeepSpeed's PipelineModule reads).
   global_step{N}/zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt + zero/optimizer_state.pt   DeepSpeed's
@@ -27,7 +27,7 @@ them:
         AdamW state_dict for fp32, DeepSpeed's FP16_UnfusedOptimizer state (master weights, loss scale) for
         fp16 and bf16 (checkpoint/formats/expert_optimizer_state.py); the mp_rank files record which precision.
   global_step{N}/[bf16_]zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt   with a target data-parallel size,
-        that Adam state also as DeepSpeed's ZeRO 1-2 partitions for it (checkpoint/convert/expert_zero_partitions.py),
+        that Adam state also as DeepSpeed's ZeRO 1-2 partitions for it (checkpoint/reshape/expert_zero_partitions.py),
         which load at that size only; the mp_rank files record it.
   latest, latest_universal, latest_checkpointed_iteration.txt
 With --weights-only the Adam state is left out (zero/ then holds fp32.pt only) and resuming starts the
@@ -41,10 +41,10 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.convert.bf16_slices import rank_slices
+from megatron.checkpoint.reshape.bf16_slices import rank_slices
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
 from megatron.checkpoint.formats.expert_optimizer_state import rank_optimizer
-from megatron.checkpoint.convert.expert_zero_partitions import rank_partitions
+from megatron.checkpoint.reshape.expert_zero_partitions import rank_partitions
 from megatron.checkpoint.file_names import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_PATTERN, LATEST_ITERATION_FILE,
                                         LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE, OPTIMIZER_DATA_PARALLEL_SIZE,
                                         OPTIMIZER_PRECISION, UNIVERSAL_MARK, expert_file, expert_optimizer_file,
@@ -59,7 +59,7 @@ from megatron.checkpoint.formats.zero0 import decay_groups
 from megatron.checkpoint.formats.pipeline_engine import pipeline_stage_pieces
 from megatron.checkpoint.torch_files import own_storages, save
 from megatron.checkpoint.shards import shard_of
-from megatron.checkpoint.convert.universal_files import UniversalFiles
+from megatron.checkpoint.reshape.universal_files import UniversalFiles
 from megatron.checkpoint.formats.weight_units import Progress, quiet
 from megatron.config.flags.optimizer import weight_decayed
 from megatron.errors import InputError

@@ -1,5 +1,5 @@
 """The Hugging Face adapter of GPT-2: the single-process GPTModel state dict <-> a transformers GPT2LMHeadModel
-directory, without importing transformers (the config is written here; files through hf_files.py).
+directory, without importing transformers (the config is written here; files through checkpoint/hf/files.py).
 
 Differences bridged: HF's Conv1D stores weights [in, out] (ours [out, in]); HF's fused c_attn rows
 are [all q | all k | all v] where ours are ordered per head (q, k, v of head 0, then head 1 ...); HF has no
@@ -11,11 +11,10 @@ from typing import Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.convert.hf_files import (MODEL_FLAGS_KEY, DerivedWeights, dtype_keys, dtype_name,
-                                                  padded_vocabulary, taker, unmapped_flags)
-from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig
+from megatron.families.adapter import BuiltModel, ModelFlags
+from megatron.families.hf_tensors import (MODEL_FLAGS_KEY, DerivedWeights, dtype_keys, dtype_name, padded_vocabulary,
+                                          taker, unmapped_flags)
 
 MODEL_TYPE = "gpt2"
 ARCHITECTURE = "GPT2LMHeadModel"
@@ -37,7 +36,7 @@ _UNSUPPORTED_OPTIONS = (("scale_attn_by_inverse_layer_idx", False), ("reorder_an
                         ("scale_attn_weights", True), ("add_cross_attention", False))
 
 
-def holds(model: ModelConfig) -> bool:
+def holds(model: ModelFlags) -> bool:
     """Whether GPT2LMHeadModel can hold `model`: a GPT-2-shaped one, no architecture variant."""
     return not model.variants()
 
@@ -53,7 +52,7 @@ def hf_qkv_to_per_head(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
     return by_part.transpose(0, 1).reshape(tensor.shape)
 
 
-def to_hf_tensors(model: Mapping[str, torch.Tensor], config: GPTConfig,
+def to_hf_tensors(model: Mapping[str, torch.Tensor], config: BuiltModel,
                   vocab_size: int) -> Iterator[Tuple[str, torch.Tensor]]:
     """GPTModel's parameters under GPT2LMHeadModel's names (without the tied lm_head.weight), one at a time in
     model order, the padded vocabulary rows beyond `vocab_size` dropped."""
@@ -75,7 +74,7 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: GPTConfig,
     yield "transformer.ln_f.bias", model["final_layernorm.bias"]
 
 
-def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Mapping[str, torch.Tensor]:
+def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: BuiltModel) -> Mapping[str, torch.Tensor]:
     """GPT2LMHeadModel's (or GPT2Model's) weights under GPTModel's names, each converted when asked, the word
     embedding zero-padded to config.vocab_size rows."""
     take = taker(hf, "GPT-2 model", ("transformer.", ""))
@@ -98,7 +97,7 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Map
     return DerivedWeights(recipes)
 
 
-def hf_config(model: ModelConfig, vocab_size: int, dtype: torch.dtype,
+def hf_config(model: ModelFlags, vocab_size: int, dtype: torch.dtype,
               special_tokens: Optional[Mapping[str, object]] = None) -> dict:
     """config.json of the GPT2LMHeadModel equal to `model` (transformers reads these keys); the model flags
     GPT2Config has no key for go along under MODEL_FLAGS_KEY, so an import gives back the same model.
@@ -125,8 +124,8 @@ def check_config(config: Mapping[str, object], path: str) -> None:
                          f"{' / '.join(TANH_GELUS)} (tanh GeLU, --openai-gelu) can be imported")
 
 
-def model_config_from_hf(config: Mapping[str, object], source: str = "config.json") -> ModelConfig:
-    """The model of a GPT-2 config.json. The shape keys must be there; another key it lacks takes upstream's
+def model_flags_from_hf(config: Mapping[str, object], source: str) -> dict:
+    """The model flags of a GPT-2 config.json. The shape keys must be there; another key it lacks takes upstream's
     default, which is GPT2Config's too, except the activation: transformers' default is the tanh form."""
     check_config(config, source)
     standard = {}
@@ -134,8 +133,7 @@ def model_config_from_hf(config: Mapping[str, object], source: str = "config.jso
         if config.get(key) is not None:
             standard.setdefault(flag, config[key])
     activation = config.get(ACTIVATION_KEY, TANH_GELUS[0])
-    return ModelConfig.from_flags({**unmapped_flags(config, source), **standard,
-                                   "openai_gelu": activation in TANH_GELUS}, source)
+    return {**unmapped_flags(config, source), **standard, "openai_gelu": activation in TANH_GELUS}
 
 
 def describe(config: Mapping[str, object]) -> list:

@@ -24,11 +24,10 @@ from typing import Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.convert.hf_files import (MODEL_FLAGS_KEY, DerivedWeights, dtype_keys, dtype_name,
-                                                  padded_vocabulary, taker, unmapped_flags)
-from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
-from megatron.model.gpt import GPTConfig
+from megatron.families.adapter import BuiltModel, ModelFlags
+from megatron.families.hf_tensors import (MODEL_FLAGS_KEY, DerivedWeights, dtype_keys, dtype_name, padded_vocabulary,
+                                          taker, unmapped_flags)
 
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
@@ -53,7 +52,7 @@ _MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | set(LLAMA_FLAGS) | {
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
-def holds(model: ModelConfig) -> bool:
+def holds(model: ModelFlags) -> bool:
     """Whether LlamaForCausalLM can hold `model`."""
     return all(getattr(model, flag) == value for flag, value in LLAMA_FLAGS.items())
 
@@ -84,11 +83,11 @@ def gate_up_from_hf(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.stack((gate, up), dim=1).reshape(-1, *gate.shape[1:])
 
 
-def _parameters(model_config: GPTConfig) -> Tuple[str, ...]:
+def _parameters(model_config: BuiltModel) -> Tuple[str, ...]:
     return ("weight", "bias") if model_config.add_bias_linear else ("weight",)
 
 
-def to_hf_tensors(model: Mapping[str, torch.Tensor], config: GPTConfig,
+def to_hf_tensors(model: Mapping[str, torch.Tensor], config: BuiltModel,
                   vocab_size: int) -> Iterator[Tuple[str, torch.Tensor]]:
     """GPTModel's parameters under LlamaForCausalLM's names, one layer at a time in model order, the padded
     vocabulary rows beyond `vocab_size` dropped."""
@@ -113,7 +112,7 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: GPTConfig,
         yield "lm_head.weight", model["lm_head.weight"][:vocab_size].contiguous()
 
 
-def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Mapping[str, torch.Tensor]:
+def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: BuiltModel) -> Mapping[str, torch.Tensor]:
     """LlamaForCausalLM's weights under GPTModel's names, each converted when asked, the vocabulary rows
     zero-padded to config.vocab_size."""
     take = taker(hf, "Llama model")
@@ -166,19 +165,18 @@ def check_config(config: Mapping[str, object], path: str) -> None:
                          "head_dim = hidden_size / num_attention_heads can be imported")
 
 
-def model_config_from_hf(config: Mapping[str, object], source: str = "config.json") -> ModelConfig:
-    """The model of a Llama config.json; a key it lacks takes LlamaConfig's default."""
+def model_flags_from_hf(config: Mapping[str, object], source: str) -> dict:
+    """The model flags of a Llama config.json; a key it lacks takes LlamaConfig's default."""
     check_config(config, source)
     standard = {flag: config[key] for key, flag in HF_KEYS if config.get(key) is not None}
     theta = rope_theta(config, source)
-    return ModelConfig.from_flags({
-        **IMPORT_FLAGS, **unmapped_flags(config, source), **standard, **LLAMA_FLAGS,
-        "rope_theta": int(theta) if theta.is_integer() else theta,
-        "add_bias_linear": bool(config.get("attention_bias", False)),
-        "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False)}, source)
+    return {**IMPORT_FLAGS, **unmapped_flags(config, source), **standard, **LLAMA_FLAGS,
+            "rope_theta": int(theta) if theta.is_integer() else theta,
+            "add_bias_linear": bool(config.get("attention_bias", False)),
+            "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False)}
 
 
-def hf_config(model: ModelConfig, vocab_size: int, dtype: torch.dtype,
+def hf_config(model: ModelFlags, vocab_size: int, dtype: torch.dtype,
               special_tokens: Optional[Mapping[str, object]] = None) -> dict:
     """config.json of the LlamaForCausalLM equal to `model`, readable by transformers 4.x and 5.x; the flags
     LlamaConfig has no key for go along under MODEL_FLAGS_KEY. `special_tokens`: bos/eos/pad ids."""

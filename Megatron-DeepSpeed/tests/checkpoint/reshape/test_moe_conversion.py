@@ -68,7 +68,7 @@ def test_the_converters_expert_files_load_through_deepspeeds_loader_into_upstrea
     # _save_moe_checkpoint): `layers.N.mlp...` in our GPTModel, `language_model.encoder.layers.N.mlp...` in
     # upstream's (megatron/model/transformer.py, language_model.py at b4d4a0e), whose trainer loads only its own.
     # The converter's writer uses upstream's, which DeepSpeed's loader then hands to upstream's modules unchanged.
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.config.arguments import job_config
     from megatron.model.gpt_config import gpt_config
     from megatron.model.moe import MoEGPTModel
@@ -114,10 +114,10 @@ def test_an_ep2_checkpoint_reshaped_with_its_adam_state_resumes_at_ep1_and_ep4_a
     # per target expert-parallel rank, both take the source run's iterations 3 and 4 in one process, and the
     # ZeRO 0 one also at EP 4 x DP 4. The ZeRO 2 run names --create-moe-param-group, as upstream's scripts do, so
     # its target's files carry DeepSpeed's MoE groups; the ZeRO 0 one has our two groups.
-    from megatron.checkpoint.convert.conversions import reshape
+    from megatron.checkpoint.reshape.conversions import reshape
     from megatron.checkpoint.formats.optimizer_state import read_optimizer_state
     from megatron.checkpoint.formats.reader import read_checkpoint
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
     from megatron.errors import InputError
     flags = [*COMMON, "--data-path", data_prefix, "--moe-expert-parallel-size"]
     groups = {"0": [], "2": ["--create-moe-param-group"]}
@@ -310,7 +310,7 @@ def test_upstreams_fp16_moe_adam_state_in_flat_groups_is_read_per_parameter(tmp_
     from megatron.checkpoint.formats.mixed_precision_state import LOSS_SCALE_KEYS
     from megatron.checkpoint.formats.reader import read_checkpoint
     from megatron.checkpoint.torch_files import save
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.config.arguments import job_config
     from megatron.model.gpt_config import gpt_config
     from megatron.model.moe import MoEGPTModel
@@ -367,10 +367,10 @@ def test_an_moe_ranks_adam_state_in_fp16s_form_loads_into_deepspeeds_fp16_optimi
 
 def test_the_adam_state_of_an_moe_checkpoint_trained_with_tensor_parallelism_is_refused_in_one_line():
     # DeepSpeed's consecutive expert-parallel groups then mix tensor-parallel ranks: a layout no run here wrote.
-    from megatron.checkpoint.convert.conversions import check_expert_target
+    from megatron.checkpoint.reshape.conversions import check_expert_target
     from megatron.checkpoint.formats.detect import Layout
     from megatron.checkpoint.formats.checkpoint import Checkpoint
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
     from megatron.errors import InputError
     args = {"num_layers": 2, "num_experts": [4], "moe_expert_parallel_size": 2}
     source = Checkpoint(directory="ckpt/global_step2", iteration=2, consumed_train_samples=8, args=args,
@@ -464,10 +464,10 @@ def test_a_converted_moe_checkpoints_adam_state_resumes_only_where_deepspeed_rea
 
 
 def test_zero_partitions_are_written_only_where_deepspeeds_expert_groups_are_known(tmp_path):
-    from megatron.checkpoint.convert.conversions import check_expert_target, reshape
+    from megatron.checkpoint.reshape.conversions import check_expert_target, reshape
     from megatron.checkpoint.formats.detect import Layout
     from megatron.checkpoint.formats.checkpoint import Checkpoint
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.config.arguments import job_config
     from megatron.errors import InputError
     from megatron.model.gpt import GPTModel
@@ -506,11 +506,11 @@ def test_the_converters_precision_and_data_parallel_flags():
 def test_reshaping_an_moe_checkpoint_with_its_adam_state_parses_each_expert_parallel_ranks_file_once(tmp_path):
     # ZeRO 0 keeps an MoE run's Adam state in one expp_rank file per expert-parallel rank; every kind of every
     # parameter comes from those files parsed once (the parses a weights-only reshape makes aside).
-    from megatron.checkpoint.convert.conversions import reshape
-    from megatron.checkpoint.convert.fixture_sources import write_zero0
+    from megatron.checkpoint.reshape.conversions import reshape
+    from megatron.checkpoint.reshape.fixture_sources import write_zero0
     from megatron.checkpoint.formats.checkpoint import OptimizerState
     from megatron.checkpoint.recorded_flags import RecordedFlags
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState
     from megatron.config.arguments import job_config
     from megatron.model.gpt_config import gpt_config
     from megatron.model.moe import MoEGPTModel

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from megatron.checkpoint.convert.conversions import reshape
-from megatron.checkpoint.convert.examine import differences, examine
+from megatron.checkpoint.reshape.conversions import reshape
+from megatron.checkpoint.hf.examine import differences, examine
 from megatron.checkpoint.formats.reader import read_checkpoint
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, ITERATIONS, train
 from tests.helpers.paths import FIXTURES

@@ -11,18 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.checkpoint.convert import hf_files, hf_llama
-from megatron.checkpoint.convert.conversions import export_hf, import_hf, tokenizer_files_of
-from megatron.checkpoint.convert.examine import examine
+from megatron.checkpoint.hf import files as hf_files
+from megatron.checkpoint.hf.directory import model_config_from_hf
+from megatron.families.llama import hf_adapter as hf_llama
+from megatron.checkpoint.hf.conversions import export_hf, import_hf, tokenizer_files_of
+from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.formats.reader import read_checkpoint
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError
 from megatron.evaluation.lambada import split_target
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
 from tests.helpers.distributed import run_on_ranks
-from tests.checkpoint.convert.test_conversions import with_random_vectors
+from tests.checkpoint.reshape.test_conversions import with_random_vectors
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a llama eats grass in the high mountains",
              "pre-training reads many tokens", "the dog and the llama are friends", "mountains are high and cold",
@@ -165,9 +167,9 @@ def test_rotary_keys_of_transformers_4_and_5_and_a_scaled_rotary_refused(tmp_pat
     four = {**LLAMA_SHAPE, "model_type": "llama", "vocab_size": 64, "rope_theta": 500000.0, "rope_scaling": None,
             "torch_dtype": "bfloat16"}
     five = {**four, "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}
-    assert hf_llama.model_config_from_hf(four).rope_theta == 500000
-    assert hf_llama.model_config_from_hf(five).rope_theta == 250000
-    assert hf_llama.model_config_from_hf({**LLAMA_SHAPE}).rope_theta == 10000  # LlamaConfig's default
+    assert model_config_from_hf(hf_llama, four, "config.json").rope_theta == 500000
+    assert model_config_from_hf(hf_llama, five, "config.json").rope_theta == 250000
+    assert model_config_from_hf(hf_llama, {**LLAMA_SHAPE}, "config.json").rope_theta == 10000  # LlamaConfig's default
     scaled = {**five, "architectures": ["LlamaForCausalLM"],
               "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}
     (tmp_path / "hf").mkdir()
@@ -177,7 +179,7 @@ def test_rotary_keys_of_transformers_4_and_5_and_a_scaled_rotary_refused(tmp_pat
         import_hf(str(tmp_path / "hf"), str(tmp_path / "out"), TargetLayout(1, 1))
     assert not (tmp_path / "out").exists()
     with pytest.raises(InputError, match=r"sets hidden_act 'gelu'; only 'silu' \(SwiGLU\) can be imported"):
-        hf_llama.model_config_from_hf({**four, "hidden_act": "gelu"})
+        model_config_from_hf(hf_llama, {**four, "hidden_act": "gelu"}, "config.json")
 
 
 def test_a_missing_or_damaged_shard_is_named_in_one_line_and_nothing_is_written(hf_dir, tmp_path):
