@@ -81,11 +81,14 @@ class ModelConfig:
         """The flags, as a checkpoint records them."""
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
+    def variant_names(self) -> list:
+        """The names of the architecture-variant flags set away from GPT-2's (e.g. ['normalization', 'swiglu'])."""
+        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
+        return [name for name in VARIANT_FLAGS if getattr(self, name) != getattr(gpt2, name)]
+
     def variants(self) -> list:
         """The architecture-variant flags set away from GPT-2's (e.g. ['--swiglu True', '--normalization rmsnorm'])."""
-        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
-        return [f"--{_dashed(name)} {getattr(self, name)}" for name in VARIANT_FLAGS
-                if getattr(self, name) != getattr(gpt2, name)]
+        return [f"--{_dashed(name)} {getattr(self, name)}" for name in self.variant_names()]
 
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])

@@ -52,9 +52,15 @@ _MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | set(LLAMA_FLAGS) | {
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
+# The variant flags LlamaForCausalLM has keys for; a model with any other variant is not Llama's.
+HELD_VARIANTS = frozenset(LLAMA_FLAGS) | {"rope_theta", "num_key_value_heads", "add_bias_linear",
+                                         "untie_embeddings_and_output_weights"}
+
+
 def holds(model: ModelFlags) -> bool:
-    """Whether LlamaForCausalLM can hold `model`."""
-    return all(getattr(model, flag) == value for flag, value in LLAMA_FLAGS.items())
+    """Whether LlamaForCausalLM can hold `model`: Llama's flags, and no variant it has no key for."""
+    return (all(getattr(model, flag) == value for flag, value in LLAMA_FLAGS.items())
+            and set(model.variant_names()) <= HELD_VARIANTS)
 
 
 def qkv_to_hf(tensor: torch.Tensor, groups: int, head_dim: int) -> Tuple[torch.Tensor, ...]:
@@ -115,26 +121,31 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: BuiltModel,
 def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: BuiltModel) -> Mapping[str, torch.Tensor]:
     """LlamaForCausalLM's weights under GPTModel's names, each converted when asked, the vocabulary rows
     zero-padded to config.vocab_size."""
-    take = taker(hf, "Llama model")
+    return DerivedWeights(recipes(taker(hf, "Llama model"), config))
+
+
+def recipes(take, config: BuiltModel) -> dict:
+    """Our name -> how to make it from Llama's tensors, `take(name)` giving one of those (a family whose
+    transformers class is Llama's with more tensors adds its own)."""
     groups, head_dim = config.num_key_value_heads, config.head_dim
-    recipes = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take("model.embed_tokens.weight"),
-                                                                              config.vocab_size)}
+    made = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take("model.embed_tokens.weight"),
+                                                                           config.vocab_size)}
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
         for norm in _NORMS:
-            recipes[f"{ours}{norm}.weight"] = lambda name=f"{theirs}{norm}.weight": take(name)
+            made[f"{ours}{norm}.weight"] = lambda name=f"{theirs}{norm}.weight": take(name)
         for part in _parameters(config):
             attention, mlp = f"{theirs}self_attn.", f"{theirs}mlp."
-            recipes[f"{ours}self_attention.query_key_value.{part}"] = lambda a=attention, p=part: qkv_from_hf(
+            made[f"{ours}self_attention.query_key_value.{part}"] = lambda a=attention, p=part: qkv_from_hf(
                 take(f"{a}q_proj.{p}"), take(f"{a}k_proj.{p}"), take(f"{a}v_proj.{p}"), groups, head_dim)
-            recipes[f"{ours}self_attention.dense.{part}"] = lambda name=f"{attention}o_proj.{part}": take(name)
-            recipes[f"{ours}mlp.dense_h_to_4h.{part}"] = lambda m=mlp, p=part: gate_up_from_hf(
+            made[f"{ours}self_attention.dense.{part}"] = lambda name=f"{attention}o_proj.{part}": take(name)
+            made[f"{ours}mlp.dense_h_to_4h.{part}"] = lambda m=mlp, p=part: gate_up_from_hf(
                 take(f"{m}gate_proj.{p}"), take(f"{m}up_proj.{p}"))
-            recipes[f"{ours}mlp.dense_4h_to_h.{part}"] = lambda name=f"{mlp}down_proj.{part}": take(name)
-    recipes["final_layernorm.weight"] = lambda: take("model.norm.weight")
+            made[f"{ours}mlp.dense_4h_to_h.{part}"] = lambda name=f"{mlp}down_proj.{part}": take(name)
+    made["final_layernorm.weight"] = lambda: take("model.norm.weight")
     if config.untie_embeddings_and_output_weights:
-        recipes["lm_head.weight"] = lambda: padded_vocabulary(take("lm_head.weight"), config.vocab_size)
-    return DerivedWeights(recipes)
+        made["lm_head.weight"] = lambda: padded_vocabulary(take("lm_head.weight"), config.vocab_size)
+    return made
 
 
 def rope_theta(config: Mapping[str, object], path: str) -> float:
