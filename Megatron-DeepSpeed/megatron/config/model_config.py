@@ -92,6 +92,7 @@ class ModelConfig:
 
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
+DEFAULTS = {spec.name: spec.default for spec in fields(ModelConfig) if spec.default is not MISSING}
 # The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
 VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
                  "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
