@@ -14,6 +14,7 @@ from typing import Dict, Iterable, Mapping, Tuple
 
 import torch
 
+from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError
 from megatron.families.hf_tensors import LazyTensors
 
@@ -112,18 +113,14 @@ def _index_names(directory: str) -> Dict[str, str]:
 
 def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
     """The tensors of a Hugging Face directory by name: sharded or single-file safetensors, read one tensor at a
-    time, or the older pytorch_model.bin (read whole, tensors only)."""
+    time, or the older pytorch_model.bin (through the one torch.load, checkpoint/torch_files.py)."""
     if os.path.isfile(os.path.join(directory, INDEX_FILE)):
         return SafetensorsWeights(directory, _index_names(directory))
     if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
         return SafetensorsWeights(directory, _single_file_names(directory))
     legacy = os.path.join(directory, LEGACY_WEIGHTS_FILE)
     if os.path.isfile(legacy):
-        try:
-            return torch.load(legacy, map_location="cpu", weights_only=True)
-        except Exception as err:
-            raise InputError(f"{legacy} cannot be read ({type(err).__name__}: {err}); the file is truncated or "
-                             "damaged") from err
+        return load_file(legacy)
     raise InputError(f"{directory} has none of {INDEX_FILE}, {WEIGHTS_FILE}, {LEGACY_WEIGHTS_FILE}: it holds no "
                      "weights to import")
 
