@@ -6,7 +6,8 @@ written before the flag existed was trained with. `from_flags` reads a field fro
 parsed command line, a checkpoint's recorded flags, an imported model's); `to_flags` gives back exactly what a
 checkpoint records. `architecture` marks the flags a resumed run must repeat (checkpoint/trainer/resume_plan.py).
 Adding a model flag is one line here (plus, for the model to use it, the same-named field of model/gpt.py's
-GPTConfig, which model/gpt_config.py fills from this one).
+GPTConfig, which model/gpt_config.py fills from this one); a variant that is a plain on-switch declares its help
+here too, and config/flags/model.py adds its flag from it.
 """
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -19,6 +20,12 @@ def _flag(default=MISSING, architecture: bool = False):
     """A model flag with upstream's `default` (none: every run gives it); `architecture`: the checkpoint's
     weights compute the model it was trained as only with the same value."""
     return field(default=default, metadata={"architecture": architecture})
+
+
+def _variant(default, switch: str = ""):
+    """An architecture variant (VARIANT_FLAGS) with GPT-2's `default`; `switch`: the help of its flag when that is
+    a plain on-switch --the-field-name, which config/flags/model.py then adds from this declaration."""
+    return field(default=default, metadata={"architecture": True, "variant": True, "switch": switch})
 
 
 @dataclass(frozen=True)
@@ -47,15 +54,15 @@ class ModelConfig:
     attention_softmax_in_fp32: bool = _flag(False)
     torch_compile: bool = _flag(False)  # the model through torch.compile (model/provider.py)
     # Architecture variants (upstream main's flags; the defaults are GPT-2's, so older checkpoints read as it):
-    normalization: str = _flag("layernorm", architecture=True)  # or "rmsnorm"
-    add_position_embedding: bool = _flag(True, architecture=True)  # learned absolute positions
-    use_rotary_position_embeddings: bool = _flag(False, architecture=True)
-    rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
-    rope_theta: int = _flag(10000, architecture=True)  # the rotary base
-    swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
-    num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
-    add_bias_linear: bool = _flag(True, architecture=True)
-    untie_embeddings_and_output_weights: bool = _flag(False, architecture=True)
+    normalization: str = _variant("layernorm")  # or "rmsnorm"
+    add_position_embedding: bool = _variant(True)  # learned absolute positions
+    use_rotary_position_embeddings: bool = _variant(False)
+    rotary_percent: float = _variant(1.0)  # of each head's channels that rotate
+    rope_theta: int = _variant(10000)  # the rotary base
+    swiglu: bool = _variant(False)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
+    num_key_value_heads: Optional[int] = _variant(None)  # None: num_attention_heads (no GQA)
+    add_bias_linear: bool = _variant(True)
+    untie_embeddings_and_output_weights: bool = _variant(False)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in
@@ -93,10 +100,10 @@ class ModelConfig:
 
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
 DEFAULTS = {spec.name: spec.default for spec in fields(ModelConfig) if spec.default is not MISSING}
-# The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
-VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                 "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
-                 "untie_embeddings_and_output_weights")
+# The fields that turn GPT-2 into a Llama-style model (docs/llama.md) or another family's.
+VARIANT_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata.get("variant"))
+# Variants whose flag is a plain on-switch, added to the parser from this declaration: name -> help.
+SWITCHES = {spec.name: spec.metadata["switch"] for spec in fields(ModelConfig) if spec.metadata.get("switch")}
 
 
 def _dashed(name: str) -> str:
