@@ -63,6 +63,8 @@ class ModelConfig:
     num_key_value_heads: Optional[int] = _variant(None)  # None: num_attention_heads (no GQA)
     add_bias_linear: bool = _variant(True)
     untie_embeddings_and_output_weights: bool = _variant(False)
+    add_qkv_bias: bool = _variant(False, switch="Biases on the query, key and value projections even under "
+                                  "--disable-bias-linear, which the other linears follow (Qwen2).")
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in

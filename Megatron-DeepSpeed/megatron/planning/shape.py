@@ -158,7 +158,7 @@ def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expe
     gate, this rank's experts and PR-MoE's dense MLP and coefficient."""
     h, bias = shape.hidden_size, shape.add_bias_linear
     qkv = h + 2 * shape.key_value_heads * (h // shape.num_attention_heads)
-    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + bias * qkv + h * h) // tensor
+    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + (bias or shape.add_qkv_bias) * qkv + h * h) // tensor
     experts = shape.experts_of_layer(layer_number)
     if experts == 1:
         return attention + mlp_parameters(shape, tensor)

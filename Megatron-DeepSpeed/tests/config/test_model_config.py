@@ -43,11 +43,11 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
     rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
-    untie_embeddings_and_output_weights=True)
+    untie_embeddings_and_output_weights=True, add_qkv_bias=True)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                         "--rotary-percent", "0.5", "--rotary-base", "500000", "--swiglu", "--num-key-value-heads", "2",
-                        "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+                        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--add-qkv-bias"]
 COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-heads", "6", "--seq-length", "40",
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
                 "--attention-dropout", "0.3", "--init-method-std", "0.05", "--init-method-xavier-uniform",
@@ -101,7 +101,7 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
                                        "rope_theta", "swiglu", "num_key_value_heads", "add_bias_linear",
-                                       "untie_embeddings_and_output_weights"}
+                                       "untie_embeddings_and_output_weights", "add_qkv_bias"}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
             check_model_flags("ckpt", recorded, {**recorded, flag: 7})
