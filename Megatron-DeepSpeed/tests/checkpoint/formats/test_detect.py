@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tools.checkpoint_fixtures import write_megatron, write_zero3
+from tools.fixtures.checkpoint_sources import write_megatron, write_zero3
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.checkpoint.file_names import UNIVERSAL_DIR, layer_file
 from megatron.checkpoint.formats import detect

@@ -13,7 +13,7 @@ import torch
 
 from megatron.checkpoint.reshape.conversions import reshape, training_state
 from megatron.checkpoint import trust
-from tools.checkpoint_fixtures import write_megatron, write_zero0, write_zero12, write_zero3
+from tools.fixtures.checkpoint_sources import write_megatron, write_zero0, write_zero12, write_zero3
 from megatron.checkpoint.parameter_names import spec_position
 from megatron.checkpoint.formats.checkpoint import OptimizerState
 from megatron.checkpoint.formats.optimizer_state import read_optimizer_state

@@ -507,7 +507,7 @@ def test_reshaping_an_moe_checkpoint_with_its_adam_state_parses_each_expert_para
     # ZeRO 0 keeps an MoE run's Adam state in one expp_rank file per expert-parallel rank; every kind of every
     # parameter comes from those files parsed once (the parses a weights-only reshape makes aside).
     from megatron.checkpoint.reshape.conversions import reshape
-    from tools.checkpoint_fixtures import write_zero0
+    from tools.fixtures.checkpoint_sources import write_zero0
     from megatron.checkpoint.formats.checkpoint import OptimizerState
     from megatron.checkpoint.recorded_flags import RecordedFlags
     from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState
