@@ -27,7 +27,8 @@ def test_presets_are_declared_only_in_the_families_presets_modules():
             path = os.path.join(directory, file)
             with open(path, encoding="utf-8") as handle:
                 tree = ast.parse(handle.read())
-            if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Preset" for node in ast.walk(tree)):
+            calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+            if any(getattr(call.func, "id", None) == "Preset" for call in calls):
                 declaring.add(os.path.relpath(path, PACKAGE_ROOT))
     assert declaring == {f"megatron/families/{family.name}/presets.py" for family in FAMILIES}
 
