@@ -24,6 +24,7 @@ from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
 from tests.helpers.distributed import run_on_ranks
+from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, hf_tensors, import_at
 from tests.checkpoint.reshape.test_conversions import with_random_vectors
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a llama eats grass in the high mountains",
@@ -72,11 +73,6 @@ def hf_dir(tmp_path_factory):
     return directory
 
 
-def hf_tensors(directory) -> dict:
-    weights = hf_files.open_weights(directory)
-    return {name: weights[name] for name in weights}
-
-
 def our_model(save: str) -> GPTModel:
     checkpoint = read_checkpoint(save)
     model = GPTModel(gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size)).eval()
@@ -87,11 +83,7 @@ def our_model(save: str) -> GPTModel:
 @pytest.fixture(scope="module")
 def imported(hf_dir, tmp_path_factory):
     """The model imported at TP 2 and at PP 2 (vocabulary padded to a multiple of 32 x TP)."""
-    saved = {}
-    for name, target in (("tp2", TargetLayout(2, 1)), ("pp2", TargetLayout(1, 2))):
-        saved[name] = str(tmp_path_factory.mktemp(name) / "ckpt")
-        import_hf(hf_dir, saved[name], target, make_vocab_size_divisible_by=32)
-    return saved
+    return import_at(hf_dir, tmp_path_factory, {"tp2": TargetLayout(2, 1), "pp2": TargetLayout(1, 2)})
 
 
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
@@ -104,13 +96,10 @@ def test_imported_llama_computes_transformers_logits_and_exports_back_bit_for_bi
     model = our_model(imported[layout])
     assert model.config.num_key_value_heads == 2 and model.config.rope_theta == 500000
     assert (vocab, model.config.vocab_size) == (100, 128)  # padded to a multiple of 32 x TP
-    tokens = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens)[..., :vocab], reference(tokens).logits, rtol=1e-5, atol=1e-5)
+    tokens = assert_transformers_logits(model, reference, vocab)
 
     exported = str(tmp_path / "exported")
-    export_hf(imported[layout], exported, max_shard_bytes=30_000)
-    original, written = hf_tensors(hf_dir), hf_tensors(exported)
+    written, original = exported_and_original(imported[layout], hf_dir, exported, max_shard_bytes=30_000)
     assert written.keys() == original.keys()
     for name, tensor in original.items():
         assert tensor.dtype == torch.float32 and torch.equal(written[name], tensor), name
@@ -150,11 +139,8 @@ def test_tied_llama_with_biases_and_full_attention_round_trips(tmp_path):
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(2, 1), make_vocab_size_divisible_by=16)
     model = our_model(str(tmp_path / "ckpt"))
     assert not model.config.untie_embeddings_and_output_weights and model.config.add_bias_linear
-    tokens = torch.randint(0, 70, (2, 10), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens)[..., :70], reference(tokens).logits, rtol=1e-5, atol=1e-5)
-    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
-    original, written = hf_tensors(tmp_path / "hf"), hf_tensors(tmp_path / "out")
+    tokens = assert_transformers_logits(model, reference, 70, seed=2)
+    written, original = exported_and_original(str(tmp_path / "ckpt"), tmp_path / "hf", str(tmp_path / "out"))
     original.pop("lm_head.weight", None)  # tied: transformers may or may not store it
     assert written.keys() == original.keys()
     assert all(torch.equal(written[name], tensor) for name, tensor in original.items())

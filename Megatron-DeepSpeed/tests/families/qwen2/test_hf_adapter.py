@@ -9,9 +9,8 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.checkpoint.hf.conversions import import_hf
 from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
@@ -21,9 +20,9 @@ from megatron.families.qwen2 import hf_adapter as qwen2
 from megatron.families.registry import family_of_model
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams, prompt_generators
-from megatron.model.gpt import GPTModel
-from megatron.model.gpt_config import gpt_config
 from tests.checkpoint.reshape.test_conversions import with_random_vectors
+from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, hf_tensors, import_at
+from tests.families.llama.test_hf_adapter import our_model
 
 VOCAB = 100
 SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -52,23 +51,7 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def imported(hf_dir, tmp_path_factory):
-    saved = {}
-    for name, target in (("tp2", TargetLayout(2, 1)), ("tp2pp2", TargetLayout(2, 2))):
-        saved[name] = str(tmp_path_factory.mktemp(name) / "ckpt")
-        import_hf(hf_dir, saved[name], target, make_vocab_size_divisible_by=32)
-    return saved
-
-
-def our_model(save: str) -> GPTModel:
-    checkpoint = read_checkpoint(save)
-    model = GPTModel(gpt_config(checkpoint.model_config, checkpoint.padded_vocab_size)).eval()
-    model.load_state_dict(dict(checkpoint.model))
-    return model
-
-
-def hf_tensors(directory) -> dict:
-    weights = hf_files.open_weights(directory)
-    return {name: weights[name] for name in weights}
+    return import_at(hf_dir, tmp_path_factory, {"tp2": TargetLayout(2, 1), "tp2pp2": TargetLayout(2, 2)})
 
 
 def config_json(directory) -> dict:
@@ -85,13 +68,10 @@ def test_imported_qwen2_computes_transformers_logits_and_exports_back_bit_for_bi
     assert (model.config.add_qkv_bias, model.config.add_bias_linear, model.config.rope_theta) == (True, False, 1000000)
     layer = model.layers[0]
     assert layer.self_attention.query_key_value.bias is not None and layer.mlp.dense_4h_to_h.bias is None
-    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens)[..., :VOCAB], reference(tokens).logits, rtol=1e-5, atol=1e-5)
+    tokens = assert_transformers_logits(model, reference, VOCAB)
 
     exported = str(tmp_path / "exported")
-    export_hf(imported[layout], exported, max_shard_bytes=30_000)
-    original, written = hf_tensors(hf_dir), hf_tensors(exported)
+    written, original = exported_and_original(imported[layout], hf_dir, exported, max_shard_bytes=30_000)
     assert written.keys() == original.keys() and any(name.endswith("k_proj.bias") for name in written)
     for name, tensor in original.items():
         assert torch.equal(written[name], tensor), name
@@ -124,11 +104,8 @@ def test_tied_qwen2_round_trips_and_the_examiner_shows_its_biases(tmp_path):
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(2, 2), make_vocab_size_divisible_by=16)
     model = our_model(str(tmp_path / "ckpt"))
     assert not model.config.untie_embeddings_and_output_weights
-    tokens = torch.randint(0, 70, (2, 10), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens)[..., :70], reference(tokens).logits, rtol=1e-5, atol=1e-5)
-    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
-    original, written = hf_tensors(tmp_path / "hf"), hf_tensors(tmp_path / "out")
+    tokens = assert_transformers_logits(model, reference, 70, seed=2)
+    written, original = exported_and_original(str(tmp_path / "ckpt"), tmp_path / "hf", str(tmp_path / "out"))
     original.pop("lm_head.weight", None)  # tied: transformers may or may not store it
     assert written.keys() == original.keys() and all(torch.equal(written[name], original[name]) for name in original)
     assert config_json(tmp_path / "out")["tie_word_embeddings"] is True
