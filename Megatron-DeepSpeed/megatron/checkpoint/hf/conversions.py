@@ -41,17 +41,17 @@ def unpadded_vocab_size(args: Mapping[str, object]) -> int:
 
 def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force: bool = False,
               progress: Progress = quiet, max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES) -> Checkpoint:
-    """Write the checkpoint as a transformers directory of the architecture that holds it (GPT2LMHeadModel or
-    LlamaForCausalLM), padded vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written
-    one at a time from the checkpoint read one piece at a time; the tokenizer's files go along when the
-    checkpoint's tokenizer flags still name existing files."""
+    """Write the checkpoint as a transformers directory of the family that holds it (families/registry.py),
+    padded vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written one at a time from the
+    checkpoint read one piece at a time; the tokenizer's files go along when the checkpoint's tokenizer flags still
+    name existing files."""
     if os.path.exists(hf_dir) and not force:
         raise InputError(f"--to-hf {hf_dir} already exists; choose another directory, or pass --force to replace it")
     source = read_checkpoint(load_dir, iteration, progress, streamed=True)
     args, model_config = source.args, source.model_config
     if source.moe is not None:
-        raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and transformers' GPT-2 and Llama "
-                         "have no experts; it cannot be exported")
+        raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and no family's transformers class "
+                         "here has experts; it cannot be exported")
     adapter = family_of_model(model_config, load_dir).adapter
     config = gpt_config(model_config, source.padded_vocab_size)
     vocab_size = unpadded_vocab_size(args)
@@ -124,9 +124,9 @@ def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_
 
 def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
               force: bool = False, progress: Progress = quiet) -> GPTConfig:
-    """Write a local GPT2LMHeadModel or LlamaForCausalLM directory as a checkpoint (iteration 0, weights only)
-    at `target`, the vocabulary padded for it, each target file converted from the tensors it needs, read one at a
-    time; resume it with `--load save_dir --finetune`."""
+    """Write a local transformers directory of a family (families/registry.py) as a checkpoint (iteration 0,
+    weights only) at `target`, the vocabulary padded for it, each target file converted from the tensors it needs,
+    read one at a time; resume it with `--load save_dir --finetune`."""
     if os.path.exists(save_dir) and not force:
         raise InputError(f"--save {save_dir} already exists; choose another directory, or pass --force to replace it")
     hf_model = hf.read_hf_model(hf_dir)

@@ -1,5 +1,5 @@
-"""What tools/inspect_checkpoint.py shows: a checkpoint (ours at any layout, or a Hugging Face GPT-2 or Llama
-directory) as its iteration, layout, key flags and every full parameter; and the per-tensor difference of two."""
+"""What tools/inspect_checkpoint.py shows: a checkpoint (ours at any layout, or a Hugging Face directory of a
+family) as its iteration, layout, key flags and every full parameter; and the per-tensor difference of two."""
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping
