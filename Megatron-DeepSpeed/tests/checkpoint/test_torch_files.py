@@ -3,7 +3,9 @@ writes the bytes it writes for a copy; the library's one torch.load and its torc
 import ast
 import io
 import os
+import pickle
 
+import pytest
 import torch
 
 from megatron.checkpoint.torch_files import own_storages
@@ -49,3 +51,17 @@ def test_the_library_has_one_torch_load_and_its_torch_saves_in_one_module():
     assert [file for file, _ in torch_calls("load")] == ["megatron/checkpoint/trust.py"]
     assert [file for file, _ in torch_calls("torch_load")] == ["megatron/checkpoint/torch_files.py"]
     assert {file for file, _ in torch_calls("save")} == {"megatron/checkpoint/torch_files.py"}
+
+
+def test_replace_writes_through_a_temporary_and_keeps_the_old_file_when_it_fails(tmp_path):
+    from megatron.checkpoint.torch_files import load_file, replace, save
+
+    path = str(tmp_path / "mp_rank_00_model_states.pt")
+    save(path, {"optimizer": {"step": 3}, "module": {"w": torch.ones(2)}})
+    replace(path, {"optimizer": None, "module": {"w": torch.zeros(2)}})
+    contents = load_file(path)
+    assert contents["optimizer"] is None and torch.equal(contents["module"]["w"], torch.zeros(2))
+    with pytest.raises(pickle.PicklingError):
+        replace(path, {"unpicklable": lambda: None})
+    assert torch.equal(load_file(path)["module"]["w"], torch.zeros(2))
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temporary left
