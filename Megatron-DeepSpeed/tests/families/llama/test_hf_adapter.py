@@ -24,7 +24,7 @@ from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
 from tests.helpers.distributed import run_on_ranks
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, hf_tensors, import_at
+from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
 from tests.checkpoint.reshape.test_conversions import with_random_vectors
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a llama eats grass in the high mountains",

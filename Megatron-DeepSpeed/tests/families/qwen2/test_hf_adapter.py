@@ -21,7 +21,7 @@ from megatron.families.registry import family_of_model
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams, prompt_generators
 from tests.checkpoint.reshape.test_conversions import with_random_vectors
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, hf_tensors, import_at
+from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
 from tests.families.llama.test_hf_adapter import our_model
 
 VOCAB = 100
