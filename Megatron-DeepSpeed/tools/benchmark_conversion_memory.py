@@ -1,10 +1,10 @@
 """Peak host memory (RSS) and seconds of reshaping a checkpoint with tools/convert_checkpoint.py's library
-(megatron/checkpoint/convert/conversions.reshape), which once assembled the whole model before writing and now reads each
+(megatron/checkpoint/reshape/conversions.reshape), which once assembled the whole model before writing and now reads each
 target file's tensors when it writes it.
 
 The source is a GPT of random fp32 weights (no training) at TP x PP (--source-tensor/--source-pipeline; made once
 into --source, reused when it exists) in --source-layout: the pipeline engine's or the plain engine's (the
-project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (checkpoint/convert/fixture_sources.py). Each
+project's writer), Megatron's or DeepSpeed's ZeRO 3 at DP --source-data (tools/fixtures/checkpoint_sources.py). Each
 conversion runs in its own process, so its peak RSS (the whole process: Python and torch included) and its CPU
 seconds are its own: user (the work done in Python and torch) and system (the kernel's: page faults, copies into
 the page cache, reclaiming memory for it, which varies with what else the machine caches and writes); with
@@ -43,10 +43,10 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
     plain engine's); its parameter count."""
     import torch
 
-    from megatron.checkpoint.convert.fixture_sources import write_megatron, write_zero0, write_zero12, write_zero3
+    from fixtures.checkpoint_sources import write_megatron, write_zero0, write_zero12, write_zero3
     from megatron.checkpoint.formats.checkpoint import OptimizerState
     from megatron.checkpoint.recorded_flags import RecordedFlags
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
     from megatron.model.gpt import GPTConfig, GPTModel
 
@@ -93,8 +93,8 @@ def convert_in_this_process(source: str, target: str, tensor: int, pipeline: int
 
     import psutil
 
-    from megatron.checkpoint.convert.conversions import reshape
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.conversions import reshape
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
 
     before = psutil.Process().memory_info().rss
     start, cpu_start = time.perf_counter(), os.times()

@@ -14,7 +14,7 @@ import time
 import torch
 
 from megatron import device
-from megatron.checkpoint.convert.hf_gpt2 import hf_config, to_hf_tensors
+from megatron.families.gpt2.hf_adapter import hf_config, to_hf_tensors
 from megatron.errors import InputError, run_cli
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams

@@ -2,7 +2,7 @@
 
 Each layout runs pretrain_gpt.py's training (DeepSpeed engine, random tokens, no evaluation) as a torchrun job on
 the CPU over gloo, in bf16 unless --dtype says otherwise, counting the bytes of live tensors per rank
-(megatron/training/live_memory.py: what an accelerator's max_memory_allocated counts, less kernel workspaces and
+(tools/benchmarks/live_memory.py: what an accelerator's max_memory_allocated counts, less kernel workspaces and
 allocator rounding). Printed per layout: the heaviest rank's peak in the first iteration (before Adam's moments
 exist) and in the last (and whether before the optimizer's step, i.e. in forward, backward, gradient reduction and
 DeepSpeed's preparation of the step, or in it), the planner's peak for the same flags (megatron/planning/memory.py,
@@ -67,7 +67,7 @@ def worker(options) -> None:
     import torch.distributed as dist
 
     from megatron.model.provider import model_provider
-    from megatron.training.live_memory import record_iteration_peaks
+    from benchmarks.live_memory import record_iteration_peaks
     from megatron.training.loop import pretrain
 
     peaks = record_iteration_peaks(lambda: pretrain(model_provider, training_flags(options, options.layout)))

@@ -1,10 +1,10 @@
 """Per-step overhead on CPU: our pretrain_gpt.py step (DeepSpeed engine, fp32) versus a plain PyTorch loop.
 
-The yardstick is megatron/training/bare_loop.py: a GPT-2 of the same shape, forward, backward, clipping and
+The yardstick is tools/benchmarks/bare_loop.py: a GPT-2 of the same shape, forward, backward, clipping and
 torch's AdamW, wrapped in DistributedDataParallel on two processes. For each shape and layout, both run in
 fresh processes (torchrun --standalone) on the same batch shape, --log-interval iterations at a time: one
 interval of warm-up, --timed intervals timed, then --profiled intervals under cProfile, whose time is sorted
-into the kinds of work a step does (megatron/training/step_overhead.py). Printed per iteration: our step time,
+into the kinds of work a step does (tools/benchmarks/step_overhead.py). Printed per iteration: our step time,
 the bare loop's, the difference, the ratio of tokens/s (bare time / ours), each as wall time and as the
 process's CPU time (the last rank's; steadier where other jobs share the cores), its minor page faults (a
 fresh page's first touch: what a buffer allocated anew each step costs a CPU, spread over the operators that
@@ -55,7 +55,7 @@ def worker(options) -> None:
     import torch.distributed as dist
 
     from megatron.files.atomic import write_text_atomically
-    from megatron.training import bare_loop, step_overhead
+    from benchmarks import bare_loop, step_overhead  # tools/benchmarks/, beside this script
 
     shape, interval = SHAPES[options.shape], options.log_interval
     processes, layout_flags = LAYOUTS[options.layout]

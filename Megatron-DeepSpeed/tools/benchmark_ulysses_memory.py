@@ -3,7 +3,7 @@
 For each sequence-parallel size it starts that many torchrun processes, builds the GPT model as the trainer does
 (model/ulysses.py around gpt.py, fp32, the portable kernels: PyTorch's fused attention, which keeps no score
 matrix) and runs one forward and backward of one sequence per length. It counts the bytes of live tensors
-(training/live_memory.py, the count the planner is checked against) and prints, for the heaviest rank, what the
+(tools/benchmarks/live_memory.py, the count the planner is checked against) and prints, for the heaviest rank, what the
 forward leaves for backward (the activations) and the peak of forward and backward together (gradients included).
 Each rank holds 1/SP of every sequence, so both fall about as 1/SP. A tiny width and depth keep it to minutes.
 
@@ -44,7 +44,7 @@ def worker(options) -> None:
     from megatron.model.gpt import GPTConfig, GPTModel, keep_whole
     from megatron.model.ulysses import ulysses_pieces
     from megatron.parallel_state import ParallelState, initialize_distributed
-    from megatron.training.live_memory import LiveTensorBytes
+    from benchmarks.live_memory import LiveTensorBytes
 
     initialize_distributed("gloo", timeout_minutes=30)
     parallel = ParallelState(sequence_parallel_size=dist.get_world_size())

@@ -25,10 +25,11 @@ The output directory appears complete or not at all; an existing one is replaced
 """
 import argparse
 
-from megatron.checkpoint.convert.conversions import export_hf, import_hf, reshape
-from megatron.checkpoint.convert.hf_files import parse_shard_size
+from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.checkpoint.reshape.conversions import reshape
+from megatron.checkpoint.hf.files import parse_shard_size
 from megatron.checkpoint.trust import add_trust_flag, trusting
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError, run_cli
 from megatron.reports.progress_bar import progress_bar
 

@@ -37,7 +37,6 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 MEGATRON_ROOT = os.path.dirname(TOOLS)
 REPO_ROOT = os.path.dirname(MEGATRON_ROOT)
 
-from megatron.config.presets import get_preset, preset_names
 from megatron.device_probe import CPU_FACTS, DeviceFacts, probe_device_facts
 from megatron.errors import InputError, RunError, run_cli
 from megatron.files.atomic import write_text_atomically
@@ -68,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("--run", choices=("full", "performance"), required=True)
-    parser.add_argument("--model_size", help=f"one of {', '.join(preset_names())} (default: tiny on CPU, "
-                                             "345M on accelerators)")
+    parser.add_argument("--model_size", help="a --model-size preset (docs/training.md, Presets; a wrong name is "
+                                             "answered with the list; default: tiny on CPU, 345M on accelerators)")
     parser.add_argument("--data_path", help="a .bin/.idx prefix, or a directory holding one dataset and its "
                                             "vocab files (default: the embedded demo data, built if absent)")
     parser.add_argument("--train_iters", type=positive_int("--train_iters"))
@@ -267,6 +266,7 @@ def main(argv=None):
     facts = detect_device(args.device)
     # Only now: these import torch (and torch.distributed, which loads torch_npu), whose failure on a broken
     # torch_npu / CANN the device child has just explained in one line.
+    from megatron.config.presets import get_preset
     from megatron.parallel_state import hccl_environment
     from megatron.reports.results import TRAIN_LOG_FILE
     from megatron.training.log_lines import parse_log

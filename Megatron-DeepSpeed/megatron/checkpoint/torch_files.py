@@ -12,11 +12,17 @@ import torch
 
 from megatron.checkpoint import manifest, trust
 from megatron.errors import InputError
+from megatron.files.atomic import write_atomically
 
 
 def save(path: str, contents: object) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save(contents, path)
+
+
+def replace(path: str, contents: object) -> None:
+    """Write `contents` over the existing file `path` through a temporary file, so a failure leaves the old one."""
+    write_atomically(path, lambda handle: torch.save(contents, handle))
 
 
 def _contiguous_strides(shape: torch.Size) -> Tuple[int, ...]:

@@ -6,7 +6,8 @@ written before the flag existed was trained with. `from_flags` reads a field fro
 parsed command line, a checkpoint's recorded flags, an imported model's); `to_flags` gives back exactly what a
 checkpoint records. `architecture` marks the flags a resumed run must repeat (checkpoint/trainer/resume_plan.py).
 Adding a model flag is one line here (plus, for the model to use it, the same-named field of model/gpt.py's
-GPTConfig, which model/gpt_config.py fills from this one).
+GPTConfig, which model/gpt_config.py fills from this one); a variant that is a plain on-switch declares its help
+here too, and config/flags/model.py adds its flag from it.
 """
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -19,6 +20,12 @@ def _flag(default=MISSING, architecture: bool = False):
     """A model flag with upstream's `default` (none: every run gives it); `architecture`: the checkpoint's
     weights compute the model it was trained as only with the same value."""
     return field(default=default, metadata={"architecture": architecture})
+
+
+def _variant(default, switch: str = ""):
+    """An architecture variant (VARIANT_FLAGS) with GPT-2's `default`; `switch`: the help of its flag when that is
+    a plain on-switch --the-field-name, which config/flags/model.py then adds from this declaration."""
+    return field(default=default, metadata={"architecture": True, "variant": True, "switch": switch})
 
 
 @dataclass(frozen=True)
@@ -47,30 +54,32 @@ class ModelConfig:
     attention_softmax_in_fp32: bool = _flag(False)
     torch_compile: bool = _flag(False)  # the model through torch.compile (model/provider.py)
     # Architecture variants (upstream main's flags; the defaults are GPT-2's, so older checkpoints read as it):
-    normalization: str = _flag("layernorm", architecture=True)  # or "rmsnorm"
-    add_position_embedding: bool = _flag(True, architecture=True)  # learned absolute positions
-    use_rotary_position_embeddings: bool = _flag(False, architecture=True)
-    rotary_percent: float = _flag(1.0, architecture=True)  # of each head's channels that rotate
-    rope_theta: int = _flag(10000, architecture=True)  # the rotary base
-    # Rotary scaling (model/rope_scaling.py): None, "llama3", "linear" or "yarn", and its parameters; None below
+    normalization: str = _variant("layernorm")  # or "rmsnorm"
+    add_position_embedding: bool = _variant(True)  # learned absolute positions
+    use_rotary_position_embeddings: bool = _variant(False)
+    rotary_percent: float = _variant(1.0)  # of each head's channels that rotate
+    rope_theta: int = _variant(10000)  # the rotary base
+    # Rotary scaling (families/rope_scaling.py): None, "llama3", "linear" or "yarn", and its parameters; None below
     # means the type's default (filled in by __post_init__).
-    rope_scaling_type: Optional[str] = _flag(None, architecture=True)
-    rope_scaling_factor: Optional[float] = _flag(None, architecture=True)  # llama3: 8 (Megatron-LM's)
-    rope_scaling_low_freq_factor: float = _flag(1.0, architecture=True)  # llama3
-    rope_scaling_high_freq_factor: float = _flag(4.0, architecture=True)  # llama3
-    rope_scaling_original_max_position_embeddings: Optional[int] = _flag(None, architecture=True)  # the trained one
-    yarn_beta_fast: float = _flag(32.0, architecture=True)
-    yarn_beta_slow: float = _flag(1.0, architecture=True)
-    yarn_mscale: float = _flag(1.0, architecture=True)
-    yarn_mscale_all_dim: float = _flag(0.0, architecture=True)
-    yarn_attention_factor: Optional[float] = _flag(None, architecture=True)  # None: from factor and mscales
-    yarn_correction_range_round_to_int: bool = _flag(True, architecture=True)  # transformers' `truncate`
+    rope_scaling_type: Optional[str] = _variant(None)
+    rope_scaling_factor: Optional[float] = _variant(None)  # llama3: 8 (Megatron-LM's)
+    rope_scaling_low_freq_factor: float = _variant(1.0)  # llama3
+    rope_scaling_high_freq_factor: float = _variant(4.0)  # llama3
+    rope_scaling_original_max_position_embeddings: Optional[int] = _variant(None)  # the trained context
+    yarn_beta_fast: float = _variant(32.0)
+    yarn_beta_slow: float = _variant(1.0)
+    yarn_mscale: float = _variant(1.0)
+    yarn_mscale_all_dim: float = _variant(0.0)
+    yarn_attention_factor: Optional[float] = _variant(None)  # None: from factor and mscales
+    yarn_correction_range_round_to_int: bool = _variant(True)  # transformers' `truncate`
     # Sliding-window attention: the earlier keys each query sees besides itself (None: all; model/attention_spec.py)
-    window_size: Optional[int] = _flag(None, architecture=True)
-    swiglu: bool = _flag(False, architecture=True)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
-    num_key_value_heads: Optional[int] = _flag(None, architecture=True)  # None: num_attention_heads (no GQA)
-    add_bias_linear: bool = _flag(True, architecture=True)
-    untie_embeddings_and_output_weights: bool = _flag(False, architecture=True)
+    window_size: Optional[int] = _variant(None)
+    swiglu: bool = _variant(False)  # SiLU-gated MLP; ffn_hidden_size is each branch's width
+    num_key_value_heads: Optional[int] = _variant(None)  # None: num_attention_heads (no GQA)
+    add_bias_linear: bool = _variant(True)
+    untie_embeddings_and_output_weights: bool = _variant(False)
+    add_qkv_bias: bool = _variant(False, switch="Biases on the query, key and value projections even under "
+                                  "--disable-bias-linear, which the other linears follow (Qwen2).")
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in
@@ -117,25 +126,25 @@ class ModelConfig:
         """The flags, as a checkpoint records them."""
         return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
+    def variant_names(self) -> list:
+        """The names of the architecture-variant flags set away from GPT-2's (e.g. ['normalization', 'swiglu'])."""
+        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
+        return [name for name in VARIANT_FLAGS if getattr(self, name) != getattr(gpt2, name)]
+
     def variants(self) -> list:
         """The architecture-variant flags set away from GPT-2's (e.g. ['--swiglu True', '--normalization rmsnorm'])."""
-        gpt2 = ModelConfig(self.num_layers, self.hidden_size, self.num_attention_heads, self.max_position_embeddings)
-        return [f"--{_dashed(name)} {getattr(self, name)}" for name in VARIANT_FLAGS
-                if getattr(self, name) != getattr(gpt2, name)]
+        return [f"--{_dashed(name)} {getattr(self, name)}" for name in self.variant_names()]
 
 
 # Each rotary scaling type's default (factor, original context): Megatron-LM's --rope-scaling-factor 8 and
 # Llama 3.1's 8192 for llama3, its --yarn-original-max-position-embeddings 4096 for yarn; None: no default.
 ROPE_SCALING_DEFAULTS = {"llama3": (8.0, 8192), "linear": (None, None), "yarn": (None, 4096)}
-ROPE_SCALING_FLAGS = ("rope_scaling_type", "rope_scaling_factor", "rope_scaling_low_freq_factor",
-                      "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
-                      "yarn_beta_fast", "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim",
-                      "yarn_attention_factor", "yarn_correction_range_round_to_int")
 ARCHITECTURE_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata["architecture"])
-# The fields that turn GPT-2 into a Llama-style model (docs/llama.md).
-VARIANT_FLAGS = ("normalization", "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
-                 "rope_theta", *ROPE_SCALING_FLAGS, "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
-                 "untie_embeddings_and_output_weights")
+DEFAULTS = {spec.name: spec.default for spec in fields(ModelConfig) if spec.default is not MISSING}
+# The fields that turn GPT-2 into a Llama-style model (docs/llama.md) or another family's.
+VARIANT_FLAGS = tuple(spec.name for spec in fields(ModelConfig) if spec.metadata.get("variant"))
+# Variants whose flag is a plain on-switch, added to the parser from this declaration: name -> help.
+SWITCHES = {spec.name: spec.metadata["switch"] for spec in fields(ModelConfig) if spec.metadata.get("switch")}
 
 
 def _dashed(name: str) -> str:

@@ -6,9 +6,9 @@ sitting.
            -> final norm -> LMHead (tied to the word embedding, or an output layer of its own) -> LanguageModelLoss
 
 The architecture fields (GPT-2's defaults): `normalization` LayerNorm or RMSNorm; `add_position_embedding`, and
-rotary embeddings on queries and keys (model/rotary.py; `rope_scaling`, model/rope_scaling.py); `window_size`,
+rotary embeddings on queries and keys (model/rotary.py; `rope_scaling`, families/rope_scaling.py); `window_size`,
 sliding-window attention (model/attention_spec.py); `swiglu`, a SiLU-gated MLP; `num_key_value_heads` below the
-head count, grouped-query attention; `add_bias_linear`; `untie_embeddings_and_output_weights`.
+head count, grouped-query attention; `add_bias_linear`, `add_qkv_bias`; `untie_embeddings_and_output_weights`.
 
 Each piece takes and returns plain tensors and keeps no state shared with another piece, so the pipeline
 model (model/pipe.py) builds the same network from the same pieces, one DeepSpeed LayerSpec per piece. Each
@@ -31,10 +31,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megatron.errors import InputError, require_divisible
+from megatron.families.rope_scaling import RopeScaling
 from megatron.model.attention_spec import AttentionSpec
 from megatron.model.cross_entropy import cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
-from megatron.model.rope_scaling import RopeScaling
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
 
@@ -77,7 +77,7 @@ class GPTConfig:
     use_rotary_position_embeddings: bool = False
     rotary_percent: float = 1.0
     rope_theta: int = 10000
-    rope_scaling: RopeScaling = RopeScaling()  # llama3 / linear / yarn frequencies (model/rope_scaling.py)
+    rope_scaling: RopeScaling = RopeScaling()  # llama3 / linear / yarn frequencies (families/rope_scaling.py)
     # Sliding-window attention (None: none): each query sees itself and the window_size keys before it
     # (model/attention_spec.py, which also maps Hugging Face's sliding_window to it).
     window_size: Optional[int] = None
@@ -85,6 +85,7 @@ class GPTConfig:
     num_key_value_heads: Optional[int] = None  # None: num_attention_heads
     add_bias_linear: bool = True
     untie_embeddings_and_output_weights: bool = False
+    add_qkv_bias: bool = False  # biases on the QKV projection even without add_bias_linear (Qwen2)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -157,9 +158,10 @@ def init_linear(layer: nn.Linear, std: float, config: GPTConfig) -> nn.Linear:
     return layer
 
 
-def linear(config: GPTConfig, in_features: int, out_features: int, std: float) -> nn.Linear:
-    """A linear layer initialised as Megatron does (init_weight, zero bias), with a bias unless disabled."""
-    return init_linear(nn.Linear(in_features, out_features, bias=config.add_bias_linear), std, config)
+def linear(config: GPTConfig, in_features: int, out_features: int, std: float, bias: bool = False) -> nn.Linear:
+    """A linear layer initialised as Megatron does (init_weight, zero bias), with a bias unless disabled (or
+    `bias` asks for one anyway)."""
+    return init_linear(nn.Linear(in_features, out_features, bias=config.add_bias_linear or bias), std, config)
 
 
 def layer_norm(config: GPTConfig) -> nn.Module:
@@ -222,7 +224,8 @@ class SelfAttention(nn.Module):
         # layout; without grouped-query attention [heads, (q, k, v), head_dim]): splitting them across
         # tensor-parallel ranks hands each rank whole query groups.
         qkv_features = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
-        self.query_key_value = linear(config, config.hidden_size, qkv_features, config.init_method_std)
+        self.query_key_value = linear(config, config.hidden_size, qkv_features, config.init_method_std,
+                                      bias=config.add_qkv_bias)
         self.dense = linear(config, config.hidden_size, config.hidden_size, config.output_layer_init_std)
         self.rotary = None
         if config.use_rotary_position_embeddings:

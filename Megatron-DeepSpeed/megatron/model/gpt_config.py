@@ -11,11 +11,11 @@ from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
 from megatron.model.gpt import GPTConfig
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
-from megatron.model.rope_scaling import RopeScaling
+from megatron.families.rope_scaling import RopeScaling
 
 RENAMED = {"seed": "init_seed"}  # ModelConfig field -> GPTConfig field
 NOT_FLAGS = ("vocab_size", "kernels", "moe", "rope_scaling")  # GPTConfig fields no single flag of ModelConfig gives
-# The flags that make GPTConfig's rope_scaling (config/model_config.ROPE_SCALING_FLAGS): ModelConfig field ->
+# The flags that make GPTConfig's rope_scaling (families/rope_scaling.ROPE_SCALING_FLAGS): ModelConfig field ->
 # RopeScaling field.
 ROPE_SCALING_FIELDS = {"rope_scaling_type": "kind", "rope_scaling_factor": "factor",
                       "rope_scaling_original_max_position_embeddings": "original_max_position_embeddings",

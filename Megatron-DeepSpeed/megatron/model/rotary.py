@@ -7,7 +7,7 @@ the original paper), with frequency theta^(-2i / dim). Each token turns by its o
 into one sequence with restarting positions (--reset-position-ids) each start at 0, as trained alone (upstream
 turned every row by 0, 1, ... whatever its position ids said).
 The angles are worked out in fp32 on the fly: the model holds no table that a cast to half precision would round.
-A rotary scaling rule (model/rope_scaling.py: llama3, linear, yarn) changes the frequencies and, for YaRN, scales
+A rotary scaling rule (families/rope_scaling.py: llama3, linear, yarn) changes the frequencies and, for YaRN, scales
 the cos / sin tables.
 """
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ import torch
 
 from megatron.errors import InputError
 from megatron.model.kernels import rotate_half_mul
-from megatron.model.rope_scaling import RopeScaling
+from megatron.families.rope_scaling import RopeScaling
 
 
 @dataclass(frozen=True)

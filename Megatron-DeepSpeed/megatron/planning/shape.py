@@ -7,7 +7,7 @@ MoE layer a gate (hidden x experts, no bias) and experts / EP MLPs per rank (who
 --enable-expert-tensor-parallelism split as the dense MLP is), plus, for PR-MoE (--mlp-type residual), a dense
 MLP (split with the experts, else whole) and its 2-way mixing coefficient. The architecture variants of
 model/gpt.py (RMSNorm's weight-only norms, no linear biases, grouped-query K/V, SwiGLU's two input branches, no
-position table, an untied output layer on the last stage) are fields of ModelShape, named as ModelConfig's.
+position table, an untied output layer on the last stage) are ModelConfig's fields, which ModelShape extends.
 """
 import math
 from dataclasses import dataclass, fields
@@ -15,7 +15,7 @@ from typing import Optional
 
 from megatron.config.flags.moe import recorded_moe_config
 from megatron.config.job import MoEConfig
-from megatron.config.model_config import VARIANT_FLAGS
+from megatron.config.model_config import VARIANT_FLAGS, ModelConfig
 from megatron.config.presets import get_preset
 from megatron.errors import InputError
 from megatron.tokenizer import vocab_size_with_padding
@@ -28,25 +28,18 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000  # zero_optimization.reduce_bucket_size's 
 ACCELERATOR_LOSS_CHUNK_BYTES = 1 << 28
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
+@dataclass(frozen=True, kw_only=True)
+class ModelShape(ModelConfig):
+    """The model's flags (ModelConfig's fields, declared there once) and what else sizes it: the sequence, the
+    tokenizer's vocabulary and its padding, and the experts."""
     seq_length: int
-    max_position_embeddings: int
     vocab_size: int  # the tokenizer's, before padding
     make_vocab_size_divisible_by: int = 128
-    ffn_hidden_size: int = 0  # 0: 4 x hidden
     moe: Optional[MoEConfig] = None  # None or every count 1: dense
-    # model/gpt.py's architecture variants (config/model_config.py's names and defaults)
-    normalization: str = "layernorm"
-    add_position_embedding: bool = True
-    use_rotary_position_embeddings: bool = False
-    swiglu: bool = False
-    num_key_value_heads: int = 0  # 0: num_attention_heads
-    add_bias_linear: bool = True
-    untie_embeddings_and_output_weights: bool = False
+
+    def __post_init__(self):
+        """Unlike ModelConfig, the derived sizes stay None (ffn and key_value_heads give them), so a shape copied
+        with another hidden size or head count derives them afresh."""
 
     @property
     def ffn(self) -> int:
@@ -125,7 +118,7 @@ def shape_from_preset(name: str, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Mod
     shape = ModelShape(num_layers=preset["num_layers"], hidden_size=preset["hidden_size"],
                        num_attention_heads=preset["num_attention_heads"], seq_length=preset["seq_length"],
                        max_position_embeddings=preset["seq_length"], vocab_size=vocab_size,
-                       ffn_hidden_size=preset.get("ffn_hidden_size") or 0, moe=moe if moe.enabled else None,
+                       ffn_hidden_size=preset.get("ffn_hidden_size"), moe=moe if moe.enabled else None,
                        **architecture_variants(preset))
     return shape, TrainingSettings(global_batch_size=preset["global_batch_size"],
                                    pipeline_engine=not preset["no_pipeline_parallel"])
@@ -165,7 +158,7 @@ def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expe
     gate, this rank's experts and PR-MoE's dense MLP and coefficient."""
     h, bias = shape.hidden_size, shape.add_bias_linear
     qkv = h + 2 * shape.key_value_heads * (h // shape.num_attention_heads)
-    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + bias * qkv + h * h) // tensor
+    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + (bias or shape.add_qkv_bias) * qkv + h * h) // tensor
     experts = shape.experts_of_layer(layer_number)
     if experts == 1:
         return attention + mlp_parameters(shape, tensor)

@@ -24,20 +24,30 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from megatron import device
+from megatron.config.presets import get_preset
 from megatron.errors import InputError
+from megatron.model.attention_spec import AttentionSpec
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.kernels import sdpa_attention
 from megatron.planning.command_line import planned_memory
 from megatron.training.flops import format_mfu
 from megatron.training.log_lines import parse_log
 
+
+def preset_shape(preset: str, name: Optional[str] = None) -> tuple:
+    """(name, layers, hidden, heads, seq) of a --model-size preset (config/presets.py), named `name` or its own."""
+    values = get_preset(preset)
+    return (name or preset, values["num_layers"], values["hidden_size"], values["num_attention_heads"],
+            values["seq_length"])
+
+
 # Model shapes: (name, layers, hidden, heads, seq); the accelerator sizes are the 345M and 1.3B presets'. The MoE
 # shapes are the dense ones with experts in every other layer (upstream's --expert-interval 2), top-1 routing, all
 # experts on the one device (expert-parallel size 1).
-ACCELERATOR_SHAPES = (("345M", 24, 1024, 16, 1024), ("1.3B", 24, 2048, 16, 1024), ("345M-MoE8", 24, 1024, 16, 1024))
+ACCELERATOR_SHAPES = (preset_shape("345M"), preset_shape("1.3B"), preset_shape("345M", "345M-MoE8"))
 CPU_SHAPES = (("toy", 2, 64, 4, 64), ("toy-MoE4", 2, 64, 4, 64))
 SHAPE_FLAGS = {"345M-MoE8": ("--num-experts", "8"), "toy-MoE4": ("--num-experts", "4")}
-CORRECTNESS_SHAPES_ACCELERATOR = (("tiny", 4, 64, 4, 128), ("345M", 24, 1024, 16, 1024))
+CORRECTNESS_SHAPES_ACCELERATOR = (preset_shape("tiny"), preset_shape("345M"))
 CORRECTNESS_SHAPES_CPU = (("toy", 2, 64, 4, 64),)
 VOCAB = 50257  # GPT-2's: the logit layer's share of the work is realistic
 GIB = 1 << 30
@@ -83,7 +93,7 @@ def attention_kernel(attention: Callable, heads: int, seq: int, head_dim: int,
     attention."""
     query = torch.randn(2, heads, seq, head_dim, dtype=dtype, device=device.current_device())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        attention(query, query, query, None, 0.0)
+        attention(query, query, query, AttentionSpec())
     kernels = [event.name for event in profile.events() if event.name.startswith("aten::_scaled_dot_product_")]
     return kernels[-1] if kernels else "not an SDPA kernel"
 

@@ -42,40 +42,37 @@ def flops_per_iteration(global_batch_size: int, seq_length: int, num_layers: int
                         layer: Optional["LayerMatrices"] = None) -> float:
     """Megatron's FLOPs of one training iteration; `recompute` counts the second forward pass (f = 4); with `moe`,
     the MLPs of the MoE layers count as many times as a token uses them (active parameters); `layer`: the
-    layer's matrix sizes (None: GPT-2's)."""
+    layer's matrix sizes (None: GPT-2's, 4h^2 of attention and 8h^2 of MLP)."""
     passes = 4 if recompute else 3
-    layer = layer or LayerMatrices(hidden_size)
+    attention, mlp = (layer.attention, layer.mlp) if layer else (4.0 * hidden_size ** 2, 8.0 * hidden_size ** 2)
     mlp_uses = sum(active_mlps(moe, number + 1) for number in range(num_layers)) if moe else num_layers
-    layers = (num_layers * layer.attention + mlp_uses * layer.mlp) / (12.0 * hidden_size ** 2)  # GPT-2 layers
+    layers = (num_layers * attention + mlp_uses * mlp) / (12.0 * hidden_size ** 2)  # GPT-2 layers
     return (24.0 * passes * global_batch_size * seq_length * hidden_size ** 2
             * (layers + num_layers * seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * hidden_size)))
 
 
 @dataclass(frozen=True)
 class LayerMatrices:
-    """The matrix parameters of one transformer layer, by part (what its tokens multiply with)."""
-    hidden_size: int
-    ffn_hidden_size: Optional[int] = None  # None: 4 x hidden_size
-    key_value_fraction: float = 1.0  # key/value heads per attention head (grouped-query attention below 1)
-    swiglu: bool = False
+    """The matrix parameters of one transformer layer of `model`, by part (what its tokens multiply with).
+    `model`: any description with ModelConfig's field names (config/model_config.py, model/gpt.py's GPTConfig,
+    planning/shape.py's ModelShape), read, not restated."""
+    model: object
 
     @classmethod
     def of(cls, model) -> "LayerMatrices":
-        """Of a model description with ModelConfig's field names (config/model_config.py, model/gpt.py's GPTConfig,
-        planning/shape.py's ModelShape)."""
-        key_value_heads = model.num_key_value_heads or model.num_attention_heads  # the planner's 0: all
-        return cls(model.hidden_size, model.ffn_hidden_size, key_value_heads / model.num_attention_heads,
-                   model.swiglu)
+        return cls(model)
 
     @property
     def attention(self) -> float:
         """Query and output projections h^2 each, key and value projections h x (their share of h) each."""
-        return (2.0 + 2.0 * self.key_value_fraction) * self.hidden_size ** 2
+        model = self.model
+        key_value_heads = model.num_key_value_heads or model.num_attention_heads
+        return (2.0 + 2.0 * key_value_heads / model.num_attention_heads) * model.hidden_size ** 2
 
     @property
     def mlp(self) -> float:
-        ffn = self.ffn_hidden_size or 4 * self.hidden_size
-        return (3.0 if self.swiglu else 2.0) * self.hidden_size * ffn
+        ffn = self.model.ffn_hidden_size or 4 * self.model.hidden_size
+        return (3.0 if self.model.swiglu else 2.0) * self.model.hidden_size * ffn
 
 
 def active_mlps(moe: MoEConfig, layer_number: int) -> int:

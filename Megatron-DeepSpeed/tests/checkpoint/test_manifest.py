@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 from tests.helpers.distributed import run_on_ranks
-from tests.checkpoint.convert.test_conversions import hf_model
+from tests.checkpoint.reshape.test_conversions import hf_model
 from tests.helpers.training import COMMON, write_counting_dataset
 
 from megatron.checkpoint import manifest
-from megatron.checkpoint.convert.conversions import import_hf
+from megatron.checkpoint.hf.conversions import import_hf
 from megatron.checkpoint.trainer.guard import check_checkpoint_directories
 from megatron.checkpoint.file_names import MANIFEST_FILE
 from megatron.checkpoint.formats.reader import read_checkpoint
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError
 
 

@@ -10,15 +10,15 @@ import sys
 
 import pytest
 from tests.helpers.distributed import run_on_ranks
-from tests.checkpoint.convert.test_conversions import hf_model
+from tests.checkpoint.reshape.test_conversions import hf_model
 from tests.helpers.training import COMMON, ITERATIONS
 
-from megatron.checkpoint.convert.conversions import import_hf
+from megatron.checkpoint.hf.conversions import import_hf
 from megatron.checkpoint.formats.detect import read_client_state
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.checkpoint.trainer.guard import check_checkpoint_directories
 from megatron.checkpoint.file_names import LATEST_ITERATION_FILE, LATEST_TAG_FILE, MANIFEST_FILE
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,10 +1,14 @@
-"""checkpoint/saving.own_storages: a tensor is written from its own storage without a copy only where torch.save
-then writes the bytes it writes for a copy."""
+"""checkpoint/torch_files: a tensor is written from its own storage without a copy only where torch.save then
+writes the bytes it writes for a copy; the library's one torch.load and its torch.save calls are there."""
+import ast
 import io
+import os
 
+import pytest
 import torch
 
 from megatron.checkpoint.torch_files import own_storages
+from tests.helpers.paths import PACKAGE_ROOT
 
 
 def saved(tensors: dict) -> bytes:
@@ -23,3 +27,40 @@ def test_only_tensors_filling_a_storage_of_their_own_are_kept():
     assert [key for key in tensors if owned[key] is tensors[key]] == ["whole", "empty"]
     assert all(torch.equal(owned[key], tensors[key]) for key in tensors)
     assert saved(owned) == saved({key: tensor.clone() for key, tensor in tensors.items()})
+
+
+def torch_calls(name: str) -> list:
+    """(file, line) of every call of torch.<name> or trust.<name> in the library's source."""
+    found = []
+    for directory, _, files in os.walk(os.path.join(PACKAGE_ROOT, "megatron")):
+        for file in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(directory, file)
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            found += [(os.path.relpath(path, PACKAGE_ROOT), node.lineno) for node in ast.walk(tree)
+                      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                      and node.func.attr == name and isinstance(node.func.value, ast.Name)
+                      and node.func.value.id in ("torch", "trust")]
+    return found
+
+
+def test_the_library_has_one_torch_load_and_its_torch_saves_in_one_module():
+    """docs/ARCHITECTURE.md: every checkpoint file is read through torch_files.load_file (trust.torch_load, the
+    one torch.load, under the allow-list) and written by torch_files."""
+    assert [file for file, _ in torch_calls("load")] == ["megatron/checkpoint/trust.py"]
+    assert [file for file, _ in torch_calls("torch_load")] == ["megatron/checkpoint/torch_files.py"]
+    assert {file for file, _ in torch_calls("save")} == {"megatron/checkpoint/torch_files.py"}
+
+
+def test_replace_writes_through_a_temporary_and_keeps_the_old_file_when_it_fails(tmp_path):
+    from megatron.checkpoint.torch_files import load_file, replace, save
+
+    path = str(tmp_path / "mp_rank_00_model_states.pt")
+    save(path, {"optimizer": {"step": 3}, "module": {"w": torch.ones(2)}})
+    replace(path, {"optimizer": None, "module": {"w": torch.zeros(2)}})
+    contents = load_file(path)
+    assert contents["optimizer"] is None and torch.equal(contents["module"]["w"], torch.zeros(2))
+    with pytest.raises(TypeError, match="cannot pickle 'generator' object"):
+        replace(path, {"unpicklable": (step for step in range(2))})
+    assert torch.equal(load_file(path)["module"]["w"], torch.zeros(2))
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temporary left

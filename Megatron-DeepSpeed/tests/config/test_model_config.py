@@ -10,20 +10,25 @@ import torch
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, VOCAB, train, write_counting_dataset
 
-from megatron.checkpoint.convert import hf_files, hf_gpt2
-from megatron.checkpoint.convert.conversions import export_hf, import_hf, reshape
+from megatron.checkpoint.hf import files as hf_files
+from megatron.checkpoint.hf.directory import model_config_from_hf
+from megatron.families import hf_tensors
+from megatron.families.gpt2 import hf_adapter as hf_gpt2
+from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.checkpoint.reshape.conversions import reshape
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import check_model_flags
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.config.arguments import job_config, parse_args, validate_args
-from megatron.config.model_config import ARCHITECTURE_FLAGS, ROPE_SCALING_FLAGS, VARIANT_FLAGS, ModelConfig
+from megatron.config.model_config import ARCHITECTURE_FLAGS, VARIANT_FLAGS, ModelConfig
+from megatron.families.rope_scaling import ROPE_SCALING_FLAGS
 from megatron.errors import InputError
 from megatron.inference.loading import load_model
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config, model_config_of
 from megatron.model.kernels import PORTABLE_KERNELS
 from megatron.model.provider import model_provider
-from megatron.model.rope_scaling import RopeScaling
+from megatron.families.rope_scaling import RopeScaling
 from megatron.model.unfused_attention import UnfusedAttention
 from megatron.tensor_parallel import tensor_parallel_rng_tracker
 
@@ -40,7 +45,7 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=40, ffn_hidden_size=48,
     normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True, rotary_percent=0.5,
     rope_theta=500000, window_size=7, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
-    untie_embeddings_and_output_weights=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
+    untie_embeddings_and_output_weights=True, add_qkv_bias=True, rope_scaling_type="yarn", rope_scaling_factor=4.0,
     rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0,
     rope_scaling_original_max_position_embeddings=10,
     yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_mscale=0.9, yarn_mscale_all_dim=0.5, yarn_attention_factor=1.2,
@@ -49,7 +54,8 @@ VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-atten
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                         "--rotary-percent", "0.5", "--rotary-base", "500000", "--window-size", "7,0", "--swiglu",
                         "--num-key-value-heads", "2",
-                        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--rope-scaling-type",
+                        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--add-qkv-bias",
+                        "--rope-scaling-type",
                         "yarn", "--rope-scaling-factor", "4", "--rope-scaling-low-freq-factor", "2",
                         "--rope-scaling-high-freq-factor", "8", "--yarn-original-max-position-embeddings", "10",
                         "--yarn-beta-fast", "16", "--yarn-beta-slow", "2", "--mscale", "0.9", "--mscale-all-dim", "0.5",
@@ -110,7 +116,7 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
                                        "rope_theta", "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
-                                       "untie_embeddings_and_output_weights", *ROPE_SCALING_FLAGS}
+                                       "untie_embeddings_and_output_weights", "add_qkv_bias", *ROPE_SCALING_FLAGS}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
             check_model_flags("ckpt", recorded, {**recorded, flag: 7})
@@ -205,8 +211,8 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     assert attention.spec.window_size == 7
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu
     with pytest.raises(InputError, match=r"^--to-hf: .* holds a model with --normalization rmsnorm, "
-                                         r"--add-position-embedding False, .*, which neither transformers' GPT-2 nor Llama "
-                                         r"can hold \(Llama needs .*--rotary-percent 1"):
+                                         r"--add-position-embedding False, .*, which none of transformers' .*LlamaForCausalLM"
+                                         r".* can hold \(.*Llama needs .*--rotary-percent 1"):
         export_hf(saved, str(tmp_path / "hf"))
 
 
@@ -220,11 +226,11 @@ def test_a_reshaped_old_checkpoint_records_every_model_flag(tmp_path):
 
 
 def test_a_plain_gpt2_config_json_is_the_upstream_default_model():
-    config = hf_gpt2.model_config_from_hf({"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16})
+    config = model_config_from_hf(hf_gpt2, {"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16}, "config.json")
     assert config == ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=16,
                                  openai_gelu=True)  # transformers' default activation is the tanh form
     with pytest.raises(InputError, match=r"^config.json sets megatron_model_flags to 3; it must map flag names"):
-        hf_gpt2.model_config_from_hf({"n_layer": 2, hf_files.MODEL_FLAGS_KEY: 3})
+        model_config_from_hf(hf_gpt2, {"n_layer": 2, hf_tensors.MODEL_FLAGS_KEY: 3}, "config.json")
 
 
 @pytest.mark.full  # a training run

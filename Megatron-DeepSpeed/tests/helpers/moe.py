@@ -1,4 +1,4 @@
-"""What the mixture-of-experts tests share (tests/model/test_moe.py, tests/checkpoint/convert/test_moe_conversion.py): the
+"""What the mixture-of-experts tests share (tests/model/test_moe.py, tests/checkpoint/reshape/test_moe_conversion.py): the
 flags of a tiny MoE job whose routing is the same at any expert-parallel size, a training function for real ranks, the
 validated flags of a job and a model whose router sends every token to one expert."""
 import torch

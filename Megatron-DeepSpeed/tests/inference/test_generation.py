@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from megatron.checkpoint.convert.hf_gpt2 import hf_config, to_hf_tensors
+from megatron.families.gpt2.hf_adapter import hf_config, to_hf_tensors
 from megatron.errors import InputError
 from megatron.inference.generation import PaddedBatch, generate_batch
 from megatron.inference.prompts import gather_prompts, read_prompt_file, tokenize_prompts

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.checkpoint.convert.hf_gpt2 import to_hf_tensors
+from megatron.families.gpt2.hf_adapter import to_hf_tensors
 from megatron.errors import InputError
 from megatron.model import gpt, kernels
 from megatron.model.attention_spec import AttentionSpec

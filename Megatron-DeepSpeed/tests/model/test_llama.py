@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint.convert.conversions import reshape
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.reshape.conversions import reshape
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.arguments import job_config, parse_args, validate_args
 from megatron.config.model_config import ModelConfig
 from megatron.config.presets import get_preset

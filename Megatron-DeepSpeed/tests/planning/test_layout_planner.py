@@ -446,13 +446,13 @@ def test_rope_scaling_changes_neither_the_plan_nor_the_flops():
                           ("yarn", ["--rope-scaling-type", "yarn", "--rope-scaling-factor", "4"])):
         flags = validate_args(parse_args(llama + scaling), 4, "cpu")
         shape, layout, settings = from_flags(flags, 100)
-        planned.append((shape, estimate_memory(shape, layout, settings),
+        planned.append((estimate_memory(shape, layout, settings),
                         estimate_step_time(shape, layout, settings, Hardware(devices_per_node=2))))
         model = job_config(flags).model
         assert model.rope_scaling_type == kind
         config = gpt_config(model, shape.padded_vocab(1))
         layer = LayerMatrices.of(config)
-        built.append((layer, flops_per_iteration(8, shape.seq_length, model.num_layers, model.hidden_size, 100,
-                                                 layer=layer),
+        built.append(((layer.attention, layer.mlp), flops_per_iteration(8, shape.seq_length, model.num_layers,
+                                                                        model.hidden_size, 100, layer=layer),
                       sum(p.numel() for p in GPTModel(config).parameters())))
     assert planned[0] == planned[1] == planned[2] and built[0] == built[1] == built[2]

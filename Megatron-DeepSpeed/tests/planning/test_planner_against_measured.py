@@ -1,5 +1,5 @@
 """The layout planner against the real training step: live-tensor bytes counted on the CPU
-(megatron/training/live_memory.py) while pretrain_gpt.py trains, per layout, beside the planner's estimate for the
+(tools/benchmarks/live_memory.py) while pretrain_gpt.py trains, per layout, beside the planner's estimate for the
 same flags (tools/benchmark_planner_memory.py)."""
 import argparse
 
@@ -8,7 +8,7 @@ import torch
 
 from megatron.model.cross_entropy import CHUNK_BYTES
 from megatron.planning.shape import ACCELERATOR_LOSS_CHUNK_BYTES, DEEPSPEED_REDUCE_BUCKET
-from megatron.training.live_memory import LiveTensorBytes, record_iteration_peaks
+from tools.benchmarks.live_memory import LiveTensorBytes, record_iteration_peaks
 
 
 def test_live_bytes_count_each_storage_once_until_it_is_freed():

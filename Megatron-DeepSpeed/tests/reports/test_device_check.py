@@ -23,7 +23,7 @@ def test_attention_kernel_names_the_sdpa_kernel_that_runs():
     # The causal path passes no mask, so PyTorch may pick its flash kernel: on CPU, the CPU flash kernel.
     assert attention_kernel(sdpa_attention, heads=4, seq=64, head_dim=16) == (
         "aten::_scaled_dot_product_flash_attention_for_cpu")
-    assert attention_kernel(lambda q, k, v, mask, dropout: q @ k.transpose(-1, -2) @ v, 4, 64, 16) == (
+    assert attention_kernel(lambda q, k, v, spec: q @ k.transpose(-1, -2) @ v, 4, 64, 16) == (
         "not an SDPA kernel")
 
 

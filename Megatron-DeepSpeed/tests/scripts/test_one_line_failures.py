@@ -12,11 +12,11 @@ import traceback
 
 import numpy as np
 import pytest
-from tests.checkpoint.convert.test_conversions import HF_VOCAB, hf_model
+from tests.checkpoint.reshape.test_conversions import HF_VOCAB, hf_model
 
-from megatron.checkpoint.convert.conversions import import_hf
-from megatron.checkpoint.convert.examine import examine
-from megatron.checkpoint.convert.target_writer import TargetLayout
+from megatron.checkpoint.hf.conversions import import_hf
+from megatron.checkpoint.hf.examine import examine
+from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.token_range import check_token_ids
 from megatron.errors import InputError

@@ -12,7 +12,7 @@ import torch
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import TINY_FLAGS, VOCAB, logged_lines, write_counting_dataset
 
-from megatron.checkpoint.convert.hf_gpt2 import hf_config, to_hf_tensors
+from megatron.families.gpt2.hf_adapter import hf_config, to_hf_tensors
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.load import plan_load
 from megatron.config.arguments import job_config, parse_args, validate_args

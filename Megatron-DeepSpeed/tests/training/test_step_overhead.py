@@ -7,7 +7,7 @@ import mmap
 import pytest
 import torch
 
-from megatron.training import bare_loop, step_overhead
+from tools.benchmarks import bare_loop, step_overhead
 from megatron.training.log_lines import iteration_line
 
 # Functions whose code claims to live in the trainer's data package and in DeepSpeed's ZeRO, so that the

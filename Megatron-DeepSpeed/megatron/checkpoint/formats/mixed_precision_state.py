@@ -22,7 +22,7 @@ The converter writes FP16_UnfusedOptimizer's form (zero0_state, target_loss_scal
 bf16 that wraps torch's AdamW in it: any run of the plain engine, and the pipeline engine's in fp16.
 Established with this trainer's bf16 runs (plain and pipeline engine, PP 2 and DP 2) and DeepSpeed's fp16
 classes' own state_dict() (tests/checkpoint/formats/test_mixed_precision_state.py,
-tests/checkpoint/convert/test_moe_conversion.py).
+tests/checkpoint/reshape/test_moe_conversion.py).
 """
 from typing import Callable, List, Mapping, Optional, Sequence
 

@@ -98,7 +98,7 @@ def _unshare_adam_steps(zero_optimizer) -> None:
 def _load_bf16_slices(engine, tag_dir: str) -> None:
     """BF16_Optimizer's Adam state and master weights from this rank's bf16_zero_pp_rank file, handed to its own
     loader as the ZeRO path does (a list indexed by data-parallel rank: this rank's entry is the one read), with
-    the master weights; DeepSpeed's ZeRO-0 path cannot load them (checkpoint/convert/bf16_slices.py)."""
+    the master weights; DeepSpeed's ZeRO-0 path cannot load them (checkpoint/reshape/bf16_slices.py)."""
     import torch.distributed as dist
     dp_rank = dist.get_rank(group=engine.optimizer.dp_process_group)
     contents = load_file(os.path.join(tag_dir, optimizer_states_file(engine.checkpoint_mp_rank, dp_rank, True)),

@@ -75,7 +75,7 @@ class ResumePlan:
     # that ZeRO 0 embeds in them included
     foreign: bool = False
     # the pipeline engine at ZeRO 0 in bf16: BF16_Optimizer's state is loaded from its per-data-parallel-rank
-    # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/convert/bf16_slices.py)
+    # files by the trainer (DeepSpeed's ZeRO-0 path cannot: checkpoint/reshape/bf16_slices.py)
     bf16_slices: bool = False
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
     # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
@@ -159,7 +159,7 @@ def check_expert_optimizer_state(load_dir: str, state: Mapping[str, object], run
     files, which the engine reads at ZeRO stage 0 only, each in the form of one precision (the converter's
     --target-fp32/fp16/bf16; checkpoint/formats/expert_optimizer_state.py), and, when converted with
     --target-data-parallel-size, in ZeRO 1-2 partitions that load at that data-parallel size only
-    (checkpoint/convert/expert_zero_partitions.py)."""
+    (checkpoint/reshape/expert_zero_partitions.py)."""
     zero_size = state.get(OPTIMIZER_DATA_PARALLEL_SIZE)
     if run.zero_stage >= 1 and zero_size is None:
         raise InputError(f"--load {load_dir}: a converted mixture-of-experts checkpoint's Adam state is kept in "
@@ -181,7 +181,7 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
     """A converted checkpoint's ZeRO-0 Adam state is in the form of one precision (recorded by the converter;
     fp32 when it records none, as earlier converters wrote): torch's AdamW state_dict, or DeepSpeed's
     FP16_UnfusedOptimizer's for fp16 and bf16; on the pipeline engine in bf16, BF16_Optimizer's slices for one
-    data-parallel size (checkpoint/convert/bf16_slices.py)."""
+    data-parallel size (checkpoint/reshape/bf16_slices.py)."""
     written, sliced = state.get(OPTIMIZER_PRECISION, "fp32"), precision == "bf16" and run.pipeline_engine
     again = f"--target-{precision}" + (f" --target-data-parallel-size {run.data}" if sliced else "")
     anywhere = "" if what else " (or resume it at --zero-stage 1 or higher, in any precision)"

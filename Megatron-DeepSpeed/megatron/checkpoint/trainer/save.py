@@ -35,12 +35,11 @@ from megatron.checkpoint.file_names import (LATEST_ITERATION_FILE, LATEST_TAG_FI
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.parameter_names import parameter_names
 from megatron.checkpoint.recorded_flags import RecordedFlags
-from megatron.checkpoint.torch_files import load_file
+from megatron.checkpoint.torch_files import load_file, replace
 from megatron.checkpoint.trainer.guard import latest_tag
 from megatron.checkpoint.trainer.nested_module import nested_state_dict
 from megatron.config.model_config import ModelConfig
 from megatron.errors import RunError
-from megatron.files.atomic import write_atomically
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 
 _log = logging.getLogger(__name__)
@@ -185,4 +184,4 @@ def _drop_optimizer_state(tag_dir: str, flags: Mapping[str, Any]) -> None:
     for mp_rank in range(run.model_parallel_ranks):
         path = os.path.join(tag_dir, model_states_file(mp_rank, 0))
         state = {**load_file(path), "optimizer": None}
-        write_atomically(path, lambda handle: torch.save(state, handle))
+        replace(path, state)

@@ -3,7 +3,7 @@ kernel switches; their checks, and the ModelConfig section."""
 from typing import Mapping, Optional
 
 from megatron.config.flags.common import Limits, after_preset, flag
-from megatron.config.model_config import ROPE_SCALING_DEFAULTS, ModelConfig
+from megatron.config.model_config import DEFAULTS, ROPE_SCALING_DEFAULTS, SWITCHES, ModelConfig
 from megatron.config.presets import preset_names
 from megatron.errors import InputError, require_divisible
 
@@ -16,10 +16,10 @@ LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "s
                 non_negative=("init_method_std",),
                 fractions=("hidden_dropout", "attention_dropout"))
 ROPE_SCALING_TYPES = tuple(ROPE_SCALING_DEFAULTS)
-# Defaults of the flags a --model-size preset may fill, when neither it nor the user set them.
-PRESET_DEFAULTS = {"hidden_dropout": 0.1, "attention_dropout": 0.1, "normalization": "layernorm",
-                   "use_rotary_position_embeddings": False, "rope_theta": 10000, "add_position_embedding": True,
-                   "swiglu": False, "add_bias_linear": True, "untie_embeddings_and_output_weights": False}
+# Defaults of the flags a --model-size preset may fill, when neither it nor the user set them: ModelConfig's.
+PRESET_DEFAULTS = {name: DEFAULTS[name] for name in (
+    "hidden_dropout", "attention_dropout", "normalization", "use_rotary_position_embeddings", "rope_theta",
+    "add_position_embedding", "swiglu", "add_bias_linear", "untie_embeddings_and_output_weights", *SWITCHES)}
 
 
 def add_flags(parser) -> None:
@@ -85,6 +85,8 @@ def _add_architecture_variants(parser) -> None:
                        help="No biases in the attention and MLP linears (norms keep theirs).")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
                        help="An output layer of its own instead of scoring against the word embeddings.")
+    for name, text in SWITCHES.items():
+        group.add_argument(flag(name), action="store_true", default=None, help=text)
 
 
 def _add_rope_scaling_flags(parser) -> None:

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from megatron.checkpoint.convert.fixture_sources import write_megatron, write_zero3
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from tools.fixtures.checkpoint_sources import write_megatron, write_zero3
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.checkpoint.file_names import UNIVERSAL_DIR, layer_file
 from megatron.checkpoint.formats import detect
 from megatron.checkpoint.formats.locate import checkpoint_directory

@@ -23,7 +23,7 @@ def run(ranks, data_prefix, *flags):
 
 def converted_for_bf16(source, target, out):
     """`source`'s checkpoint of iteration SAVED_AT converted to `target` for bf16 (--target-bf16) in `out`."""
-    from megatron.checkpoint.convert.conversions import reshape
+    from megatron.checkpoint.reshape.conversions import reshape
     reshape(str(source), str(out), target, iteration=SAVED_AT, precision="bf16")
     return out
 
@@ -47,7 +47,7 @@ def test_a_bf16_zero0_plain_engine_checkpoint_resumes_at_zero0_and_zero1_with_it
     # The plain engine wraps our AdamW in FP16_UnfusedOptimizer (torch's state beside the master weights), which
     # the converter writes back for --target-bf16.
     from megatron.checkpoint.torch_files import load_file
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
     plain, tp2 = ["--no-pipeline-parallel"], ["--tensor-model-parallel-size", "2"]
     straight = run(2, data_prefix, *BF16_ZERO0, *plain, *tp2, "--save", str(tmp_path / "source"), "--save-interval",
                    str(SAVED_AT))
@@ -76,7 +76,7 @@ def test_a_bf16_zero0_pipeline_checkpoint_resumes_at_zero0_and_zero1_with_its_ad
     # so the run's own checkpoint resumes bit for bit, and so does one converted for DP 2 at the same layout, whose
     # files equal DeepSpeed's.
     from megatron.checkpoint.torch_files import load_file
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
     pp2 = ["--pipeline-model-parallel-size", "2"]
     straight = run(4, data_prefix, *BF16_ZERO0, *pp2, "--save", str(tmp_path / "source"), "--save-interval",
                    str(SAVED_AT))
@@ -174,7 +174,7 @@ def as_the_engine_saves_it(step_dir, optimizer=None):
 def zero0_checkpoint(directory, config, weights, flags, pipeline_engine, optimizer):
     """A ZeRO-0 checkpoint as the engine saves it (no universal folder), its mp_rank file holding `optimizer`."""
     from megatron.checkpoint.formats.reader import read_checkpoint
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     write_checkpoint(str(directory), weights, config, TrainingState(2, 16, flags), TargetLayout(1, 1, pipeline_engine))
     as_the_engine_saves_it(directory / "global_step2", optimizer)
     checkpoint = read_checkpoint(str(directory))
@@ -264,7 +264,7 @@ def test_a_converted_fp16_target_loads_into_deepspeeds_fp16_unfused_optimizer_ex
     # dynamic loss scale continued; the client state records the precision plan_resume checks.
     from megatron.checkpoint.torch_files import load_file
     from megatron.checkpoint.formats.mixed_precision_state import target_loss_scale
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     config, weights, flags = fp16_model(pipeline_engine=False)
     source_scale = {"dynamic_loss_scale": True, "cur_scale": 512.0, "cur_iter": 2, "last_overflow_iter": 1,
                     "scale_factor": 2.0, "scale_window": 10}
@@ -287,7 +287,7 @@ def test_a_converted_fp16_pipeline_target_reads_back_per_parameter(tmp_path):
     # ZeRO-0 save (zero/ removed), give back every tensor and the loss scale.
     from megatron.checkpoint.formats.optimizer_state import read_optimizer_state
     from megatron.checkpoint.formats.reader import read_checkpoint
-    from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+    from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     config, weights, flags = fp16_model(pipeline_engine=True)
     state = random_adam_state(weights, None)
     write_checkpoint(str(tmp_path), weights, config, TrainingState(2, 16, flags), TargetLayout(2, 2), state,
@@ -332,8 +332,8 @@ def test_a_converted_dense_checkpoints_zero0_state_resumes_only_in_its_precision
 
 
 def test_the_converters_dense_target_flags_that_do_not_fit_are_refused_in_one_line():
-    from megatron.checkpoint.convert.conversions import check_dense_target
-    from megatron.checkpoint.convert.target_writer import TargetLayout
+    from megatron.checkpoint.reshape.conversions import check_dense_target
+    from megatron.checkpoint.reshape.target_writer import TargetLayout
     from megatron.errors import InputError
     check_dense_target("ckpt", TargetLayout(2, 2, data=4), "bf16")
     check_dense_target("ckpt", TargetLayout(1, 2), "fp16")

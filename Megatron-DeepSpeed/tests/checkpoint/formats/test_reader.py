@@ -12,7 +12,7 @@ from deepspeed.checkpoint import constants as ds
 
 from megatron.checkpoint import parameter_names as names
 from megatron.checkpoint.client_state import universal_info
-from megatron.checkpoint.convert.conversions import reshape
+from megatron.checkpoint.reshape.conversions import reshape
 from megatron.checkpoint.formats.detect import Layout
 from megatron.checkpoint.torch_files import load_file
 from megatron.checkpoint.file_names import (CHECKPOINT_VERSION, CUDA_RNG_STATE, LATEST_ITERATION_FILE, LATEST_TAG_FILE,
@@ -23,7 +23,7 @@ from megatron.checkpoint.formats.optimizer_state import read_optimizer_state
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import LoadOptions, plan_resume
 from megatron.checkpoint.shards import shard_of, split_dim
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, GPTModel
 from tests.helpers.paths import FIXTURES

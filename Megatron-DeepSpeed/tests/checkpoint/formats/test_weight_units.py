@@ -11,16 +11,16 @@ import weakref
 import pytest
 import torch
 
-from megatron.checkpoint.convert.conversions import reshape, training_state
+from megatron.checkpoint.reshape.conversions import reshape, training_state
 from megatron.checkpoint import trust
-from megatron.checkpoint.convert.fixture_sources import write_megatron, write_zero0, write_zero12, write_zero3
+from tools.fixtures.checkpoint_sources import write_megatron, write_zero0, write_zero12, write_zero3
 from megatron.checkpoint.parameter_names import spec_position
 from megatron.checkpoint.formats.checkpoint import OptimizerState
 from megatron.checkpoint.formats.optimizer_state import read_optimizer_state
 from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import StreamedWeights, Units, names_in
-from megatron.checkpoint.convert.target_writer import TargetLayout, TrainingState, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.gpt_config import gpt_config
 from tests.helpers.paths import FIXTURES

@@ -1,5 +1,0 @@
-"""Checkpoints written for another layout or program: target_writer cuts a model (and its Adam state) into a
-target TP x PP (x EP) with DeepSpeed's universal files (universal_files) and the ZeRO-0 forms (bf16_slices,
-expert_zero_partitions); conversions puts reading and writing together (reshape, Hugging Face export and
-import through hf and its adapters), examine summarises and compares checkpoints. fixture_sources writes
-synthetic sources of every layout for the tests and benchmarks (a fixture, not a trainer's format)."""

@@ -1,0 +1,92 @@
+"""A Hugging Face model directory as read: its config.json, the family whose adapter maps it
+(megatron/families/registry.py), our model flags, and its weights under our names, shape-checked first."""
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterator, Mapping, Optional, Tuple
+
+import torch
+
+from megatron.checkpoint.hf.files import CONFIG_FILE, open_weights, read_config_json
+from megatron.config.model_config import ModelConfig
+from megatron.errors import InputError
+from megatron.families.adapter import HFAdapter
+from megatron.families.registry import family_of_hf_config
+from megatron.model.gpt import GPTModel
+from megatron.model.gpt_config import gpt_config
+
+MAX_VOCAB_SIZE = 1 << 31  # token ids are stored as int32 at most (data/indexed_dataset.py)
+
+
+def model_config_from_hf(adapter: HFAdapter, config: Mapping[str, object], source: str) -> ModelConfig:
+    """The model a config.json describes, read by its family's `adapter`."""
+    return ModelConfig.from_flags(adapter.model_flags_from_hf(config, source), source)
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """A Hugging Face model directory as read: its config.json, adapter and model flags."""
+    directory: str
+    config: dict
+    adapter: HFAdapter
+    model_config: ModelConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    def weights(self, padded_vocab_size: Optional[int] = None) -> Mapping[str, torch.Tensor]:
+        """The weights under our names, converted when asked, the vocabulary rows zero-padded to
+        `padded_vocab_size` (default: none)."""
+        config = gpt_config(self.model_config, padded_vocab_size or self.vocab_size)
+        checked = ShapeCheckedWeights(open_weights(self.directory), self.expected_shapes(),
+                                      os.path.join(self.directory, CONFIG_FILE))
+        return self.adapter.from_hf_state_dict(checked, config)
+
+    def expected_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """Each Hugging Face tensor's shape as config.json gives it: the adapter's export of this model built on
+        the meta device (no memory)."""
+        config = gpt_config(self.model_config, self.vocab_size)
+        with torch.device("meta"):
+            state = GPTModel(config).state_dict()
+        return {name: tuple(tensor.shape) for name, tensor in self.adapter.to_hf_tensors(state, config,
+                                                                                         self.vocab_size)}
+
+
+class ShapeCheckedWeights(Mapping):
+    """Hugging Face tensors whose shapes were checked, before any is read, against those config.json gives them:
+    weights of another model are one line naming the tensor, not a shape error deep inside a conversion (and an
+    embedding of another vocabulary is never padded)."""
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], expected: Mapping[str, Tuple[int, ...]], config_path: str):
+        self._weights = weights
+        for name in weights:
+            shape = expected.get(name, expected.get(f"transformer.{name}"))  # GPT2Model's names lack the prefix
+            found = weights.shape(name) if hasattr(weights, "shape") else tuple(weights[name].shape)
+            if shape is not None and tuple(found) != shape:
+                raise InputError(f"the Hugging Face tensor '{name}' has shape {list(found)}, but {config_path} "
+                                 f"describes {list(shape)}: the weights and config.json belong to different models; "
+                                 "use the config.json saved with these weights")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._weights[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._weights
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+
+def read_hf_model(directory: str) -> HFModel:
+    """Read `directory`'s config.json: which architecture, which model."""
+    config = read_config_json(directory)
+    path = os.path.join(directory, CONFIG_FILE)
+    adapter = family_of_hf_config(config, path).adapter
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= MAX_VOCAB_SIZE:
+        raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
+                         f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
+    return HFModel(directory, config, adapter, model_config_from_hf(adapter, config, path))
