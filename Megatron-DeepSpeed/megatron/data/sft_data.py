@@ -68,11 +68,17 @@ def load_examples(config: JobConfig, tokenizer, vocab_size: int):
 
 
 class SupervisedData:
-    """The data of a fine-tuning run, as training/loop.py asks for it."""
+    """The data of a fine-tuning run, as training/loop.py asks for it; the examples are read once a run (the
+    loop asks again for the evaluation after training)."""
+
+    def __init__(self):
+        self.examples = None
 
     def datasets(self, config: JobConfig, tokenizer, vocab_size: int) -> tuple:
         """(train, valid, test) datasets of samples; a split without examples or samples to give is None."""
-        examples = load_examples(config, tokenizer, vocab_size)
+        if self.examples is None:
+            self.examples = load_examples(config, tokenizer, vocab_size)
+        examples = self.examples
         bounds = split_boundaries(config.data.split, len(examples))
         kind = PackedExamples if config.data.pack_sequences else PaddedExamples
         datasets = tuple(kind(ExampleRange(examples, start, end), config.data.seq_length + 1, pad_id(tokenizer), count)
