@@ -95,10 +95,10 @@ def fit(example: Example, limit: int, overlong: str) -> tuple[Optional[Example],
 
 def read_examples(rows: Iterator[tuple[str, object]], render: ExampleRenderer, seq_length: int,
                   overlong: str = "truncate", say: Callable[[str], None] = _log.warning,
-                  vocab_size: Optional[int] = None) -> Iterator[Example]:
-    """The rows' examples fitted to seq_length + 1 tokens; ReadReport comes back as the generator's value. Each
-    bad or dropped row is one line through `say`."""
-    report = ReadReport()
+                  vocab_size: Optional[int] = None, report: Optional[ReadReport] = None) -> Iterator[Example]:
+    """The rows' examples fitted to seq_length + 1 tokens; the ReadReport (`report`, kept up to date as rows are
+    read, or a new one) comes back as the generator's value. Each bad or dropped row is one line through `say`."""
+    report = ReadReport() if report is None else report
     for where, row in rows:
         report.rows += 1
         try:

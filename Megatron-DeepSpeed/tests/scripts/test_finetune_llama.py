@@ -1,7 +1,7 @@
 """finetune_llama.py with upstream main's finetune_llama.sh flag set (sizes shrunk): a Llama imported from Hugging
 Face fine-tunes on upstream's Alpaca JSON at one process and at TP 2 x PP 2 with the same losses, the first of
 them transformers' loss on the same examples with prompts and padding left out; chat rows train on the assistant
-turns alone, the same way."""
+turns alone, the same way, from the files tools/preprocess_sft_data.py writes."""
 import os
 
 import numpy as np
@@ -68,9 +68,13 @@ def test_upstream_flag_set_trains_an_import_at_one_process_and_tp2_pp2_from_tran
 
 
 @pytest.mark.full
-def test_chat_rows_train_on_the_assistant_turns_from_transformers_loss(hf_llama, tmp_path):
+def test_preprocessed_chat_rows_train_on_the_assistant_turns_from_transformers_loss(hf_llama, tmp_path):
+    from tools.preprocess_sft_data import main as preprocess
+
     data = write_rows(str(tmp_path / "chat.jsonl"), CHAT_ROWS)
-    argv = upstream_finetune_flags(imported(hf_llama, tmp_path / "imported", 1, 1), data, hf_llama, str(tmp_path),
-                                   iters=1)
+    preprocess(["--input", data, "--output-prefix", str(tmp_path / "chat"), "--tokenizer-type", "HFTokenizer",
+                "--tokenizer-model", hf_llama, "--seq-length", str(SEQ)])
+    argv = upstream_finetune_flags(imported(hf_llama, tmp_path / "imported", 1, 1), str(tmp_path / "chat"), hf_llama,
+                                   str(tmp_path), iters=1)
     losses = run_on_ranks(finetune_on_rank, 1, argv)[0]
     assert losses[0] == pytest.approx(transformers_first_loss(hf_llama, data), rel=1e-5)
