@@ -78,3 +78,34 @@ def test_preprocessed_chat_rows_train_on_the_assistant_turns_from_transformers_l
                                    str(tmp_path), iters=1)
     losses = run_on_ranks(finetune_on_rank, 1, argv)[0]
     assert losses[0] == pytest.approx(transformers_first_loss(hf_llama, data), rel=1e-5)
+
+
+def generate_on_rank(argv):
+    from tools.generate_text import main
+    return main(argv)
+
+
+@pytest.mark.full
+def test_the_entry_script_tool_exports_a_model_that_generates_as_our_generator(hf_llama, tmp_path, capfd):
+    """tools/launch_finetune.py (test/finetune_llama_8p.sh): HF in, fine-tuned at PP 2 on 2 CPU processes, summary
+    and loss curve, HF out; the export's greedy tokens in transformers are our generator's on the checkpoint."""
+    from transformers import LlamaForCausalLM
+    from tools.launch_finetune import main
+
+    run = tmp_path / "run"
+    main(["--hf_model", hf_llama, "--data_path", write_rows(str(tmp_path / "rows.json"), ALPACA_ROWS, as_list=True),
+          "--tp", "1", "--pp", "2", "--nproc", "2", "--train_iters", "2", "--seq_length", str(SEQ),
+          "--global_batch_size", "4", "--device", "cpu", "--output_dir", str(run), "--lr", "1e-2"])
+    out = capfd.readouterr().out
+    assert "Final Train lm loss PPL(accuracy): " in out and f"Fine-tuned model (Hugging Face): {run / 'hf'}" in out
+    assert (run / "loss_curve.png").stat().st_size > 0
+    (tmp_path / "prompts.txt").write_text("the quick brown\n")
+    record = run_on_ranks(generate_on_rank, 1, ["--load", str(run / "checkpoints"), "--prompt-file",
+                                                str(tmp_path / "prompts.txt"), "--max-new-tokens", "8", "--greedy",
+                                                "--micro-batch-size", "1"])[0][0]
+    ids = torch.tensor([record["prompt_ids"]])
+    expected = LlamaForCausalLM.from_pretrained(run / "hf").eval().generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, eos_token_id=2,
+        pad_token_id=2)[0, ids.shape[1]:].tolist()
+    assert record["generated_ids"] == expected[:len(record["generated_ids"])] and \
+        (record["generated_ids"] == expected or record["generated_ids"][-1] == 2)
