@@ -8,6 +8,7 @@ import os
 from megatron.data.demo_corpus import iter_stdlib_docstrings
 
 DEMO_INSTRUCTION = "Continue this piece of Python documentation."
+# A template in the usual form: each turn a header then its text and EOS; the generation prompt is the header.
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] + ':' }}{{ ' ' + m['content'] + eos_token }}"
                  "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
 

@@ -3,11 +3,9 @@ rows of each format, and upstream main's finetune_llama.sh flag set at CPU sizes
 import json
 import os
 
+from megatron.data.sft_demo import CHAT_TEMPLATE
 from tests.checkpoint.convert.test_hf_llama import llama, write_tokenizer
 
-# A template in the usual form: each turn a header then its text and EOS; the generation prompt is the header.
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] + ':' }}{{ ' ' + m['content'] + eos_token }}"
-                 "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
 SHAPE = dict(num_key_value_heads=4, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=192)
 SEQ = 192
 

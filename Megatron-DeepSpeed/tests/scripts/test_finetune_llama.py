@@ -109,3 +109,23 @@ def test_the_entry_script_tool_exports_a_model_that_generates_as_our_generator(h
         pad_token_id=2)[0, ids.shape[1]:].tolist()
     assert record["generated_ids"] == expected[:len(record["generated_ids"])] and \
         (record["generated_ids"] == expected or record["generated_ids"][-1] == 2)
+
+
+def with_flag(argv: list, flag: str, value=None) -> list:
+    """argv with `flag`'s value replaced (or the switch removed when value is None)."""
+    index = argv.index(flag)
+    return argv[:index] + argv[index + 1:] if value is None else argv[:index + 1] + [value] + argv[index + 2:]
+
+
+@pytest.mark.full
+def test_a_run_resumed_mid_epoch_continues_as_the_uninterrupted_one(hf_llama, tmp_path):
+    """8 examples, 4 a step: saved after iteration 1 (half an epoch), resumed to iteration 3, the losses of
+    iterations 2 and 3 are the uninterrupted run's."""
+    data = write_rows(str(tmp_path / "alpaca_data.json"), ALPACA_ROWS, as_list=True)
+    base = upstream_finetune_flags(imported(hf_llama, tmp_path / "imported", 1, 1), data, hf_llama, str(tmp_path),
+                                   iters=3)
+    whole = run_on_ranks(finetune_on_rank, 1, base)[0]
+    first = with_flag(with_flag(base, "--train-iters", "1"), "--save-interval", "1") + ["--save", str(tmp_path / "a")]
+    run_on_ranks(finetune_on_rank, 1, first)
+    resumed = run_on_ranks(finetune_on_rank, 1, with_flag(with_flag(base, "--finetune"), "--load", str(tmp_path / "a")))[0]
+    assert len(whole) == 3 and resumed == pytest.approx(whole[1:], rel=1e-6)
