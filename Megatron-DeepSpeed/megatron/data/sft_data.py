@@ -6,10 +6,11 @@ import torch.distributed as dist
 from megatron.config.job import JobConfig
 from megatron.data.data_loaders import train_valid_test_num_samples
 from megatron.data.sft_batch import SFTBatchMaker
-from megatron.data.sft_dataset import (ExampleList, IndexedExamples, PackedExamples, PaddedExamples, collect,
-                                       is_raw_rows, iter_rows, read_examples)
+from megatron.data.sft_dataset import (TOKENS_SUFFIX, ExampleList, IndexedExamples, PackedExamples, PaddedExamples,
+                                       collect, is_raw_rows, iter_rows, read_examples)
 from megatron.data.sft_examples import ExampleRenderer
 from megatron.data.splits import split_boundaries
+from megatron.data.token_range import check_token_ids
 from megatron.errors import InputError
 
 
@@ -51,10 +52,7 @@ def load_examples(config: JobConfig, tokenizer, vocab_size: int):
     path = data.data_path[0]
     if not is_raw_rows(path):
         examples = IndexedExamples(path)
-        largest = max((int(examples[i].tokens.max()) for i in range(len(examples))), default=0)
-        if largest >= vocab_size:
-            raise InputError(f"--data-path {path}: token id {largest} is outside the model's vocabulary of "
-                             f"{vocab_size}; preprocess with the tokenizer this model was trained with")
+        check_token_ids([path + TOKENS_SUFFIX], vocab_size, data.data_cache_path)
         return examples
     speaks = not dist.is_initialized() or dist.get_rank() == 0
     say = print if speaks else (lambda line: None)
