@@ -24,7 +24,6 @@ ALPACA_PROMPT_WITHOUT_INPUT = (
     "Write a response that appropriately completes the request.\n\n"
     "### Instruction:\n{instruction}\n\n### Response:")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
-FORMATS = ("alpaca", "prompt/completion", "messages", "conversations")
 
 
 class BadRow(ValueError):
@@ -49,7 +48,7 @@ class Example:
 
 
 def row_format(row) -> str:
-    """Which of FORMATS `row` is, by its keys."""
+    """Which format `row` has ("alpaca", "prompt/completion", "messages", "conversations"), by its keys."""
     if not isinstance(row, dict):
         raise BadRow(f"a row must be a JSON object, not {type(row).__name__}")
     for keys, name in ((("messages",), "messages"), (("conversations",), "conversations"),

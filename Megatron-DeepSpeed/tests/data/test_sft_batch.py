@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.data.sft_batch import SFTBatchMaker, make_sft_batch, segment_positions
-from megatron.data.sft_dataset import PackedExamples, PaddedExamples, padded_sample
+from megatron.data.sft_batch import SFTBatchMaker, segment_positions
+from megatron.data.sft_dataset import ExampleList, PackedExamples, PaddedExamples, padded_sample
 from megatron.data.sft_examples import Example
-from megatron.data.sft_dataset import ExampleList
 from megatron.model.gpt import GPTConfig, GPTModel
 
 LIMIT = 17  # 16 inputs a sample
@@ -70,8 +69,7 @@ def test_packed_equals_unpacked_per_example_loss_and_gradients():
     """Each example's loss and gradients from the packed row (its targets alone in the mask) equal those of the
     example padded alone, fp32, to 1e-5."""
     model, rows = tiny_llama(), examples()[:3]
-    packed = make_sft_batch(*(torch.from_numpy(np.asarray(array))[None].long() for array in
-                              (lambda s: (s["text"], s["loss_mask"], s["segment_ids"]))(padded_sample(rows, LIMIT, 0))))
+    packed = SFTBatchMaker(packed=True)([padded_sample(rows, LIMIT, 0)])
     for number, example in enumerate(rows):
         alone = SFTBatchMaker(packed=False)([padded_sample([example], LIMIT, 0)])
         expected_loss, expected_gradients = loss_and_gradients(model, alone, alone["loss_mask"])

@@ -1,8 +1,8 @@
 """finetune_llama.py with upstream main's finetune_llama.sh flag set (sizes shrunk): a Llama imported from Hugging
 Face fine-tunes on upstream's Alpaca JSON at one process and at TP 2 x PP 2 with the same losses, the first of
 them transformers' loss on the same examples with prompts and padding left out; chat rows train on the assistant
-turns alone, the same way, from the files tools/preprocess_sft_data.py writes."""
-import os
+turns alone, the same way, from the files tools/preprocess_sft_data.py writes; a run resumed mid-epoch continues
+exactly; the entry script's tool takes a Hugging Face model in and out (the export generates as our generator)."""
 
 import numpy as np
 import pytest
