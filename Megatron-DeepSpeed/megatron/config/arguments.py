@@ -18,6 +18,7 @@ from megatron.config.flags import (activation_checkpointing, checkpointing, comm
                                    unsupported)
 from megatron.config.flags.parallelism import DEEPSPEED_JSON
 from megatron.config.job import JobConfig
+from megatron.config.model_config import ARCHITECTURE_FLAGS, ModelConfig
 from megatron.config.presets import get_preset, preset_names
 from megatron.errors import InputError
 
@@ -37,6 +38,23 @@ def _build_parser() -> argparse.ArgumentParser:
     for group in _GROUPS:
         group.add_flags(parser)
     return parser
+
+
+def model_flag_argv(model: ModelConfig) -> list:
+    """The command-line flags that give `model`'s architecture, as a checkpoint records it (a run on that checkpoint
+    must repeat them): each valued flag with its value, each switch whose value is not the default."""
+    actions = [action for action in _build_parser()._actions if action.dest in ARCHITECTURE_FLAGS]
+    argv = []
+    for name in ARCHITECTURE_FLAGS:
+        value = getattr(model, name)
+        for action in (action for action in actions if action.dest == name):
+            if action.nargs != 0:
+                argv += [action.option_strings[0], str(value)]
+                break
+            if action.const == value:
+                argv.append(action.option_strings[0])
+                break
+    return argv
 
 
 def flag_defaults() -> dict:

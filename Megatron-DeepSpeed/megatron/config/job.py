@@ -174,6 +174,9 @@ class DataConfig:
     reset_attention_mask: bool
     eod_mask_loss: bool
     dataloader_type: str  # "single" or "cyclic"
+    repeated_dataloader: bool = False  # upstream main's; accepted (samples cover every iteration)
+    pack_sequences: bool = False  # fine-tuning: whole examples packed per sequence (megatron/data/sft_dataset.py)
+    overlong_examples: str = "truncate"  # fine-tuning: an example longer than a sample, "truncate" or "drop"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from megatron.config.job import JobConfig
-from megatron.data.gpt_batch import collate
+from megatron.data.gpt_batch import BatchMaker, collate
 from megatron.data.gpt_dataset import build_train_valid_test_datasets, parse_data_prefix
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.mock_dataset import MockGPTDataset
@@ -23,6 +23,22 @@ def train_valid_test_num_samples(config: JobConfig) -> list[int]:
     evaluations = train_iters // config.logging.eval_interval + 1
     return [config.schedule.total_samples(global_batch_size), evaluations * eval_iters * global_batch_size,
             eval_iters * global_batch_size]
+
+
+class PretrainingData:
+    """pretrain_gpt.py's data, as training/loop.py asks for it (data/sft_data.py has fine-tuning's)."""
+
+    def datasets(self, config: JobConfig, tokenizer, vocab_size: int) -> tuple:
+        if config.data.pack_sequences:
+            raise InputError("--pack-sequences packs fine-tuning examples (finetune_llama.py); pre-training samples "
+                             "are documents back to back already (--reset-attention-mask keeps them apart)")
+        return build_datasets(config, vocab_size)
+
+    def batch_maker(self, config: JobConfig, tokenizer, sequence_chunk: tuple) -> BatchMaker:
+        data = config.data
+        return BatchMaker(tokenizer.eod, reset_position_ids=data.reset_position_ids,
+                          reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss,
+                          sequence_chunk=sequence_chunk)
 
 
 def build_datasets(config: JobConfig, vocab_size: int):

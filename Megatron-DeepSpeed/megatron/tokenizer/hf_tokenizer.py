@@ -2,7 +2,9 @@
 the `tokenizers` library: no network and no transformers. The ids are those Tokenizer.encode gives (with the
 special tokens its post-processor adds, e.g. Llama's BOS); the end of document is the eos_token of
 tokenizer_config.json beside it (transformers' file for the special tokens), else the `</s>`, `<|endoftext|>` or
-`<|end_of_text|>` token the vocabulary holds."""
+`<|end_of_text|>` token the vocabulary holds. The pad token is tokenizer_config.json's pad_token (None without one:
+fine-tuning pads with the end of document then, megatron/data/sft_dataset.py says why that loses nothing). Chat
+templates are transformers' (`chat_template_tokenizer`), the one use of transformers here."""
 import json
 import os
 from typing import List, Optional
@@ -47,7 +49,7 @@ def _special_tokens(directory: str) -> dict:
             config = json.load(handle)
     except (OSError, ValueError) as err:
         raise InputError(f"{path} cannot be read as JSON ({err}); fix or remove it") from None
-    return {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token") if config.get(key)}
+    return {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "pad_token") if config.get(key)}
 
 
 class HFTokenizer:
@@ -60,7 +62,9 @@ class HFTokenizer:
             raise InputError(f"--tokenizer-model {tokenizer_file}: not a Hugging Face tokenizer.json ({err})") from None
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
         special = _special_tokens(os.path.dirname(tokenizer_file))
+        self.directory = os.path.dirname(tokenizer_file)
         self.bos = self._id_of(special.get("bos_token"), tokenizer_file)
+        self.pad = self._id_of(special.get("pad_token"), tokenizer_file)
         eos = special.get("eos_token") or next((token for token in COMMON_EODS
                                                 if self._tokenizer.token_to_id(token) is not None), None)
         self.eod = self._id_of(eos, tokenizer_file)
@@ -77,6 +81,20 @@ class HFTokenizer:
             raise InputError(f"--tokenizer-model {source}: {CONFIG_FILE} names the special token {token!r}, which "
                              "the vocabulary does not hold")
         return token_id
+
+    def chat_template_tokenizer(self):
+        """transformers' tokenizer of the same directory, for its apply_chat_template (read offline)."""
+        from transformers import AutoTokenizer
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.directory, local_files_only=True)
+        except (OSError, ValueError, TypeError) as err:
+            raise InputError(f"--tokenizer-model {self.directory}: transformers cannot read the tokenizer for its "
+                             f"chat template ({err}); fix {CONFIG_FILE}") from None
+        if not getattr(tokenizer, "chat_template", None):
+            raise InputError(f"--tokenizer-model {self.directory}: {CONFIG_FILE} has no chat_template, which chat "
+                             "rows (messages, conversations) are rendered with; use a chat model's tokenizer, or "
+                             "alpaca / prompt-completion rows")
+        return tokenizer
 
     def tokenize(self, text):
         return self.tokenize_batch([text])[0].tolist()

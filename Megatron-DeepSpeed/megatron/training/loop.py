@@ -31,8 +31,8 @@ from megatron.config.arguments import job_config, parse_args, validate_args, wit
 from megatron.config.ds_config import STEPS_PER_PRINT_NEVER, resolve_deepspeed_config
 from megatron.config.job import CheckpointConfig, JobConfig, ScheduleConfig
 from megatron.config.learning_rates import learning_rate
-from megatron.data.data_loaders import build_data_loader, build_datasets
-from megatron.data.gpt_batch import BatchMaker, model_inputs, truncated_batch
+from megatron.data.data_loaders import PretrainingData, build_data_loader
+from megatron.data.gpt_batch import model_inputs, truncated_batch
 from megatron.errors import InputError
 from megatron.model.gpt import GPTConfig, recomputed_checkpoints
 from megatron.model.gpt_config import gpt_config
@@ -274,6 +274,7 @@ class Trainer:
     clipping: Optional[Fp32GradientClipping]
     step_guard: Optional[NonFiniteStepGuard]
     resume: Optional[ResumePlan] = None  # what --load restores; None: a fresh run
+    data: object = PretrainingData()  # datasets(config, tokenizer, vocab) and batch_maker(config, tokenizer, chunk)
 
 
 def model_parallel_rng_tracker(config: JobConfig, parallel: ParallelState):
@@ -303,11 +304,13 @@ def start_up_checks(checkpoint: CheckpointConfig, optimizer: bool) -> None:
         save_lock.hold(checkpoint.save)
 
 
-def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None) -> Trainer:
+def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[object] = None,
+                  data: object = PretrainingData()) -> Trainer:
     """Flags, process groups, seeds, tokenizer, model and the DeepSpeed engine. `model_provider(model_config,
     parallel_config, parallel, rng_tracker)` returns this rank's part of the model, parallelised: a DeepSpeed
     PipelineModule (trained on the pipeline engine) or a plain nn.Module (on DeepSpeed's plain engine).
-    `adaptor_kernels` are a device adaptor's kernels (deepspeed_npu's), preferred over PyTorch's."""
+    `adaptor_kernels` are a device adaptor's kernels (deepspeed_npu's), preferred over PyTorch's; `data` the
+    run's datasets and batches (pre-training's, or data/sft_data.SupervisedData for fine-tuning)."""
     args = parse_args(argv)
     device.use_local_rank_flag(args.local_rank)
     initialize_distributed(args.distributed_backend or device.communication_backend(), args.distributed_timeout_minutes)
@@ -351,7 +354,7 @@ def build_trainer(model_provider: Callable, argv, adaptor_kernels: Optional[obje
     report_parameter_count(model, parallel)
     engine, clipping, step_guard = build_engine(model, config, kernels, parallel,
                                                 universal_load=bool(resume and resume.universal))
-    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, step_guard, resume)
+    return Trainer(config, model_config, engine, parallel, rng_tracker, tokenizer, clipping, step_guard, resume, data)
 
 
 def resumed_zero_stage(config: JobConfig, resume: ResumePlan) -> dict:
@@ -401,10 +404,9 @@ def build_engine(model: torch.nn.Module, config: JobConfig, kernels: Kernels, pa
 def data_loader_factory(trainer: Trainer) -> Callable:
     """build_data_loader(dataset, consumed_samples) for this rank's micro-batches."""
     parallel, batch, data = trainer.parallel, trainer.config.batch, trainer.config.data
-    batch_maker = BatchMaker(trainer.tokenizer.eod, reset_position_ids=data.reset_position_ids,
-                             reset_attention_mask=data.reset_attention_mask, eod_mask_loss=data.eod_mask_loss,
-                             sequence_chunk=(parallel.get_sequence_parallel_rank(),
-                                             parallel.get_sequence_parallel_world_size()))
+    batch_maker = trainer.data.batch_maker(trainer.config, trainer.tokenizer,
+                                           (parallel.get_sequence_parallel_rank(),
+                                            parallel.get_sequence_parallel_world_size()))
     return functools.partial(build_data_loader, micro_batch_size=batch.micro_batch_size,
                              num_workers=data.num_workers, data_parallel_rank=parallel.dp_rank,
                              data_parallel_size=parallel.get_data_parallel_world_size(),
@@ -417,7 +419,7 @@ def build_batches(trainer: Trainer, state: TrainState) -> tuple[Batches, Optiona
     config = trainer.config
     data, logging_config, batch = config.data, config.logging, config.batch
     loader_of = data_loader_factory(trainer)
-    train_set, valid_set, _ = build_datasets(config, trainer.model_config.vocab_size)
+    train_set, valid_set, _ = trainer.data.datasets(config, trainer.tokenizer, trainer.model_config.vocab_size)
     train = Batches(loader_of(train_set, state.consumed_train_samples), restart=data.dataloader_type == "cyclic")
     if valid_set is None or not logging_config.eval_iters:
         return train, None
@@ -432,7 +434,8 @@ def evaluate_splits(trainer: Trainer, iteration: int, splits: tuple[str, ...]) -
     end-of-run block. Returns the loss of each split evaluated."""
     config, engine = trainer.config, trainer.engine
     eval_iters, batch = config.logging.eval_iters, config.batch
-    datasets = dict(zip(("train", "validation", "test"), build_datasets(config, trainer.model_config.vocab_size)))
+    datasets = dict(zip(("train", "validation", "test"),
+                        trainer.data.datasets(config, trainer.tokenizer, trainer.model_config.vocab_size)))
     loader_of = data_loader_factory(trainer)
     losses = {}
     for split in splits:
@@ -460,11 +463,12 @@ def evaluate_checkpoint(trainer: Trainer) -> TrainingResult:
     return TrainingResult(iteration, [], [], losses.get("validation"), trainer.engine.module, trainer.parallel)
 
 
-def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None) -> TrainingResult:
-    """Train a GPT as the flags say (see build_trainer for `model_provider` and `adaptor_kernels`)."""
+def pretrain(model_provider: Callable, argv=None, adaptor_kernels: Optional[object] = None,
+             data: object = PretrainingData()) -> TrainingResult:
+    """Train a GPT as the flags say (see build_trainer for `model_provider`, `adaptor_kernels` and `data`)."""
     started = time.monotonic()  # --exit-duration-in-mins counts from here, start-up included
     try:
-        trainer = build_trainer(model_provider, argv, adaptor_kernels)
+        trainer = build_trainer(model_provider, argv, adaptor_kernels, data)
         if trainer.config.logging.skip_train:
             return evaluate_checkpoint(trainer)
         stopping = trainer.config.stopping

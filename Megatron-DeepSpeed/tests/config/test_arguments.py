@@ -4,7 +4,8 @@ import logging
 import pytest
 import torch
 
-from megatron.config.arguments import job_config, parse_args, validate_args
+from megatron.config.arguments import job_config, model_flag_argv, parse_args, validate_args
+from megatron.config.model_config import ARCHITECTURE_FLAGS, ModelConfig
 from megatron.errors import InputError
 
 # A small valid command line; tests add flags or drop some of these.
@@ -577,3 +578,19 @@ def test_bad_rope_scaling_flags_are_one_line_errors(flags, message):
 def test_rope_scaling_needs_rotary_position_embeddings():
     assert error_of("--use-rope-scaling") == ("--rope-scaling-type llama3 scales rotary position embeddings; add "
                                               "--use-rotary-position-embeddings or drop it")
+
+@pytest.mark.parametrize("model", [
+    ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, max_position_embeddings=64, ffn_hidden_size=48,
+                normalization="rmsnorm", add_position_embedding=False, use_rotary_position_embeddings=True,
+                rope_theta=500000, swiglu=True, num_key_value_heads=2, add_bias_linear=False,
+                untie_embeddings_and_output_weights=True, layernorm_epsilon=1e-6),
+    ModelConfig(num_layers=3, hidden_size=64, num_attention_heads=8, max_position_embeddings=128, openai_gelu=True),
+])
+def test_model_flag_argv_gives_the_model_back(model):
+    """The flags a run on a checkpoint must repeat, written from its ModelConfig, parse back to the same
+    architecture (launch_finetune.py passes them for an imported model)."""
+    values = vars(validated(*model_flag_argv(model), drop=("--num-layers", "--hidden-size", "--num-attention-heads",
+                                                           "--max-position-embeddings")))
+    back = ModelConfig.from_flags(values)
+    assert {name: getattr(back, name) for name in ARCHITECTURE_FLAGS} == \
+        {name: getattr(model, name) for name in ARCHITECTURE_FLAGS}

@@ -41,6 +41,16 @@ def add_flags(parser) -> None:
                             "reads its share in a new random order every epoch, forever.")
     group.add_argument("--mmap-warmup", action="store_true",
                        help="Accepted; no effect (the data files are memory-mapped and read on demand).")
+    group.add_argument("--repeated-dataloader", action="store_true",
+                       help="Upstream main (finetune_llama.sh): read the data again once it is used up. Accepted; "
+                            "the samples always cover every iteration (fine-tuning examples repeat epoch after "
+                            "epoch in file order).")
+    group.add_argument("--pack-sequences", action="store_true",
+                       help="Fine-tuning (finetune_llama.py): several whole examples per sequence, each attending "
+                            "only to itself with positions from 0, instead of one padded example per sequence.")
+    group.add_argument("--overlong-examples", choices=("truncate", "drop"), default="truncate",
+                       help="Fine-tuning: an example longer than --seq-length + 1 tokens is truncated (upstream's "
+                            "way) or dropped; either is counted and reported per row.")
 
 
 def after_parse(values: Mapping) -> dict:
