@@ -20,7 +20,8 @@ BASE = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
 
 def test_defaults():
     values = parsed_alone(data)
-    assert (values["data_path"], values["split"], values["num_workers"], values["data_impl"]) == (None, None, 2, "infer")
+    assert (values["data_path"], values["split"], values["num_workers"], values["data_impl"]) == (
+        None, None, 2, "infer")
     assert data.after_parse(values) == {"dataloader_type": "single"}
     assert data.after_parse({"dataloader_type": "cyclic"}) == {"dataloader_type": "cyclic"}
 
