@@ -1,38 +1,21 @@
-"""Tokenizers: ids against hand-computed values and against an independent reference encoder, the batch
-path against the single-text path (also under threads), and every user-input error."""
-import io
+"""build_tokenizer and the GPT-2 BPE tokenizer: ids against hand-computed values and against an independent
+reference encoder, the batch path against the single-text path (also under threads), every user-input error, and
+the vocabulary padding. SentencePiece and the NullTokenizer: test_sentencepiece_tokenizer.py,
+test_null_tokenizer.py."""
 import json
 import pickle
 import random
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import sentencepiece
+from tests.helpers.tokenizer_texts import VARIED_TEXTS, assert_batch_matches_single
 from tests.helpers.gpt2_reference_bpe import ReferenceGPT2Encoder, byte_to_char_table, docstring_corpus
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from megatron.errors import InputError
 from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
 from megatron.tokenizer.bpe_training import train_bpe_vocab
-
-VARIED_TEXTS = [
-    "",
-    "Hello, world! The quick brown fox jumps over the lazy dog.",
-    "I'm sure you're right; it's what we'd do, they'll see, I've won. DON'T 'S 'sup",
-    "numbers: 0 12 345 6789 3.14159 1e-10 0xDEADBEEF 1,000,000 ١٢٣ Ⅻ",
-    "spaces:  two   three    four\tone tab\t\ttwo tabs\n\nnewlines\r\nCRLF \n \n trailing   ",
-    "   leading spaces and a lonely space at the end ",
-    "\n\n\n",
-    "unicode: Größe naïve café Ελληνικά Привет 日本語の文章 한국어 עברית العربية",
-    "emoji: 😀🎉 👍🏽 🇩🇪🇫🇷 👨‍👩‍👧‍👦 and a zero-width joiner\u200d and\u00a0nbsp",
-    "literal <|endoftext|> in the middle, and<|endoftext|>glued, <|endoftext|>",
-    "<|endoftext|>",
-    "code: def f(x):\n    return {'a': [1, 2]} # comment\n",
-    "control \x00\x01\x1f\x7f and combining e\u0301 a\u0308",
-]
-
 
 def write_vocab_files(directory, vocab, merge_lines):
     vocab_path, merges_path = directory / "vocab.json", directory / "merges.txt"
@@ -86,22 +69,6 @@ def trained_files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gpt2_tokenizer(trained_files):
     return build_tokenizer("GPT2BPETokenizer", vocab_file=trained_files[0], merge_file=trained_files[1])
-
-
-def assert_batch_matches_single(tokenizer, texts):
-    """tokenize_batch == tokenize per text, sequentially and from several threads at once."""
-    expected = [tokenizer.tokenize(text) for text in texts]
-    ids, lengths = tokenizer.tokenize_batch(texts)
-    assert ids.ndim == 1 and np.issubdtype(ids.dtype, np.integer) and lengths.dtype == np.int64
-    assert lengths.tolist() == [len(e) for e in expected]
-    assert ids.tolist() == [i for e in expected for i in e]
-
-    chunks = [texts[i::3] for i in range(3)] * 4
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(tokenizer.tokenize_batch, chunks))
-    for chunk, (chunk_ids, chunk_lengths) in zip(chunks, results):
-        assert chunk_ids.tolist() == [i for text in chunk for i in tokenizer.tokenize(text)]
-        assert chunk_lengths.tolist() == [len(tokenizer.tokenize(text)) for text in chunk]
 
 
 # ---------------------------------------------------------------- GPT-2 BPE: hand-computed ids
@@ -265,68 +232,7 @@ def test_unknown_tokenizer_type():
         build_tokenizer("BertWordPieceLowerCase", vocab_file="vocab.txt")
 
 
-# ---------------------------------------------------------------- SentencePiece
-
-def train_sentencepiece(path, **options):
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(docstring_corpus()[-200:]), model_writer=model, vocab_size=600, model_type="bpe",
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        minloglevel=2, **options)
-    path.write_bytes(model.getvalue())
-    return str(path)
-
-
-def test_sentencepiece_round_trip(tmp_path):
-    model_path = train_sentencepiece(tmp_path / "sp.model")
-    for tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
-        tokenizer = build_tokenizer(tokenizer_type, tokenizer_model=model_path)
-        processor = sentencepiece.SentencePieceProcessor(model_file=model_path)
-        assert tokenizer.vocab_size == processor.get_piece_size() == 600
-        assert tokenizer.eod == processor.eos_id() == 2
-        for text in ["Return the list of files.", "Größe 😀 日本", "two  spaces", ""]:
-            ids = tokenizer.tokenize(text)
-            assert ids == processor.encode(text)
-            assert tokenizer.detokenize(ids) == text
-        assert_batch_matches_single(tokenizer, VARIED_TEXTS + docstring_corpus()[:30])
-        assert tokenizer.tokenize("a\ud800b") == tokenizer.tokenize("a\ufffdb")
-        assert pickle.loads(pickle.dumps(tokenizer)).tokenize(VARIED_TEXTS[1]) == tokenizer.tokenize(VARIED_TEXTS[1])
-
-
-def test_sentencepiece_errors(tmp_path):
-    with pytest.raises(InputError, match="needs --tokenizer-model"):
-        build_tokenizer("SentencePieceTokenizer")
-    with pytest.raises(InputError, match="--tokenizer-model .*nope.model"):
-        build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "nope.model"))
-    (tmp_path / "garbage.model").write_bytes(b"not a model")
-    with pytest.raises(InputError, match="not a usable SentencePiece model"):
-        build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(tmp_path / "garbage.model"))
-    no_eos = train_sentencepiece(tmp_path / "no_eos.model", eos_id=-1)
-    with pytest.raises(InputError, match="no end-of-sentence piece"):
-        build_tokenizer("SentencePieceTokenizer", tokenizer_model=no_eos)
-
-
-# ---------------------------------------------------------------- Null tokenizer and vocab padding
-
-def test_null_tokenizer():
-    tokenizer = build_tokenizer("NullTokenizer", vocab_size=1000)
-    assert tokenizer.vocab_size == 1001 and tokenizer.eod == 1000
-    assert tokenizer.tokenize("5 17\n999\t0  1000") == [5, 17, 999, 0, 1000]
-    assert tokenizer.detokenize([5, 17]) == "5 17"
-    assert_batch_matches_single(tokenizer, ["1 2 3", "", "  ", "42"])
-
-
-@pytest.mark.parametrize("text", ["1 two 3", "1001", "-1", "1.5"])
-def test_null_tokenizer_rejects_non_ids(text):
-    with pytest.raises(InputError, match="integer ids in 0..1000"):
-        build_tokenizer("NullTokenizer", vocab_size=1000).tokenize(text)
-
-
-@pytest.mark.parametrize("vocab_size", [None, 0, -3, "100", True])
-def test_null_tokenizer_needs_positive_vocab_size(vocab_size):
-    with pytest.raises(InputError, match="--vocab-size"):
-        build_tokenizer("NullTokenizer", vocab_size=vocab_size)
-
+# ---------------------------------------------------------------- vocab padding
 
 @pytest.mark.parametrize("orig, divisible_by, tp, expected", [
     (50257, 128, 1, 50304),   # 128 * 393
