@@ -1,7 +1,6 @@
-"""build_tokenizer and the GPT-2 BPE tokenizer: ids against hand-computed values and against an independent
-reference encoder, the batch path against the single-text path (also under threads), every user-input error, and
-the vocabulary padding. SentencePiece and the NullTokenizer: test_sentencepiece_tokenizer.py,
-test_null_tokenizer.py."""
+"""The GPT-2 BPE tokenizer (megatron/tokenizer/gpt2_bpe.py): ids against hand-computed values and against an
+independent reference encoder, the batch path against the single-text path (also under threads), and every error
+of its files."""
 import json
 import pickle
 import random
@@ -14,7 +13,8 @@ from tests.helpers.gpt2_reference_bpe import ReferenceGPT2Encoder, byte_to_char_
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from megatron.errors import InputError
-from megatron.tokenizer import build_tokenizer, vocab_size_with_padding
+from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
 from megatron.tokenizer.bpe_training import train_bpe_vocab
 
 def write_vocab_files(directory, vocab, merge_lines):
@@ -68,7 +68,7 @@ def trained_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2_tokenizer(trained_files):
-    return build_tokenizer("GPT2BPETokenizer", vocab_file=trained_files[0], merge_file=trained_files[1])
+    return GPT2BPETokenizer(*trained_files)
 
 
 # ---------------------------------------------------------------- GPT-2 BPE: hand-computed ids
@@ -225,30 +225,3 @@ def test_missing_files_name_the_flag(tmp_path):
         build_tokenizer("GPT2BPETokenizer", vocab_file=vocab_path)
     with pytest.raises(InputError, match="--vocab-file"):
         build_tokenizer("GPT2BPETokenizer", vocab_file=str(tmp_path), merge_file=merges_path)  # a directory
-
-
-def test_unknown_tokenizer_type():
-    with pytest.raises(InputError, match="--tokenizer-type 'BertWordPieceLowerCase' is not supported"):
-        build_tokenizer("BertWordPieceLowerCase", vocab_file="vocab.txt")
-
-
-# ---------------------------------------------------------------- vocab padding
-
-@pytest.mark.parametrize("orig, divisible_by, tp, expected", [
-    (50257, 128, 1, 50304),   # 128 * 393
-    (50257, 128, 2, 50432),   # 256 * 197
-    (50257, 128, 4, 50688),   # 512 * 99
-    (50257, 128, 8, 51200),   # 1024 * 50
-    (50304, 128, 1, 50304),   # already a multiple
-    (1201, 1, 1, 1201),
-    (1201, 64, 3, 1344),      # 192 * 7
-])
-def test_vocab_size_with_padding(orig, divisible_by, tp, expected):
-    assert vocab_size_with_padding(orig, divisible_by, tp) == expected
-
-
-def test_vocab_size_with_padding_rejects_bad_flags():
-    with pytest.raises(InputError, match="--make-vocab-size-divisible-by 0"):
-        vocab_size_with_padding(50257, 0, 1)
-    with pytest.raises(InputError, match="--tensor-model-parallel-size -2"):
-        vocab_size_with_padding(50257, 128, -2)
