@@ -54,8 +54,7 @@ def test_an_empty_train_split_is_one_line(prefix):
 
 
 def test_per_split_paths_read_each_whole(prefix):
-    train, valid, test = build_datasets(job_on_disk("--train-data-path", prefix, "--test-data-path",
-                                                                   prefix),
+    train, valid, test = build_datasets(job_on_disk("--train-data-path", prefix, "--test-data-path", prefix),
                                         vocab_size=VOCAB)
     assert valid is None and len(train) >= 40 and len(test) >= 8
 
