@@ -37,7 +37,6 @@ WITHOUT_MIRRORED_TEST = frozenset({
     "reference/pages.py", "reference/tool_help.py", "reports/progress_bar.py", "reports/worker_runs.py",
     "tensor_parallel/deepspeed_checkpointing.py", "tensor_parallel/layers.py", "tensor_parallel/mappings.py",
     "tensor_parallel/random.py", "tensor_parallel/sequence_parallel_grads.py", "training/loop.py",
-    "training/moe_losses.py",
 })
 
 
