@@ -36,7 +36,7 @@ WITHOUT_MIRRORED_TEST = frozenset({
     "device_probe.py", "errors.py", "launched_rank.py", "reference/error_index.py", "reference/flag_table.py",
     "reference/pages.py", "reference/tool_help.py", "reports/progress_bar.py", "reports/worker_runs.py",
     "tensor_parallel/deepspeed_checkpointing.py", "tensor_parallel/layers.py", "tensor_parallel/mappings.py",
-    "tensor_parallel/random.py", "tensor_parallel/sequence_parallel_grads.py", "training/loop.py",
+    "tensor_parallel/random.py", "tensor_parallel/sequence_parallel_grads.py",
 })
 
 
