@@ -1,7 +1,8 @@
-"""Tests mirror modules (docs/ARCHITECTURE.md, "Tests"): every library module with logic, megatron/<package>/<module>.py,
-has its tests/<package>/test_<module>.py that imports it directly; a package's __init__.py with logic has
-tests/<package>/test_<package>.py, a top-level module tests/test_<module>.py. The modules still without one are
-listed below, and the list can only shrink: a module that gains its test must leave it."""
+"""Tests mirror modules (docs/ARCHITECTURE.md, "Tests"): every library module with logic,
+megatron/<package>/<module>.py, has its tests/<package>/test_<module>.py that imports it directly; a package's
+__init__.py with logic has tests/<package>/test_<package>.py, a top-level module tests/test_<module>.py. The
+modules still without one are listed below, and the list can only shrink: a module that gains its test must leave
+it."""
 import ast
 import os
 
