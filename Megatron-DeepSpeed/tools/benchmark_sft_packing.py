@@ -1,7 +1,7 @@
 """Fine-tuning throughput and memory, the same examples padded (one per sequence) and packed (--pack-sequences):
 real (not padding) tokens per second of forward + backward over one epoch, the sequences it took, the peak bytes
 of live tensors of one micro-batch step (torch's allocator peak on an accelerator; counted from torch's dispatcher
-on a CPU: megatron/training/live_memory.py), and the bytes of the attention mask each builds (none for either:
+on a CPU: tools/benchmarks/live_memory.py), and the bytes of the attention mask each builds (none for either:
 padded rows are plain causal, packed ones carry segment ids; --reset-attention-mask's dense mask for comparison).
 The examples' lengths are drawn from a log-normal, as instruction data's skew: most short, a few long.
 
@@ -21,7 +21,6 @@ from megatron.data.sft_examples import Example
 from megatron.errors import run_cli
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.tokenizer import require_positive_int
-from megatron.training.live_memory import LiveTensorBytes
 
 VOCAB = 8192
 
@@ -48,6 +47,7 @@ def step(model: GPTModel, batch: dict, target) -> None:
 
 def measure(model: GPTModel, batches: list) -> tuple[float, int]:
     """(seconds of one epoch, after one warm-up step; peak bytes of one step of the longest batch)."""
+    from benchmarks.live_memory import LiveTensorBytes  # tools/benchmarks/: on the path when run as a tool
     target = model.device
     step(model, batches[0], target)
     device.synchronize()

@@ -85,3 +85,11 @@ def run_on_ranks(function, world_size: int, *args, timeout: float = 120.0, backe
                 process.terminate()
                 process.join()
     return [outcomes[rank] for rank in range(world_size)]
+
+
+def join_group_of_one() -> None:
+    """This test process as the one rank of a gloo process group, for the code whose collectives a single rank
+    runs too (tests/conftest.py ends the group after the test)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

@@ -17,7 +17,7 @@ import os
 
 import pytest
 from tests.helpers.distributed import run_on_ranks
-from tests.tokenizer.test_tokenizer import train_sentencepiece
+from tests.tokenizer.test_sentencepiece_tokenizer import train_sentencepiece
 from tests.scripts.test_upstream_scripts import train_each, write_byte_level_vocab
 
 from megatron.config.arguments import job_config, parse_args, validate_args
