@@ -33,6 +33,7 @@ from megatron.model.gpt import GPTConfig
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
 ACTIVATION = "silu"
+EMBEDDING = "model.embed_tokens.weight"
 DEFAULT_ROPE = "default"
 DEFAULT_THETA = 10000.0  # LlamaConfig's
 
@@ -93,7 +94,7 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: GPTConfig,
     """GPTModel's parameters under LlamaForCausalLM's names, one layer at a time in model order, the padded
     vocabulary rows beyond `vocab_size` dropped."""
     groups, head_dim = config.num_key_value_heads, config.head_dim
-    yield "model.embed_tokens.weight", model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
+    yield EMBEDDING, model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
         for norm in _NORMS:
@@ -118,7 +119,7 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: GPTConfig) -> Map
     zero-padded to config.vocab_size."""
     take = taker(hf, "Llama model")
     groups, head_dim = config.num_key_value_heads, config.head_dim
-    recipes = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take("model.embed_tokens.weight"),
+    recipes = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take(EMBEDDING),
                                                                               config.vocab_size)}
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
@@ -148,7 +149,11 @@ def rope_theta(config: Mapping[str, object], path: str) -> float:
     if kind != DEFAULT_ROPE:
         raise InputError(f"{path} uses rotary scaling '{kind}'; only the default (unscaled) rotary embedding is "
                          "implemented, so this model cannot be imported")
-    return float(parameters.get("rope_theta", config.get("rope_theta", DEFAULT_THETA)))
+    theta = parameters.get("rope_theta", config.get("rope_theta", DEFAULT_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+        raise InputError(f"{path} sets rope_theta {theta!r}; the rotary base must be a positive number (Llama's "
+                         f"default is {DEFAULT_THETA:g})")
+    return float(theta)
 
 
 def check_config(config: Mapping[str, object], path: str) -> None:
