@@ -130,6 +130,7 @@ def read_hf_model(directory: str) -> HFModel:
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= MAX_VOCAB_SIZE:
         raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
                          f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
+    adapter.model_config_from_hf(config, path)  # config.json checked before any weights are opened
     config = tied_as_the_tensors_say(config, adapter, directory)
     return HFModel(directory, config, adapter, adapter.model_config_from_hf(config, path))
 
@@ -138,8 +139,10 @@ def tied_as_the_tensors_say(config: dict, adapter: ModuleType, directory: str) -
     """config.json with tie_word_embeddings as its tensors decide, as transformers does: a stored lm_head.weight
     equal to the word embedding is tied; a different one is the model's own head (a Llama then imports untied,
     said in one line; GPT2LMHeadModel, tied by definition here, is refused)."""
+    if not config.get("tie_word_embeddings", adapter is hf_gpt2):
+        return config
     weights = open_weights(directory)
-    if not config.get("tie_word_embeddings", adapter is hf_gpt2) or HEAD not in weights:
+    if HEAD not in weights:
         return config
     embedding = next((name for name in (adapter.EMBEDDING, adapter.EMBEDDING.removeprefix("transformer."))
                       if name in weights), None)  # GPT2Model's names lack the prefix
