@@ -8,8 +8,9 @@ import shutil
 import tempfile
 from typing import BinaryIO, Callable, Mapping
 
-from megatron.errors import InputError
+from megatron.errors import InputError, RunError
 from megatron.files.sole_writer import SoleWriter
+from megatron.files.storage import directory_bytes, storage_cause
 
 _log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _replace_with_filled(path: str, fill: Callable[[str], object], existed: bool
     parent = os.path.dirname(path)
     temporary = tempfile.mkdtemp(dir=parent, prefix=f"{os.path.basename(path)}.tmp-")
     try:
-        fill(temporary)
+        _fill_or_explain(path, fill, temporary)
         os.chmod(temporary, 0o755)
         replaced = None
         if os.path.lexists(path):
@@ -113,3 +114,18 @@ def _replace_with_filled(path: str, fill: Callable[[str], object], existed: bool
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+
+
+def _fill_or_explain(path: str, fill: Callable[[str], object], temporary: str) -> None:
+    """fill(temporary); a write the storage refused (a full disk: torch and safetensors name it in words of their
+    own) becomes one line saying so."""
+    try:
+        fill(temporary)
+    except (InputError, RunError):
+        raise
+    except Exception as err:
+        cause = storage_cause(temporary, err, directory_bytes(temporary))
+        if cause is None:
+            raise
+        raise RunError(f"writing {path} failed: {cause}; its partial files were removed and {path} is as it was: "
+                       "make room (or choose another directory) and run again") from err

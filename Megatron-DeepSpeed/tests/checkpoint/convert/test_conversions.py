@@ -310,6 +310,28 @@ def test_the_next_writer_removes_the_temporary_a_killed_conversion_left(imported
     assert f"removed {stale}, left by a writer of {tmp_path / 'out'} that was killed" in caplog.text
 
 
+@pytest.mark.parametrize("direction", ["--to-hf", "--save"])
+def test_a_conversion_the_storage_refuses_is_one_line_naming_the_cause(imported, tmp_path, direction):
+    """A file-size limit (as a full disk, a write the storage refuses; torch and safetensors word it their own way):
+    one line with the cause, exit 1, nothing left behind."""
+    import resource
+
+    limit = 20_000
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    target = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "convert_checkpoint.py"), "--load",
+                           imported, direction, target], capture_output=True, text=True, preexec_fn=limited,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (1, (
+        f"error: writing {target} failed: a file exceeds the file-size limit (EFBIG): ulimit -f allows {limit} bytes "
+        f"per file; its partial files were removed and {target} is as it was: make room (or choose another "
+        "directory) and run again"))
+    assert os.listdir(tmp_path) == []
+
+
 def test_existing_output_needs_force(imported, tmp_path, capsys):
     from tools.convert_checkpoint import main as convert_main
     (tmp_path / "out").mkdir()
