@@ -1,10 +1,13 @@
 """checkpoint/saving.own_storages: a tensor is written from its own storage without a copy only where torch.save
 then writes the bytes it writes for a copy."""
 import io
+import pickle
 
+import pytest
 import torch
 
-from megatron.checkpoint.torch_files import own_storages
+from megatron.checkpoint.torch_files import load_file, own_storages
+from megatron.errors import InputError
 
 
 def saved(tensors: dict) -> bytes:
@@ -23,3 +26,26 @@ def test_only_tensors_filling_a_storage_of_their_own_are_kept():
     assert [key for key in tensors if owned[key] is tensors[key]] == ["whole", "empty"]
     assert all(torch.equal(owned[key], tensors[key]) for key in tensors)
     assert saved(owned) == saved({key: tensor.clone() for key, tensor in tensors.items()})
+
+
+class Planted:
+    """Unpickled, it would create `marker` (as any code could run in its place)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_raw_pickle_of_code_is_refused_as_untrusted_code_without_a_flag_that_cannot_admit_it(tmp_path):
+    """A plain pickle (not torch's format) names no type torch's refusal reports: no "--trust-checkpoint <type>"
+    to pass, and never "damaged"."""
+    path = tmp_path / "model_states.pt"
+    path.write_bytes(pickle.dumps({"weights": Planted(str(tmp_path / "MARKER"))}))  # protocol 5
+    with pytest.raises(InputError) as refused:
+        load_file(str(path))
+    assert str(refused.value) == (f"checkpoint file {path} holds pickled code, not plain data: it is refused as "
+                                  "untrusted code (loading it could run that code); save the weights as tensors and "
+                                  "plain values")
+    assert not (tmp_path / "MARKER").exists()

@@ -16,6 +16,7 @@ from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional, Tuple
 
 import torch
 
+from megatron.checkpoint import trust
 from megatron.errors import InputError
 
 CONFIG_FILE = "config.json"
@@ -168,8 +169,10 @@ def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
     legacy = os.path.join(directory, LEGACY_WEIGHTS_FILE)
     if os.path.isfile(legacy):
         try:
-            return torch.load(legacy, map_location="cpu", weights_only=True)
+            return trust.torch_load(legacy, mmap=False)
         except Exception as err:
+            if trust.is_refusal(err):
+                raise trust.refusal(legacy, trust.refused_type(err)) from None
             raise InputError(f"{legacy} cannot be read ({type(err).__name__}: {err}); the file is truncated or "
                              "damaged") from err
     raise InputError(f"{directory} has none of {INDEX_FILE}, {WEIGHTS_FILE}, {LEGACY_WEIGHTS_FILE}: it holds no "

@@ -332,6 +332,20 @@ def test_a_conversion_the_storage_refuses_is_one_line_naming_the_cause(imported,
     assert os.listdir(tmp_path) == []
 
 
+def test_a_pytorch_model_bin_holding_code_is_refused_as_untrusted_code_not_as_damaged(hf_dir, tmp_path):
+    from tests.checkpoint.test_torch_files import Planted
+
+    copy = tmp_path / "hf"
+    shutil.copytree(hf_dir, copy)
+    weights = {name: tensor for name, tensor in hf_files.open_weights(str(copy)).items()}
+    (copy / hf_files.WEIGHTS_FILE).unlink()
+    torch.save({**weights, "planted": Planted(str(tmp_path / "MARKER"))}, copy / hf_files.LEGACY_WEIGHTS_FILE)
+    with pytest.raises(InputError, match=rf"^checkpoint file .*{hf_files.LEGACY_WEIGHTS_FILE} holds io.open, "
+                                         r"which a checkpoint may not hold \(loading it could run code\), so it is refused as untrusted code; "):
+        import_hf(str(copy), str(tmp_path / "out"), TargetLayout(1, 1))
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
 def test_existing_output_needs_force(imported, tmp_path, capsys):
     from tools.convert_checkpoint import main as convert_main
     (tmp_path / "out").mkdir()
