@@ -36,6 +36,17 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
+def require_writable_place(flag: str, path: str) -> None:
+    """Refuse, before any work, a file `flag` `path` whose directory is missing or not writable: the write
+    at the end would fail after all of it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{flag} {path}: directory {directory} does not exist; create it or choose another path")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: directory {directory} is not writable; fix its permissions or choose "
+                         "another path")
+
+
 def write_text_atomically(path: str, text: str) -> None:
     write_atomically(path, lambda handle: handle.write(text.encode("utf-8")))
 
