@@ -58,12 +58,23 @@ def test_an_enabled_seqlen_section_is_taken_as_written_and_a_disabled_one_ignore
      "longer than --seq-length 128"),
     ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [64, 128], "max_step": [2.5]}}, 128, 1,
      "schedule_config.max_step: 2.5 is not a positive whole number"),
+    ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [128, 64], "max_step": [2]}}, 128, 1,
+     "the lengths must not decrease and the steps must increase"),
+    ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [32, 64, 128], "max_step": [4, 2]}}, 128,
+     1, "the lengths must not decrease and the steps must increase"),
+    ({"enabled": "false"}, 128, 1, "sets curriculum_learning.enabled='false'; it must be true or false"),
 ], ids=["type", "custom", "schedule", "too-long", "zero", "missing-key", "sp-split", "discrete-lists",
-        "discrete-too-long", "discrete-step"])
+        "discrete-too-long", "discrete-step", "discrete-decreasing", "discrete-steps-back", "enabled-string"])
 def test_what_the_scheduler_cannot_run_is_refused_in_one_line(change, seq_length, split, expected):
     with pytest.raises(InputError, match="^--deepspeed_config ds.json") as raised:
         checked({**LINEAR, **change}, seq_length, split)
     assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_curriculum_section_that_is_not_an_object_is_refused_not_ignored():
+    with pytest.raises(InputError, match=r"^--deepspeed_config ds.json sets curriculum_learning to \[\]; it must be "
+                                         r"an object"):
+        checked([])
 
 
 @pytest.mark.parametrize("turned_on", [None, ("data_sampling", "curriculum_learning"), ("data_routing", "random_ltd")],
