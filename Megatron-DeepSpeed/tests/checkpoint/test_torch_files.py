@@ -1,10 +1,11 @@
 """checkpoint/saving.own_storages: a tensor is written from its own storage without a copy only where torch.save
-then writes the bytes it writes for a copy."""
+then writes the bytes it writes for a copy; load_file refuses pickled code as untrusted code."""
 import io
 import pickle
 
 import pytest
 import torch
+from tests.checkpoint.test_trust import Planted
 
 from megatron.checkpoint.torch_files import load_file, own_storages
 from megatron.errors import InputError
@@ -26,16 +27,6 @@ def test_only_tensors_filling_a_storage_of_their_own_are_kept():
     assert [key for key in tensors if owned[key] is tensors[key]] == ["whole", "empty"]
     assert all(torch.equal(owned[key], tensors[key]) for key in tensors)
     assert saved(owned) == saved({key: tensor.clone() for key, tensor in tensors.items()})
-
-
-class Planted:
-    """Unpickled, it would create `marker` (as any code could run in its place)."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return open, (self.marker, "w")
 
 
 def test_a_raw_pickle_of_code_is_refused_as_untrusted_code_without_a_flag_that_cannot_admit_it(tmp_path):

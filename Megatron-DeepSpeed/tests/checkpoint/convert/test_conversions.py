@@ -333,7 +333,7 @@ def test_a_conversion_the_storage_refuses_is_one_line_naming_the_cause(imported,
 
 
 def test_a_pytorch_model_bin_holding_code_is_refused_as_untrusted_code_not_as_damaged(hf_dir, tmp_path):
-    from tests.checkpoint.test_torch_files import Planted
+    from tests.checkpoint.test_trust import Planted
 
     copy = tmp_path / "hf"
     shutil.copytree(hf_dir, copy)
