@@ -401,3 +401,19 @@ def test_conversion_inputs_are_checked_as_data_in_one_line_each(hf_dir, tmp_path
         target = "model.layers.0.mlp.down_proj.weight"
         save_file({**weights, target: change(weights[target])}, str(bad / hf_files.WEIGHTS_FILE))
         refused(bad, rf"the Hugging Face tensor '{target}' of .*{name} {message}")
+
+
+def test_the_tokenizer_is_checked_at_import_and_a_padded_vocabulary_generates(tmp_path):
+    """A tokenizer.json with more tokens than config.json's vocab_size is refused at import (its last ids would
+    have no embedding row); fewer (a padded vocabulary, as DeepSeek-Coder's) imports and generates."""
+    tokens = write_tokenizer(tmp_path / "large")
+    llama(tokens - 10).save_pretrained(tmp_path / "large")
+    with pytest.raises(InputError, match=rf"tokenizer.json has {tokens} tokens, more than the model's vocab_size "
+                                         rf"{tokens - 10} in its config.json: ids from {tokens - 10} on would have no "):
+        import_hf(str(tmp_path / "large"), str(tmp_path / "out"), TargetLayout(1, 1))
+    write_tokenizer(tmp_path / "padded")
+    llama(tokens + 28).save_pretrained(tmp_path / "padded")
+    import_hf(str(tmp_path / "padded"), str(tmp_path / "ckpt"), TargetLayout(1, 1))
+    records = run_on_ranks(generate_on_ranks, 1, ["--load", str(tmp_path / "ckpt"), "--prompt", "the dog",
+                                                  "--max-new-tokens", "4", "--greedy"])[0]
+    assert len(records[0]["generated_ids"]) == 4 and max(records[0]["generated_ids"]) < tokens
