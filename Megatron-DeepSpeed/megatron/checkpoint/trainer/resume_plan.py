@@ -197,6 +197,21 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
                          f"--no-load-optim{anywhere}")
 
 
+def check_native_precision(load_dir: str, trained: str, run: Layout, precision: str) -> None:
+    """A ZeRO-0 checkpoint the trainer saved holds its optimizer state in the form of the precision it trained in
+    (torch's AdamW for fp32, DeepSpeed's BF16_Optimizer or FP16 optimizer otherwise), which DeepSpeed loads in that
+    precision only."""
+    if trained == precision:
+        return
+    flags = f"--{trained}" if trained != "fp32" else "neither --fp16 nor --bf16"
+    sliced = f" --target-data-parallel-size {run.data}" if precision == "bf16" and run.pipeline_engine else ""
+    raise InputError(f"--load {load_dir}: it trained in {trained} at ZeRO stage 0, whose optimizer state is in "
+                     f"{trained}'s form, and this run trains in {precision}; resume it with {flags}, pass "
+                     f"--no-load-optim (weights only), or convert its optimizer state once with\n  "
+                     f"{convert_command(load_dir, run.tensor, run.pipeline, run.pipeline_engine)} "
+                     f"--target-{precision}{sliced}\nthen --load the new directory")
+
+
 def _stage_that_loads(load_dir: str, state: Mapping, layout: Layout, run: Layout, precision: str,
                       from_universal_files: bool) -> Optional[int]:
     """For a run whose user chose no ZeRO stage, the stage at which the checkpoint's optimizer state loads where the
@@ -267,6 +282,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
     elif layout.universal and load_optimizer and run.zero_stage == 0:
         check_zero0_precision(load_dir, state, run, precision)
     flags = RecordedFlags.of(state[ARGS])
+    if load_optimizer and not (foreign or universal or layout.universal) and run.zero_stage == 0:
+        check_native_precision(load_dir, flags.precision, run, precision)
     release = os.path.basename(tag_dir) == RELEASE  # Megatron's: weights to start from, no progress
     bf16_slices = (load_optimizer and not (foreign or universal) and run.pipeline_engine and run.zero_stage == 0
                    and precision == "bf16")

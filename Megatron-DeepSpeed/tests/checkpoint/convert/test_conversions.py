@@ -205,6 +205,29 @@ def test_a_run_that_chose_no_zero_stage_resumes_at_a_stage_that_loads_the_optimi
             plan_resume(directory, default, LoadOptions(), precision, recorded, zero_stage_chosen=True)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_zero0_checkpoint_resumed_in_another_precision_says_what_changed_and_how_to_convert(tmp_path, precision):
+    """Its optimizer state is in its precision's form: refused in one line (not called damaged, no KeyError)."""
+    from tests.checkpoint.formats.test_weight_units import adam_source
+
+    from megatron.checkpoint.formats.detect import read_client_state
+    from megatron.checkpoint.formats.locate import checkpoint_directory
+    from megatron.checkpoint.file_names import ARGS
+
+    directory = adam_source("zero0-pipeline", str(tmp_path / "source"))  # trained in fp32
+    recorded = read_client_state(checkpoint_directory(directory), verify=False)[ARGS]
+    run = Layout(tensor=2, pipeline=2, data=1, zero_stage=0, pipeline_engine=True)
+    sliced = " --target-data-parallel-size 1" if precision == "bf16" else ""
+    for chosen in (True, False):
+        with pytest.raises(InputError, match=(
+                rf"^--load {directory}: it trained in fp32 at ZeRO stage 0, whose optimizer state is in fp32's form, "
+                rf"and this run trains in {precision}; resume it with neither --fp16 nor --bf16, pass --no-load-optim "
+                rf"\(weights only\), or convert .*\n  .*convert_checkpoint.py --load {directory} .*--target-"
+                rf"{precision}{sliced}\nthen --load the new directory$")):
+            plan_resume(directory, run, LoadOptions(), precision, recorded, zero_stage_chosen=chosen)
+    assert plan_resume(directory, run, LoadOptions(no_load_optim=True), precision, recorded) is not None
+
+
 # --- bad input: one clear message each, nothing written --------------------------------------------------------
 
 def test_missing_and_non_checkpoint_directories(tmp_path):
