@@ -28,7 +28,7 @@ from typing import Mapping, Optional, Tuple
 
 from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.file_names import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE,
-                                            OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE)
+                                            OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE, TOKENS)
 from megatron.checkpoint.formats.detect import (UNIVERSAL_FILES, Layout, holds_optimizer_state, layout_of,
                                                 read_client_state, weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
@@ -80,6 +80,7 @@ class ResumePlan:
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
     # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
     zero_stage: Optional[int] = None
+    tokens: Optional[int] = None  # the training tokens the checkpoint consumed (None: progress not restored)
 
 
 def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
@@ -295,7 +296,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       padded_vocab_size=flags.padded_vocab_size,
                       schedule={flag: flags.recorded.get(flag) for flag in SCHEDULE_FLAGS},
                       trusted=options.trust_checkpoint,
-                      zero_stage=adopted_stage)
+                      zero_stage=adopted_stage,
+                      tokens=state.get(TOKENS) if not (options.finetune or options.reset_iteration or release) else None)
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:
