@@ -165,3 +165,13 @@ def test_the_last_node_reports_and_multi_node_flags_are_checked():
         check_nodes(nodes(nnodes=2, node_rank=2, output_dir="run"))
     with pytest.raises(InputError, match="give --output_dir=DIR on a file system all nodes see"):
         check_nodes(nodes(nnodes=2))
+
+
+def test_a_run_ended_by_sigterm_without_the_exit_signal_handler_is_recorded_as_terminated_not_failed():
+    from megatron.reports.job_output import FirstFailure
+    from tools.launch_training import Job, how_it_ended
+
+    parsed = SimpleNamespace(diverged_at=None, stopped_on_request=False)
+    assert how_it_ended(Job(-15, FirstFailure(), terminated=True), parsed, succeeded=False) == (
+        "terminated (SIGTERM; with --exit-signal-handler a run saves a checkpoint before it stops)")
+    assert how_it_ended(Job(1, FirstFailure()), parsed, succeeded=False) == "failed: exit status 1"
