@@ -187,7 +187,7 @@ def tokenizer_files_of(args: Mapping[str, object]) -> list:
         files = [(named[flag], name) for flag, name in GPT2_TOKENIZER_FILES]
     elif kind in SENTENCEPIECE_TYPES:
         files = [(named["tokenizer_model"], SENTENCEPIECE_FILE)]
-    elif kind == HF_TOKENIZER_TYPE and named["tokenizer_model"]:
+    elif kind == HF_TOKENIZER_TYPE and named["tokenizer_model"] and os.path.exists(str(named["tokenizer_model"])):
         files = [(path, os.path.basename(path)) for path in hf_tokenizer_files(str(named["tokenizer_model"]))]
     else:
         return []

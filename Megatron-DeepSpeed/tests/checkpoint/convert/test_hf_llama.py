@@ -417,3 +417,17 @@ def test_the_tokenizer_is_checked_at_import_and_a_padded_vocabulary_generates(tm
     records = run_on_ranks(generate_on_ranks, 1, ["--load", str(tmp_path / "ckpt"), "--prompt", "the dog",
                                                   "--max-new-tokens", "4", "--greedy"])[0]
     assert len(records[0]["generated_ids"]) == 4 and max(records[0]["generated_ids"]) < tokens
+
+
+def test_an_import_whose_hf_directory_moved_exports_without_its_tokenizer(tmp_path):
+    """The checkpoint names the HF directory's tokenizer; once that directory is gone, --to-hf writes the model
+    alone (it asked for a tokenizer flag convert_checkpoint.py does not have)."""
+    tokens = write_tokenizer(tmp_path / "hf")
+    llama(tokens).save_pretrained(tmp_path / "hf")
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1))
+    original = hf_tensors(tmp_path / "hf")
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    written = hf_tensors(tmp_path / "out")
+    assert written.keys() == original.keys() and all(torch.equal(written[name], original[name]) for name in original)
