@@ -17,7 +17,7 @@ from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser
 from megatron.errors import InputError, run_cli
-from megatron.files.atomic import write_text_atomically
+from megatron.files.atomic import require_writable_place, write_text_atomically
 from megatron.inference.command_line import load_from_flags, tokenizer_from_flags
 from megatron.inference.distributed import generate_for_prompts
 from megatron.inference.prompts import gather_prompts, tokenize_prompts
@@ -56,6 +56,8 @@ def run(args, npu):
     if args.output_json and os.path.exists(args.output_json) and not args.force:
         raise InputError(f"--output-json {args.output_json} exists; pass --force to overwrite it or choose another "
                          "path")
+    if args.output_json:
+        require_writable_place("--output-json", args.output_json)
     texts = gather_prompts(args.prompt, args.prompt_file)
     params = SamplingParams(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed)

@@ -377,11 +377,14 @@ def summarize(run_dir: str):
 
 
 def how_it_ended(job: "Job", parsed, succeeded: bool) -> str:
-    """run.json's `ended`: completed, stopped on request, diverged, or failed with the first failing rank's line."""
+    """run.json's `ended`: completed, stopped on request, diverged, terminated, or failed with the first failing
+    rank's line."""
     if parsed.diverged_at is not None:
         return f"diverged at iteration {parsed.diverged_at}"
     if succeeded:
         return "stopped on request (SIGTERM or --exit-duration-in-mins)" if parsed.stopped_on_request else "completed"
+    if job.terminated:  # the ranks ended at once: no --exit-signal-handler to save first
+        return "terminated (SIGTERM; with --exit-signal-handler a run saves a checkpoint before it stops)"
     return f"failed: {job.failure.message or f'exit status {job.returncode}'}"
 
 

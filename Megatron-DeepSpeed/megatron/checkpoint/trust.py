@@ -71,16 +71,21 @@ def trusting(names: Optional[Sequence[str]]) -> Iterator[None]:
         _TRUSTED.reset(token)
 
 
-def refused_type(error: BaseException) -> str:
-    """The type a weights-only UnpicklingError names."""
+def refused_type(error: BaseException) -> Optional[str]:
+    """The type a weights-only UnpicklingError names (None: it names none, e.g. a pickle opcode)."""
     found = _UNSUPPORTED.search(str(error))
-    return found.group(1) if found else "an object that is not plain data"
+    return found.group(1) if found else None
 
 
-def refusal(path: str, what: str) -> InputError:
-    """The one line for a file that names `what`, a type outside the allow-list."""
+def refusal(path: str, what: Optional[str]) -> InputError:
+    """The one line for a file that names `what`, a type outside the allow-list (None: something else that is
+    not plain data, which no flag admits)."""
+    if what is None:
+        return InputError(f"checkpoint file {path} holds pickled code, not plain data: it is refused as untrusted "
+                          "code (loading it could run that code); save the weights as tensors and plain values")
     return InputError(f"checkpoint file {path} holds {what}, which a checkpoint may not hold (loading it could run "
-                      f"code); if the file comes from a source you trust, pass {TRUST_FLAG} {what}")
+                      f"code), so it is refused as untrusted code; if the file comes from a source you trust, pass "
+                      f"{TRUST_FLAG} {what}")
 
 
 def is_refusal(error: BaseException) -> bool:

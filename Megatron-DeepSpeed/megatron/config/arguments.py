@@ -42,12 +42,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def model_flag_argv(model: ModelConfig) -> list:
     """The command-line flags that give `model`'s architecture, as a checkpoint records it (a run on that checkpoint
-    must repeat them): each valued flag with its value, each switch whose value is not the default."""
+    must repeat them): each valued flag with its value (None: left out, the flag's default), each switch whose value
+    is not the default."""
     actions = [action for action in _build_parser()._actions if action.dest in ARCHITECTURE_FLAGS]
     argv = []
     for name in ARCHITECTURE_FLAGS:
         value = getattr(model, name)
         for action in (action for action in actions if action.dest == name):
+            if action.nargs != 0 and value is None:
+                break
             if action.nargs != 0:
                 argv += [action.option_strings[0], str(value)]
                 break

@@ -60,6 +60,11 @@ def _lengths_of_schedule(section: Mapping, path: Optional[str], seq_length: int)
     for key, values in (("difficulty", difficulties), ("max_step", max_steps)):
         for value in values:
             _positive_int(value, f"schedule_config.{key}", path)
+    if any(later < earlier for earlier, later in zip(difficulties, difficulties[1:])) or \
+            any(later <= earlier for earlier, later in zip(max_steps, max_steps[1:])):
+        raise InputError(f"--deepspeed_config {path}: {SECTION}.schedule_config has difficulty {difficulties!r} and "
+                         f"max_step {max_steps!r}; the lengths must not decrease and the steps must increase (a "
+                         "curriculum grows its sequences)")
     if max(difficulties) > seq_length:
         raise InputError(f"{_where(path, 'schedule_config.difficulty')}={difficulties!r}, longer than --seq-length "
                          f"{seq_length} (the samples' length); use lengths up to {seq_length}")
@@ -73,7 +78,16 @@ def seqlen_curriculum(user_json: Optional[Mapping[str, Any]], path: Optional[str
     samples hold that many tokens) and, with --sequence-parallel, a multiple of the tensor-parallel size
     `sequence_parallel_size`, which splits each sequence."""
     section = None if user_json is None else user_json.get(SECTION)
-    if not isinstance(section, Mapping) or not section.get("enabled"):
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise InputError(f"--deepspeed_config {path} sets {SECTION} to {section!r}; it must be an object "
+                         "({\"enabled\": true, ...}), or be left out")
+    enabled = section.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise InputError(f"{_where(path, 'enabled')}={enabled!r}; it must be true or false (a JSON boolean, not a "
+                         "string)")
+    if not enabled:
         return None
     curriculum_type = section.get("curriculum_type")
     if curriculum_type != SEQLEN:

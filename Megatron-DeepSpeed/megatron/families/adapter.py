@@ -31,6 +31,7 @@ class HFAdapter(Protocol):
     """A transformers architecture <-> the single-process GPTModel's state dict and model flags."""
     MODEL_TYPE: str  # config.json's model_type
     ARCHITECTURE: str  # config.json's architectures entry (the transformers class)
+    EMBEDDING: str  # the word embedding's tensor name (an lm_head equal to it is tied)
 
     def holds(self, model: ModelFlags) -> bool:
         """Whether this architecture can hold `model` (an export picks the first family that does)."""

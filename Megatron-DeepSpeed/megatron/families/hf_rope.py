@@ -35,6 +35,9 @@ def rope_parameters(config: Mapping[str, object], path: str) -> dict:
         raise InputError(f"{path} sets rope_parameters/rope_scaling to {parameters!r}; expected an object")
     kind = parameters.get("rope_type", parameters.get("type", DEFAULT_TYPE))
     theta = parameters.get("rope_theta", config.get("rope_theta", DEFAULT_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+        raise InputError(f"{path} sets rope_theta {theta!r}; the rotary base must be a positive number (the "
+                         f"default is {DEFAULT_THETA:g})")
     return {**{key: value for key, value in parameters.items() if key != "type"}, "rope_type": kind,
             "rope_theta": float(theta)}
 

@@ -8,8 +8,9 @@ import shutil
 import tempfile
 from typing import BinaryIO, Callable, Mapping
 
-from megatron.errors import InputError
+from megatron.errors import InputError, RunError
 from megatron.files.sole_writer import SoleWriter
+from megatron.files.storage import directory_bytes, storage_cause
 
 _log = logging.getLogger(__name__)
 
@@ -33,6 +34,17 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def require_writable_place(flag: str, path: str) -> None:
+    """Refuse, before any work, a file `flag` `path` whose directory is missing or not writable: the write
+    at the end would fail after all of it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{flag} {path}: directory {directory} does not exist; create it or choose another path")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: directory {directory} is not writable; fix its permissions or choose "
+                         "another path")
 
 
 def write_text_atomically(path: str, text: str) -> None:
@@ -98,7 +110,7 @@ def _replace_with_filled(path: str, fill: Callable[[str], object], existed: bool
     parent = os.path.dirname(path)
     temporary = tempfile.mkdtemp(dir=parent, prefix=f"{os.path.basename(path)}.tmp-")
     try:
-        fill(temporary)
+        _fill_or_explain(path, fill, temporary)
         os.chmod(temporary, 0o755)
         replaced = None
         if os.path.lexists(path):
@@ -113,3 +125,18 @@ def _replace_with_filled(path: str, fill: Callable[[str], object], existed: bool
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
+
+
+def _fill_or_explain(path: str, fill: Callable[[str], object], temporary: str) -> None:
+    """fill(temporary); a write the storage refused (a full disk: torch and safetensors name it in words of their
+    own) becomes one line saying so."""
+    try:
+        fill(temporary)
+    except (InputError, RunError):
+        raise
+    except Exception as err:
+        cause = storage_cause(temporary, err, directory_bytes(temporary))
+        if cause is None:
+            raise
+        raise RunError(f"writing {path} failed: {cause}; its partial files were removed and {path} is as it was: "
+                       "make room (or choose another directory) and run again") from err

@@ -90,9 +90,15 @@ def _space_figures(free: Optional[int], needed_bytes: int) -> str:
 def write_failure_cause(directory: str, error: BaseException, needed_bytes: int) -> str:
     """Why writing about `needed_bytes` into `directory` failed with `error`, in words, with the figures
     that matter (free space, the file-size limit)."""
+    return storage_cause(directory, error, needed_bytes) or f"{type(error).__name__}: {error}"
+
+
+def storage_cause(directory: str, error: BaseException, needed_bytes: int) -> Optional[str]:
+    """write_failure_cause's words when the storage explains `error` (a full disk, a read-only mount ...), else
+    None: a failure of another kind is no storage fault."""
     code = error.errno if isinstance(error, OSError) and error.errno else _inferred_errno(directory, needed_bytes)
     if code not in _CAUSES:
-        return f"{type(error).__name__}: {error}"
+        return None
     cause = f"{_CAUSES[code]} ({errno.errorcode[code]})"
     if code in (errno.ENOSPC, errno.EDQUOT):
         cause += _space_figures(free_bytes(directory), needed_bytes)

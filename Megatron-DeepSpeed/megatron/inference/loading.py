@@ -56,7 +56,8 @@ def build_checkpoint_tokenizer(given: Mapping[str, object], recorded: Mapping[st
 
 def check_vocabulary(rows: int, tokenizer_vocab_size: int, args: Mapping[str, object], where: str) -> None:
     """InputError unless the tokenizer is the one the checkpoint in `where` (flags `args`, `rows` embedding rows)
-    was trained with: of the vocabulary size it records, or, where it records none, one that `rows` can pad."""
+    was trained with: of the vocabulary size it records (or, imported from Hugging Face, at most that), or, where
+    it records none, one that `rows` can pad."""
     flags = RecordedFlags.of(args)
     recorded = flags.tokenizer_vocab_size
     if recorded is None:
@@ -64,8 +65,8 @@ def check_vocabulary(rows: int, tokenizer_vocab_size: int, args: Mapping[str, ob
         if tokenizer_vocab_size <= rows < tokenizer_vocab_size + padding_unit * LARGEST_PADDING_UNITS:
             return
         trained = f"{rows} embedding rows (a padded vocabulary)"
-    elif tokenizer_vocab_size == recorded:
-        return
+    elif tokenizer_vocab_size == recorded or (args.get("imported_from") and tokenizer_vocab_size < recorded):
+        return  # an imported model's vocabulary may hold rows past its tokenizer's ids (a padded vocabulary)
     else:
         trained = f"a tokenizer of {recorded} tokens"
     trained_with = " ".join(f"--{name.replace('_', '-')} {args[name]}" for name in TOKENIZER_FLAGS

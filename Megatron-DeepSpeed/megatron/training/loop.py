@@ -508,13 +508,23 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_
     return figures
 
 
-def resumed_curriculum(config: JobConfig, state: TrainState) -> tuple[Optional[SequenceLengthCurriculum], int]:
+def resumed_curriculum(config: JobConfig, state: TrainState, recorded_tokens: Optional[int] = None
+                       ) -> tuple[Optional[SequenceLengthCurriculum], int]:
     """The job's sequence-length curriculum (None without one) caught up with the iterations `state` says were
-    trained, and the tokens those consumed."""
+    trained, and the tokens those consumed. Under a curriculum, a checkpoint's `recorded_tokens` other than those
+    says that the curriculum changed since it was saved: its sequence length and token count would go back, so
+    it is refused (without one, a resume may change --seq-length)."""
     if config.curriculum is None:
         return None, state.consumed_train_samples * config.data.seq_length
     curriculum = SequenceLengthCurriculum(config.curriculum)
-    return curriculum, curriculum.replay(state.iteration, config.batch.schedule.batch_size)
+    tokens = curriculum.replay(state.iteration, config.batch.schedule.batch_size)
+    if recorded_tokens is not None and recorded_tokens != tokens:
+        raise InputError(f"--load {config.checkpoint.load}: its {state.iteration} iterations consumed "
+                         f"{recorded_tokens} tokens, but this run's sequence-length curriculum (the curriculum_learning "
+                         f"section of --deepspeed_config) gives {tokens} for them: the curriculum "
+                         "changed since the checkpoint was saved; resume with the section it trained with, or start "
+                         "a new schedule from its weights with --finetune")
+    return curriculum, tokens
 
 
 def iteration_batches(config: JobConfig, curriculum: Optional[SequenceLengthCurriculum], batches: Batches,
@@ -623,7 +633,8 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = _resume(trainer, watchdog)
-    curriculum, state.consumed_train_tokens = resumed_curriculum(config, state)
+    curriculum, state.consumed_train_tokens = resumed_curriculum(
+        config, state, trainer.resume.tokens if trainer.resume is not None else None)
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
     with releasing(train_batches, valid):

@@ -1,13 +1,17 @@
 """checkpoint/torch_files: a tensor is written from its own storage without a copy only where torch.save then
-writes the bytes it writes for a copy; the library's one torch.load and its torch.save calls are there."""
+writes the bytes it writes for a copy; the library's one torch.load and its torch.save calls are there; load_file
+refuses pickled code as untrusted code."""
 import ast
 import io
 import os
+import pickle
 
 import pytest
 import torch
+from tests.checkpoint.test_trust import Planted
 
-from megatron.checkpoint.torch_files import own_storages
+from megatron.checkpoint.torch_files import load_file, own_storages
+from megatron.errors import InputError
 from tests.helpers.paths import PACKAGE_ROOT
 
 
@@ -53,7 +57,7 @@ def test_the_library_has_one_torch_load_and_its_torch_saves_in_one_module():
 
 
 def test_replace_writes_through_a_temporary_and_keeps_the_old_file_when_it_fails(tmp_path):
-    from megatron.checkpoint.torch_files import load_file, replace, save
+    from megatron.checkpoint.torch_files import replace, save
 
     path = str(tmp_path / "mp_rank_00_model_states.pt")
     save(path, {"optimizer": {"step": 3}, "module": {"w": torch.ones(2)}})
@@ -64,3 +68,16 @@ def test_replace_writes_through_a_temporary_and_keeps_the_old_file_when_it_fails
         replace(path, {"unpicklable": (step for step in range(2))})
     assert torch.equal(load_file(path)["module"]["w"], torch.zeros(2))
     assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temporary left
+
+
+def test_a_raw_pickle_of_code_is_refused_as_untrusted_code_without_a_flag_that_cannot_admit_it(tmp_path):
+    """A plain pickle (not torch's format) names no type torch's refusal reports: no "--trust-checkpoint <type>"
+    to pass, and never "damaged"."""
+    path = tmp_path / "model_states.pt"
+    path.write_bytes(pickle.dumps({"weights": Planted(str(tmp_path / "MARKER"))}))  # protocol 5
+    with pytest.raises(InputError) as refused:
+        load_file(str(path))
+    assert str(refused.value) == (f"checkpoint file {path} holds pickled code, not plain data: it is refused as "
+                                  "untrusted code (loading it could run that code); save the weights as tensors and "
+                                  "plain values")
+    assert not (tmp_path / "MARKER").exists()

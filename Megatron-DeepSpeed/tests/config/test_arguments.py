@@ -485,7 +485,8 @@ def test_cpu_optimizer_needs_zero():
     (["--sequence-parallel", "--bf16", "--tensor-model-parallel-size", "2", "--no-pipeline-parallel"], 2, 0,
      "ZeRO stage 0"),
     (["--zero-stage", "1"], 1, 1, None),
-], ids=["dp1", "tp2-dp1", "dp2", "cpu-optimizer", "bf16-sp-pipeline", "bf16-sp-plain", "chosen"])
+    (["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"], 2, 1, None),  # ZeRO splits over the SP ranks
+], ids=["dp1", "tp2-dp1", "dp2", "cpu-optimizer", "bf16-sp-pipeline", "bf16-sp-plain", "chosen", "ulysses-sp2-dp1"])
 def test_the_default_zero_stage_follows_the_data_parallel_size_and_says_why(flags, world_size, stage, note):
     args = validated(*flags, world_size=world_size)
     assert (args.zero_stage, args.zero_stage_chosen) == (stage, "--zero-stage" in flags)

@@ -192,6 +192,9 @@ def test_command_line_refuses_bad_input_before_loading_anything(tmp_path, capsys
         main(["--load", str(tmp_path), "--prompt", "1"])
     with pytest.raises(InputError, match=f"--output-json {empty} exists; pass --force"):
         main(["--load", str(tmp_path), "--prompt", "1", "--output-json", str(empty)])
+    with pytest.raises(InputError, match=f"--output-json {tmp_path / 'no' / 'out.jsonl'}: directory {tmp_path / 'no'} "
+                                         "does not exist; create it or choose another path"):
+        main(["--load", str(tmp_path), "--prompt", "1", "--output-json", str(tmp_path / "no" / "out.jsonl")])
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, ["--load", str(tmp_path / "missing"), "--prompt", "1"])
     assert exit_info.value.code == 2

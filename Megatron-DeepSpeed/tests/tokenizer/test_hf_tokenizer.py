@@ -1,7 +1,7 @@
 """Hugging Face tokenizers from a local tokenizer.json (megatron/tokenizer/hf_tokenizer.py): the ids the
 `tokenizers` library gives, the end of document from tokenizer_config.json's eos_token or a common end token, the
 files that travel with it, and each unusable file as one InputError naming it. With a converted Llama:
-tests/checkpoint/convert/test_hf_llama.py."""
+tests/families/llama/test_hf_adapter.py."""
 import json
 
 import pytest

@@ -196,3 +196,13 @@ def test_a_broken_cann_is_diagnosed_in_one_line_before_the_launcher_imports_torc
 ])
 def test_wandb_files_go_to_the_run_directory_unless_placed(passthrough, expected):
     assert wandb_flags(passthrough, "/runs/r") == expected
+
+
+def test_a_run_ended_by_sigterm_without_the_exit_signal_handler_is_recorded_as_terminated_not_failed():
+    from megatron.reports.job_output import FirstFailure
+    from tools.launch_training import Job, how_it_ended
+
+    parsed = SimpleNamespace(diverged_at=None, stopped_on_request=False)
+    assert how_it_ended(Job(-15, FirstFailure(), terminated=True), parsed, succeeded=False) == (
+        "terminated (SIGTERM; with --exit-signal-handler a run saves a checkpoint before it stops)")
+    assert how_it_ended(Job(1, FirstFailure()), parsed, succeeded=False) == "failed: exit status 1"

@@ -58,12 +58,23 @@ def test_an_enabled_seqlen_section_is_taken_as_written_and_a_disabled_one_ignore
      "longer than --seq-length 128"),
     ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [64, 128], "max_step": [2.5]}}, 128, 1,
      "schedule_config.max_step: 2.5 is not a positive whole number"),
+    ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [128, 64], "max_step": [2]}}, 128, 1,
+     "the lengths must not decrease and the steps must increase"),
+    ({"schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [32, 64, 128], "max_step": [4, 2]}}, 128,
+     1, "the lengths must not decrease and the steps must increase"),
+    ({"enabled": "false"}, 128, 1, "sets curriculum_learning.enabled='false'; it must be true or false"),
 ], ids=["type", "custom", "schedule", "too-long", "zero", "missing-key", "sp-split", "discrete-lists",
-        "discrete-too-long", "discrete-step"])
+        "discrete-too-long", "discrete-step", "discrete-decreasing", "discrete-steps-back", "enabled-string"])
 def test_what_the_scheduler_cannot_run_is_refused_in_one_line(change, seq_length, split, expected):
     with pytest.raises(InputError, match="^--deepspeed_config ds.json") as raised:
         checked({**LINEAR, **change}, seq_length, split)
     assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_curriculum_section_that_is_not_an_object_is_refused_not_ignored():
+    with pytest.raises(InputError, match=r"^--deepspeed_config ds.json sets curriculum_learning to \[\]; it must be "
+                                         r"an object"):
+        checked([])
 
 
 @pytest.mark.parametrize("turned_on", [None, ("data_sampling", "curriculum_learning"), ("data_routing", "random_ltd")],
@@ -124,9 +135,9 @@ def upstream_token_count(section, batch_sizes):
     return counts
 
 
-def job(*flags, tmp_path, length=("--train-iters", "6")):
+def job(*flags, tmp_path, length=("--train-iters", "6"), section=LINEAR):
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"curriculum_learning": LINEAR}))
+    path.write_text(json.dumps({"curriculum_learning": section}))
     unit = length[0].split("-")[-1]  # the warmup counts in the training length's unit
     tiny = [f"--lr-warmup-{unit}" if flag == "--lr-warmup-iters" else flag for flag in TINY_FLAGS]
     argv = [*tiny, "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "8", *length,
@@ -150,6 +161,21 @@ def test_tokens_are_counted_per_iteration_at_its_length_as_upstream_counts_them(
         assert tokens == ([0] + upstream)[iterations]
         assert curriculum.scheduler.state == SequenceLengthCurriculum(LINEAR).scheduler.state if iterations == 0 \
             else curriculum.length(iterations - 1) == [64, 96, 128, 128, 128][iterations - 1]
+
+
+def test_a_resume_under_another_curriculum_is_refused_instead_of_going_back(tmp_path):
+    """The checkpoint's recorded tokens replay under the section it trained with; another section (here: twice as
+    many steps to grow) would shorten the sequences and recount the tokens, so it is refused in one line."""
+    load = ("--load", str(tmp_path / "ck"))
+    trained = job(*load, tmp_path=tmp_path)
+    state = TrainState(iteration=2, consumed_train_samples=16)
+    _, tokens = resumed_curriculum(trained, state)
+    assert resumed_curriculum(trained, state, tokens)[1] == tokens  # the same section: resumes
+    slower = {**LINEAR, "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 32}}
+    with pytest.raises(InputError, match=rf"^--load {tmp_path / 'ck'}: its 2 iterations consumed {tokens} tokens, but "
+                                         r"this run's sequence-length curriculum .* gives \d+ for them: the "
+                                         r"curriculum changed since the checkpoint was saved"):
+        resumed_curriculum(job(*load, tmp_path=tmp_path, section=slower), state, tokens)
 
 
 def test_the_learning_rate_follows_the_tokens_consumed_not_samples_x_seq_length(tmp_path):

@@ -1,13 +1,14 @@
-"""TensorBoard scalars under upstream's tag names (megatron/training/tensorboard_log.py): each training scalar
+"""TensorBoard scalars under upstream's tag names (megatron/training/tensorboard_log.py's ScalarLog over its
+TensorBoard writer): each training scalar
 against the iteration with its " vs samples" / " vs tokens" twins, the optional ones only when asked for, read
 back from the event files."""
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from megatron.training.tensorboard_log import TensorBoardLog, TensorBoardOptions
+from megatron.training.tensorboard_log import ScalarLog, TensorBoardOptions, TensorBoardWriter
 
 
 def written(directory, options: TensorBoardOptions) -> EventAccumulator:
-    log = TensorBoardLog(str(directory), options)
+    log = ScalarLog([TensorBoardWriter(str(directory), options.queue_size)], options)
     for iteration in (1, 2):
         log.training(iteration, samples=8 * iteration, tokens=128 * iteration, loss=3.0 / iteration,
                      learning_rate=0.1, batch_size=8, loss_scale=1024.0, grad_norm=0.5, num_zeros=None,
@@ -47,6 +48,7 @@ def test_optional_scalars_only_when_asked_for(tmp_path):
 
 
 def test_due_every_log_interval(tmp_path):
-    log = TensorBoardLog(str(tmp_path), TensorBoardOptions(log_interval=3))
+    options = TensorBoardOptions(log_interval=3)
+    log = ScalarLog([TensorBoardWriter(str(tmp_path), options.queue_size)], options)
     assert [iteration for iteration in range(1, 10) if log.due(iteration)] == [3, 6, 9]
     log.close()

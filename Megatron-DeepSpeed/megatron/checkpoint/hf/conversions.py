@@ -98,7 +98,7 @@ def tokenizer_files_of(args: Mapping[str, object]) -> list:
         files = [(named[flag], name) for flag, name in GPT2_TOKENIZER_FILES]
     elif kind in SENTENCEPIECE_TYPES:
         files = [(named["tokenizer_model"], SENTENCEPIECE_FILE)]
-    elif kind == HF_TOKENIZER_TYPE and named["tokenizer_model"]:
+    elif kind == HF_TOKENIZER_TYPE and named["tokenizer_model"] and os.path.exists(str(named["tokenizer_model"])):
         files = [(path, os.path.basename(path)) for path in hf_tokenizer_files(str(named["tokenizer_model"]))]
     else:
         return []
@@ -122,6 +122,17 @@ def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_
             "imported_from": f"transformers {hf_model.adapter.ARCHITECTURE} ({directory})"}
 
 
+def check_tokenizer_fits(hf_model: hf.HFModel) -> None:
+    """A tokenizer.json beside the model must give no id the embedding lacks a row for (fewer tokens than rows is
+    a padded vocabulary, as DeepSeek-Coder's: fine)."""
+    path = os.path.join(hf_model.directory, TOKENIZER_FILE)
+    tokens = HFTokenizer(hf_model.directory).vocab_size if os.path.isfile(path) else 0
+    if tokens > hf_model.vocab_size:
+        raise InputError(f"{path} has {tokens} tokens, more than the model's "
+                         f"vocab_size {hf_model.vocab_size} in its config.json: ids from {hf_model.vocab_size} on "
+                         "would have no embedding row; put the tokenizer saved with this model beside it")
+
+
 def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
               force: bool = False, progress: Progress = quiet) -> GPTConfig:
     """Write a local transformers directory of a family (families/registry.py) as a checkpoint (iteration 0,
@@ -129,6 +140,7 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     read one at a time; resume it with `--load save_dir --finetune`."""
     check_output_directory("--save", save_dir, force, {"--from-hf": hf_dir})
     hf_model = hf.read_hf_model(hf_dir)
+    check_tokenizer_fits(hf_model)
     padded = vocab_size_with_padding(hf_model.vocab_size, make_vocab_size_divisible_by, target.tensor)
     config = gpt_config(hf_model.model_config, padded)
     check_target(config, target)

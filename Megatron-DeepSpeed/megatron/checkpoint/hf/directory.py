@@ -1,5 +1,7 @@
 """A Hugging Face model directory as read: its config.json, the family whose adapter maps it
-(megatron/families/registry.py), our model flags, and its weights under our names, shape-checked first."""
+(megatron/families/registry.py), our model flags, and its weights under our names, shape-checked first, every
+tensor accounted for, the output layer tied or not as its tensors say."""
+import logging
 import os
 from dataclasses import dataclass
 from typing import Dict, Iterator, Mapping, Optional, Tuple
@@ -10,12 +12,18 @@ from megatron.checkpoint.hf.files import CONFIG_FILE, open_weights, read_config_
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
 from megatron.families.adapter import HFAdapter
+from megatron.families.gpt2 import hf_adapter as hf_gpt2
 from megatron.families.registry import family_of_hf_config
 from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 
+_log = logging.getLogger(__name__)
+
 MAX_VOCAB_SIZE = 1 << 31  # token ids are stored as int32 at most (data/indexed_dataset.py)
 
+HEAD = "lm_head.weight"
+# Buffers some transformers versions saved beside the parameters: GPT-2's causal mask, Llama's rotary frequencies.
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 def model_config_from_hf(adapter: HFAdapter, config: Mapping[str, object], source: str) -> ModelConfig:
     """The model a config.json describes, read by its family's `adapter`."""
@@ -59,16 +67,29 @@ class ShapeCheckedWeights(Mapping):
 
     def __init__(self, weights: Mapping[str, torch.Tensor], expected: Mapping[str, Tuple[int, ...]], config_path: str):
         self._weights = weights
+        self._config_path = config_path
         for name in weights:
             shape = expected.get(name, expected.get(f"transformer.{name}"))  # GPT2Model's names lack the prefix
             found = weights.shape(name) if hasattr(weights, "shape") else tuple(weights[name].shape)
+            if shape is None and not name.endswith(_BUFFER_SUFFIXES) and name != HEAD:  # a tied head: equal
+                raise InputError(f"the Hugging Face tensor '{name}' is not part of the model {config_path} "
+                                 "describes (more layers, or other parts, than it has): the weights and config.json "
+                                 "belong to different models; use the config.json saved with these weights")
             if shape is not None and tuple(found) != shape:
                 raise InputError(f"the Hugging Face tensor '{name}' has shape {list(found)}, but {config_path} "
                                  f"describes {list(shape)}: the weights and config.json belong to different models; "
                                  "use the config.json saved with these weights")
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self._weights[name]
+        tensor = self._weights[name]
+        if not tensor.is_floating_point():
+            raise InputError(f"the Hugging Face tensor '{name}' of {os.path.dirname(self._config_path)} holds "
+                             f"{tensor.dtype} values; a model's weights are floating point (fp32, fp16, bf16): "
+                             "these are not weights this import can use")
+        if not bool(torch.isfinite(tensor).all()):
+            raise InputError(f"the Hugging Face tensor '{name}' of {os.path.dirname(self._config_path)} holds NaN "
+                             "or infinite values; the model is damaged: import an intact copy")
+        return tensor
 
     def __contains__(self, name) -> bool:
         return name in self._weights
@@ -89,4 +110,27 @@ def read_hf_model(directory: str) -> HFModel:
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= MAX_VOCAB_SIZE:
         raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
                          f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
+    model_config_from_hf(adapter, config, path)  # config.json checked before any weights are opened
+    config = tied_as_the_tensors_say(config, adapter, directory)
     return HFModel(directory, config, adapter, model_config_from_hf(adapter, config, path))
+
+
+def tied_as_the_tensors_say(config: dict, adapter: HFAdapter, directory: str) -> dict:
+    """config.json with tie_word_embeddings as its tensors decide, as transformers does: a stored lm_head.weight
+    equal to the word embedding is tied; a different one is the model's own head (a Llama then imports untied,
+    said in one line; GPT2LMHeadModel, tied by definition here, is refused)."""
+    if not config.get("tie_word_embeddings", adapter is hf_gpt2):
+        return config
+    weights = open_weights(directory)
+    if HEAD not in weights:
+        return config
+    embedding = next((name for name in (adapter.EMBEDDING, adapter.EMBEDDING.removeprefix("transformer."))
+                      if name in weights), None)  # GPT2Model's names lack the prefix
+    if embedding is None or torch.equal(weights[HEAD], weights[embedding]):
+        return config
+    if adapter is hf_gpt2:
+        raise InputError(f"{directory} stores an {HEAD} different from its word embedding, but a GPT-2 model's "
+                         "head is the word embedding (tied): these weights are not a GPT2LMHeadModel's")
+    _log.info(f"{os.path.join(directory, CONFIG_FILE)} sets tie_word_embeddings, but the stored {HEAD} differs "
+              "from the word embedding: imported untied, with its own output layer, as transformers loads it")
+    return {**config, "tie_word_embeddings": False}

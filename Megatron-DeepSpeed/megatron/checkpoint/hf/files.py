@@ -108,7 +108,17 @@ def _index_names(directory: str) -> Dict[str, str]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise InputError(f"{path} is not a safetensors index ({type(err).__name__}: {err}); it must hold "
                          "{\"weight_map\": {tensor name: shard file}}") from err
-    return {str(name): str(file) for name, file in weight_map.items()}
+    file_of = {str(name): str(file) for name, file in weight_map.items()}
+    inside = os.path.realpath(directory) + os.sep
+    for file in set(file_of.values()):
+        shard = os.path.join(directory, file)
+        if not os.path.realpath(shard).startswith(inside):
+            raise InputError(f"{path} names the shard {file!r}, which is outside {directory}; an index names files "
+                             "of its own directory only")
+        if os.path.lexists(shard) and not os.path.isfile(shard):  # a FIFO would block the import forever
+            raise InputError(f"{shard}, a shard {path} names, is not a regular file (a directory, FIFO, socket or "
+                             "device); replace it with the safetensors file")
+    return file_of
 
 
 def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
@@ -120,7 +130,7 @@ def open_weights(directory: str) -> Mapping[str, torch.Tensor]:
         return SafetensorsWeights(directory, _single_file_names(directory))
     legacy = os.path.join(directory, LEGACY_WEIGHTS_FILE)
     if os.path.isfile(legacy):
-        return load_file(legacy)
+        return load_file(legacy, mmap=False)  # refuses pickled code as untrusted, a damaged file in one line
     raise InputError(f"{directory} has none of {INDEX_FILE}, {WEIGHTS_FILE}, {LEGACY_WEIGHTS_FILE}: it holds no "
                      "weights to import")
 

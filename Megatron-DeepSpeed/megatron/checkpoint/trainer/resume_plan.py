@@ -28,7 +28,7 @@ from typing import Mapping, Optional, Tuple
 
 from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.file_names import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE,
-                                            OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE)
+                                            OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE, TOKENS)
 from megatron.checkpoint.formats.detect import (UNIVERSAL_FILES, Layout, holds_optimizer_state, layout_of,
                                                 read_client_state, weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
@@ -80,6 +80,7 @@ class ResumePlan:
     trusted: Tuple[str, ...] = ()  # --trust-checkpoint: the types its files may hold beyond the allow-list
     # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
     zero_stage: Optional[int] = None
+    tokens: Optional[int] = None  # the training tokens the checkpoint consumed (None: progress not restored)
 
 
 def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
@@ -197,6 +198,21 @@ def check_zero0_precision(load_dir: str, state: Mapping[str, object], run: Layou
                          f"--no-load-optim{anywhere}")
 
 
+def check_native_precision(load_dir: str, trained: str, run: Layout, precision: str) -> None:
+    """A ZeRO-0 checkpoint the trainer saved holds its optimizer state in the form of the precision it trained in
+    (torch's AdamW for fp32, DeepSpeed's BF16_Optimizer or FP16 optimizer otherwise), which DeepSpeed loads in that
+    precision only."""
+    if trained == precision:
+        return
+    flags = f"--{trained}" if trained != "fp32" else "neither --fp16 nor --bf16"
+    sliced = f" --target-data-parallel-size {run.data}" if precision == "bf16" and run.pipeline_engine else ""
+    raise InputError(f"--load {load_dir}: it trained in {trained} at ZeRO stage 0, whose optimizer state is in "
+                     f"{trained}'s form, and this run trains in {precision}; resume it with {flags}, pass "
+                     f"--no-load-optim (weights only), or convert its optimizer state once with\n  "
+                     f"{convert_command(load_dir, run.tensor, run.pipeline, run.pipeline_engine)} "
+                     f"--target-{precision}{sliced}\nthen --load the new directory")
+
+
 def _stage_that_loads(load_dir: str, state: Mapping, layout: Layout, run: Layout, precision: str,
                       from_universal_files: bool) -> Optional[int]:
     """For a run whose user chose no ZeRO stage, the stage at which the checkpoint's optimizer state loads where the
@@ -267,6 +283,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
     elif layout.universal and load_optimizer and run.zero_stage == 0:
         check_zero0_precision(load_dir, state, run, precision)
     flags = RecordedFlags.of(state[ARGS])
+    if load_optimizer and not (foreign or universal or layout.universal) and run.zero_stage == 0:
+        check_native_precision(load_dir, flags.precision, run, precision)
     release = os.path.basename(tag_dir) == RELEASE  # Megatron's: weights to start from, no progress
     bf16_slices = (load_optimizer and not (foreign or universal) and run.pipeline_engine and run.zero_stage == 0
                    and precision == "bf16")
@@ -278,7 +296,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       padded_vocab_size=flags.padded_vocab_size,
                       schedule={flag: flags.recorded.get(flag) for flag in SCHEDULE_FLAGS},
                       trusted=options.trust_checkpoint,
-                      zero_stage=adopted_stage)
+                      zero_stage=adopted_stage,
+                      tokens=state.get(TOKENS) if not (options.finetune or options.reset_iteration or release) else None)
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:

@@ -152,8 +152,9 @@ def default_zero_stage(values: Mapping) -> tuple[int, Optional[str]]:
     ZeRO 1 (Megatron-DeepSpeed's default) partitions the optimizer state over the data-parallel ranks; over one
     rank it partitions nothing, yet DeepSpeed still keeps its flat fp32 copies of the weights and gradients (a
     680M GPT at TP 2 in fp32 peaked at 10.4 GB per rank at ZeRO 1, 6.3 GB at ZeRO 0). So one data-parallel rank
-    trains at ZeRO 0, unless a flag needs ZeRO 1."""
-    if values["data_parallel_size"] > 1:
+    trains at ZeRO 0, unless a flag needs ZeRO 1. DeepSpeed-Ulysses ranks hold the same weights, and ZeRO
+    partitions over them too (DeepSpeed's sequence-data-parallel group): several of them count as several."""
+    if values["data_parallel_size"] * values["ds_sequence_parallel_size"] > 1:
         return 1, None
     if values["cpu_optimizer"]:
         needs = "--cpu-optimizer offloads ZeRO's optimizer state, which needs ZeRO 1 or higher"

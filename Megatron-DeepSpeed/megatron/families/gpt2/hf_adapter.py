@@ -18,6 +18,7 @@ from megatron.families.hf_tensors import (MODEL_FLAGS_KEY, DerivedWeights, dtype
 
 MODEL_TYPE = "gpt2"
 ARCHITECTURE = "GPT2LMHeadModel"
+EMBEDDING = "transformer.wte.weight"
 ERF_GELU, TANH_GELUS = "gelu", ("gelu_new", "gelu_pytorch_tanh")
 
 # GPT2Config's keys for the model flags (megatron/config/model_config.py); the first key of a flag is the one read.
@@ -57,7 +58,7 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: BuiltModel,
     """GPTModel's parameters under GPT2LMHeadModel's names (without the tied lm_head.weight), one at a time in
     model order, the padded vocabulary rows beyond `vocab_size` dropped."""
     heads = config.num_attention_heads
-    yield "transformer.wte.weight", model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
+    yield EMBEDDING, model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
     yield "transformer.wpe.weight", model["embedding.position_embeddings.weight"]
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"transformer.h.{i}."

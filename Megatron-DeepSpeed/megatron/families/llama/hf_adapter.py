@@ -34,6 +34,7 @@ from megatron.families.rope_scaling import ROPE_SCALING_FLAGS
 MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
 ACTIVATION = "silu"
+EMBEDDING = "model.embed_tokens.weight"
 
 # LlamaConfig's keys for the model flags.
 HF_KEYS = (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),
@@ -98,7 +99,7 @@ def to_hf_tensors(model: Mapping[str, torch.Tensor], config: BuiltModel,
     """GPTModel's parameters under LlamaForCausalLM's names, one layer at a time in model order, the padded
     vocabulary rows beyond `vocab_size` dropped."""
     groups, head_dim = config.num_key_value_heads, config.head_dim
-    yield "model.embed_tokens.weight", model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
+    yield EMBEDDING, model["embedding.word_embeddings.weight"][:vocab_size].contiguous()
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
         for norm in _NORMS:
@@ -128,8 +129,7 @@ def recipes(take, config: BuiltModel) -> dict:
     """Our name -> how to make it from Llama's tensors, `take(name)` giving one of those (a family whose
     transformers class is Llama's with more tensors adds its own)."""
     groups, head_dim = config.num_key_value_heads, config.head_dim
-    made = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take("model.embed_tokens.weight"),
-                                                                           config.vocab_size)}
+    made = {"embedding.word_embeddings.weight": lambda: padded_vocabulary(take(EMBEDDING), config.vocab_size)}
     for i in range(config.num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
         for norm in _NORMS:

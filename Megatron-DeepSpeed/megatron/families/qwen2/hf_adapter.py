@@ -18,6 +18,7 @@ from megatron.families.llama import hf_adapter as llama
 
 MODEL_TYPE = "qwen2"
 ARCHITECTURE = "Qwen2ForCausalLM"
+EMBEDDING = llama.EMBEDDING
 QWEN2_FLAGS = {**llama.LLAMA_FLAGS, "add_qkv_bias": True, "add_bias_linear": False}
 SLIDING = "sliding_attention"  # a layer type of Qwen2Config.layer_types
 MAX_WINDOW_LAYERS = 28  # Qwen2Config's default; no layer has a window here

@@ -206,6 +206,29 @@ def test_a_run_that_chose_no_zero_stage_resumes_at_a_stage_that_loads_the_optimi
             plan_resume(directory, default, LoadOptions(), precision, recorded, zero_stage_chosen=True)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_zero0_checkpoint_resumed_in_another_precision_says_what_changed_and_how_to_convert(tmp_path, precision):
+    """Its optimizer state is in its precision's form: refused in one line (not called damaged, no KeyError)."""
+    from tests.checkpoint.formats.test_weight_units import adam_source
+
+    from megatron.checkpoint.formats.detect import read_client_state
+    from megatron.checkpoint.formats.locate import checkpoint_directory
+    from megatron.checkpoint.file_names import ARGS
+
+    directory = adam_source("zero0-pipeline", str(tmp_path / "source"))  # trained in fp32
+    recorded = read_client_state(checkpoint_directory(directory), verify=False)[ARGS]
+    run = Layout(tensor=2, pipeline=2, data=1, zero_stage=0, pipeline_engine=True)
+    sliced = " --target-data-parallel-size 1" if precision == "bf16" else ""
+    for chosen in (True, False):
+        with pytest.raises(InputError, match=(
+                rf"^--load {directory}: it trained in fp32 at ZeRO stage 0, whose optimizer state is in fp32's form, "
+                rf"and this run trains in {precision}; resume it with neither --fp16 nor --bf16, pass --no-load-optim "
+                rf"\(weights only\), or convert .*\n  .*convert_checkpoint.py --load {directory} .*--target-"
+                rf"{precision}{sliced}\nthen --load the new directory$")):
+            plan_resume(directory, run, LoadOptions(), precision, recorded, zero_stage_chosen=chosen)
+    assert plan_resume(directory, run, LoadOptions(no_load_optim=True), precision, recorded) is not None
+
+
 # --- bad input: one clear message each, nothing written --------------------------------------------------------
 
 def test_missing_and_non_checkpoint_directories(tmp_path):
@@ -309,6 +332,42 @@ def test_the_next_writer_removes_the_temporary_a_killed_conversion_left(imported
         reshape(imported, str(tmp_path / "out"), TargetLayout(1, 1))
     assert sorted(os.listdir(tmp_path)) == ["out"]
     assert f"removed {stale}, left by a writer of {tmp_path / 'out'} that was killed" in caplog.text
+
+
+@pytest.mark.parametrize("direction", ["--to-hf", "--save"])
+def test_a_conversion_the_storage_refuses_is_one_line_naming_the_cause(imported, tmp_path, direction):
+    """A file-size limit (as a full disk, a write the storage refuses; torch and safetensors word it their own way):
+    one line with the cause, exit 1, nothing left behind."""
+    import resource
+
+    limit = 20_000
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    target = str(tmp_path / "out")
+    done = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "convert_checkpoint.py"), "--load",
+                           imported, direction, target], capture_output=True, text=True, preexec_fn=limited,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (1, (
+        f"error: writing {target} failed: a file exceeds the file-size limit (EFBIG): ulimit -f allows {limit} bytes "
+        f"per file; its partial files were removed and {target} is as it was: make room (or choose another "
+        "directory) and run again"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_pytorch_model_bin_holding_code_is_refused_as_untrusted_code_not_as_damaged(hf_dir, tmp_path):
+    from tests.checkpoint.test_trust import Planted
+
+    copy = tmp_path / "hf"
+    shutil.copytree(hf_dir, copy)
+    weights = {name: tensor for name, tensor in hf_files.open_weights(str(copy)).items()}
+    (copy / hf_files.WEIGHTS_FILE).unlink()
+    torch.save({**weights, "planted": Planted(str(tmp_path / "MARKER"))}, copy / hf_files.LEGACY_WEIGHTS_FILE)
+    with pytest.raises(InputError, match=rf"^checkpoint file .*{hf_files.LEGACY_WEIGHTS_FILE} holds io.open, "
+                                         r"which a checkpoint may not hold \(loading it could run code\), so it is refused as untrusted code; "):
+        import_hf(str(copy), str(tmp_path / "out"), TargetLayout(1, 1))
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
 def test_existing_output_needs_force(imported, tmp_path, capsys):

@@ -24,7 +24,7 @@ from megatron.model.gpt import GPTModel
 from megatron.model.gpt_config import gpt_config
 from megatron.tokenizer import build_tokenizer
 from tests.helpers.distributed import run_on_ranks
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
+from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, hf_tensors, import_at
 from tests.checkpoint.reshape.test_conversions import with_random_vectors
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "a llama eats grass in the high mountains",
@@ -317,3 +317,105 @@ def test_wikitext_evaluation_at_tp2_dp2_equals_one_process(hf_dir, imported, tmp
     for result in results:
         assert (result.tokens, result.words) == (expected.tokens, expected.words)
         assert result.summed_loss == pytest.approx(expected.summed_loss, rel=1e-5)
+
+
+def test_a_tied_config_with_a_distinct_lm_head_imports_untied_as_transformers_loads_it(tmp_path, caplog):
+    """tie_word_embeddings true but a stored lm_head.weight of its own: the tensors decide (transformers keeps the
+    head), said in one line; an equal one stays tied."""
+    from safetensors.torch import save_file
+
+    reference = llama(70, tie_word_embeddings=False)
+    reference.save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / hf_files.CONFIG_FILE).read_text())
+    (tmp_path / "hf" / hf_files.CONFIG_FILE).write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    with caplog.at_level("INFO", logger="megatron"):
+        import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1), make_vocab_size_divisible_by=16)
+    assert "sets tie_word_embeddings, but the stored lm_head.weight differs from the word embedding" in caplog.text
+    model = our_model(str(tmp_path / "ckpt"))
+    tokens = torch.randint(0, 70, (2, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens)[..., :70], reference(tokens).logits, rtol=1e-5, atol=1e-5)
+    weights = hf_tensors(tmp_path / "hf")
+    save_file({**weights, "lm_head.weight": weights[hf_llama.EMBEDDING].clone()},
+              str(tmp_path / "hf" / hf_files.WEIGHTS_FILE))
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "tied"), TargetLayout(1, 1), make_vocab_size_divisible_by=16)
+    assert not our_model(str(tmp_path / "tied")).config.untie_embeddings_and_output_weights
+
+
+def test_conversion_inputs_are_checked_as_data_in_one_line_each(hf_dir, tmp_path):
+    """A shard outside the directory or not a regular file, tensors the config has no place for, a bad rotary
+    base, integer or NaN weights: each refused in one line before anything is written."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    def copy(name):
+        shutil.copytree(hf_dir, tmp_path / name)
+        return tmp_path / name
+
+    def refused(directory, message):
+        with pytest.raises(InputError, match=message):
+            import_hf(str(directory), str(tmp_path / "out"), TargetLayout(1, 1))
+        assert not (tmp_path / "out").exists()
+
+    def rewrite(directory, file, change):
+        (directory / file).write_text(json.dumps(change(json.loads((directory / file).read_text()))))
+
+    outside = copy("outside")
+    shard = sorted(name for name in os.listdir(outside) if name.startswith("model-"))[0]
+    shutil.move(outside / shard, tmp_path / shard)
+    rewrite(outside, hf_files.INDEX_FILE, lambda index: {"weight_map": {
+        name: f"../{shard}" if file == shard else file for name, file in index["weight_map"].items()}})
+    refused(outside, rf"names the shard '\.\./{shard}', which is outside .*outside; an index names files of its own")
+    fifo = copy("fifo")
+    (fifo / shard).unlink()
+    os.mkfifo(fifo / shard)
+    refused(fifo, rf"{shard}, a shard .* names, is not a regular file \(a directory, FIFO, socket or device\)")
+    fewer = copy("fewer")
+    rewrite(fewer, hf_files.CONFIG_FILE, lambda config: {**config, "num_hidden_layers": 1})
+    refused(fewer, r"the Hugging Face tensor 'model\.layers\.1\..*' is not part of the model .* describes")
+    for theta in (None, "abc", -1):
+        bad = copy(f"theta{theta}")
+        rewrite(bad, hf_files.CONFIG_FILE, lambda config: {**config, "rope_theta": theta, "rope_parameters": None})
+        refused(bad, rf"sets rope_theta {theta!r}; the rotary base must be a positive number")
+    for name, change, message in (("int", lambda tensor: tensor.to(torch.int32), "holds torch.int32 values"),
+                                  ("nan", lambda tensor: tensor.index_fill(0, torch.tensor([1]), float("nan")),
+                                   "holds NaN or infinite values")):
+        bad = copy(name)
+        weights = hf_tensors(bad)
+        for file in os.listdir(bad):
+            if file.startswith("model"):
+                (bad / file).unlink()
+        target = "model.layers.0.mlp.down_proj.weight"
+        save_file({**weights, target: change(weights[target])}, str(bad / hf_files.WEIGHTS_FILE))
+        refused(bad, rf"the Hugging Face tensor '{target}' of .*{name} {message}")
+
+
+def test_the_tokenizer_is_checked_at_import_and_a_padded_vocabulary_generates(tmp_path):
+    """A tokenizer.json with more tokens than config.json's vocab_size is refused at import (its last ids would
+    have no embedding row); fewer (a padded vocabulary, as DeepSeek-Coder's) imports and generates."""
+    tokens = write_tokenizer(tmp_path / "large")
+    llama(tokens - 10).save_pretrained(tmp_path / "large")
+    with pytest.raises(InputError, match=rf"tokenizer.json has {tokens} tokens, more than the model's vocab_size "
+                                         rf"{tokens - 10} in its config.json: ids from {tokens - 10} on would have no "):
+        import_hf(str(tmp_path / "large"), str(tmp_path / "out"), TargetLayout(1, 1))
+    write_tokenizer(tmp_path / "padded")
+    llama(tokens + 28).save_pretrained(tmp_path / "padded")
+    import_hf(str(tmp_path / "padded"), str(tmp_path / "ckpt"), TargetLayout(1, 1))
+    records = run_on_ranks(generate_on_ranks, 1, ["--load", str(tmp_path / "ckpt"), "--prompt", "the dog",
+                                                  "--max-new-tokens", "4", "--greedy"])[0]
+    assert len(records[0]["generated_ids"]) == 4 and max(records[0]["generated_ids"]) < tokens
+
+
+def test_an_import_whose_hf_directory_moved_exports_without_its_tokenizer(tmp_path):
+    """The checkpoint names the HF directory's tokenizer; once that directory is gone, --to-hf writes the model
+    alone (it asked for a tokenizer flag convert_checkpoint.py does not have)."""
+    tokens = write_tokenizer(tmp_path / "hf")
+    llama(tokens).save_pretrained(tmp_path / "hf")
+    import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(1, 1))
+    original = hf_tensors(tmp_path / "hf")
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    written = hf_tensors(tmp_path / "out")
+    assert written.keys() == original.keys() and all(torch.equal(written[name], original[name]) for name in original)
