@@ -527,6 +527,19 @@ def resumed_curriculum(config: JobConfig, state: TrainState, recorded_tokens: Op
     return curriculum, tokens
 
 
+def compiled_curriculum_note(config: JobConfig, train_iters: int) -> Optional[str]:
+    """The line a compiled run under a sequence-length curriculum says once: the chunked loss loops over batch x
+    length rows in Python, so torch compiles the model again for every length (marking it dynamic does not help),
+    and past its recompile limit runs it uncompiled with a warning of its own."""
+    if config.curriculum is None or not config.model.torch_compile:
+        return None
+    counting = SequenceLengthCurriculum(config.curriculum)  # a scheduler of its own: the run's keeps its state
+    lengths = sorted({counting.length(iteration) for iteration in range(train_iters)})
+    return (f"--torch-compile with a sequence-length curriculum: the model is compiled once for each of its "
+            f"{len(lengths)} lengths ({', '.join(map(str, lengths))}); beyond torch's recompile limit "
+            "(torch._dynamo.config.recompile_limit) the remaining lengths run uncompiled")
+
+
 def iteration_batches(config: JobConfig, curriculum: Optional[SequenceLengthCurriculum], batches: Batches,
                       iteration: int) -> tuple:
     """The training micro-batches of iteration `iteration` + 1 and their length: whole, or cut to the curriculum's
@@ -640,6 +653,9 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     with releasing(train_batches, valid):
         schedule = learning_rate_schedule(config.schedule, curriculum_warmup_tokens(config))
         train_iters = config.schedule.total_iterations(batch)
+        note = compiled_curriculum_note(config, train_iters)
+        if note and state.iteration == 0:
+            log_last_rank(note)
         timers = StepTimers(logging_config.timing_log_level)
         phases = _RunPhases(trainer, watchdog, state, timers,
                             MetricsLog(config, trainer.model_config, train_iters, is_last_rank(), timers),

@@ -23,7 +23,8 @@ from megatron.data.gpt_batch import make_batch, truncated_batch
 from megatron.errors import InputError
 from megatron.training.curriculum import SequenceLengthCurriculum
 from megatron.training.log_lines import parse_log
-from megatron.training.loop import TrainState, curriculum_warmup_tokens, learning_rate_schedule, resumed_curriculum
+from megatron.training.loop import (TrainState, compiled_curriculum_note, curriculum_warmup_tokens,
+                                    learning_rate_schedule, resumed_curriculum)
 
 LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 64, "max_difficulty": 128,
           "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 3, "difficulty_step": 32}}
@@ -176,6 +177,15 @@ def test_a_resume_under_another_curriculum_is_refused_instead_of_going_back(tmp_
                                          r"this run's sequence-length curriculum .* gives \d+ for them: the "
                                          r"curriculum changed since the checkpoint was saved"):
         resumed_curriculum(job(*load, tmp_path=tmp_path, section=slower), state, tokens)
+
+
+def test_a_compiled_run_under_a_curriculum_says_once_that_it_compiles_per_length(tmp_path):
+    """DeepSpeed's fixed_linear 64 -> 128 in 3 steps of 32: lengths 64, 96, 128 over 6 iterations."""
+    assert compiled_curriculum_note(job(tmp_path=tmp_path), 6) is None
+    assert compiled_curriculum_note(job("--torch-compile", tmp_path=tmp_path), 6) == (
+        "--torch-compile with a sequence-length curriculum: the model is compiled once for each of its 3 lengths "
+        "(64, 96, 128); beyond torch's recompile limit (torch._dynamo.config.recompile_limit) the remaining "
+        "lengths run uncompiled")
 
 
 def test_the_learning_rate_follows_the_tokens_consumed_not_samples_x_seq_length(tmp_path):
