@@ -87,6 +87,16 @@ def hf_llama(model: GPTModel, sliding_window=None):
     return hf.eval()
 
 
+def assert_generates_as_transformers(model, hf, prompts):
+    """Greedy generation with and without the KV cache gives transformers' `generate` tokens for each prompt."""
+    ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
+                                  use_kv_cache=cache) for cache in (True, False)}
+    assert ours[True] == ours[False]
+    for prompt, generated in zip(prompts, ours[True]):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert generated == expected[0, len(prompt):].tolist()
+
+
 @pytest.mark.parametrize("kv_heads, fused", [(2, True), (1, True), (4, True), (2, False)],
                          ids=["gqa", "mqa", "mha", "gqa-unfused-attention"])
 def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_heads, fused):
@@ -96,12 +106,7 @@ def test_llama_equals_transformers_and_generates_the_same_with_the_kv_cache(kv_h
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
     prompts = [[5, 9, 2, 7, 1], [3, 8]]  # left-padded: rotary angles depend on distances only
-    ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
-                                  use_kv_cache=cache) for cache in (True, False)}
-    assert ours[True] == ours[False]
-    for prompt, generated in zip(prompts, ours[True]):
-        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-        assert generated == expected[0, len(prompt):].tolist()
+    assert_generates_as_transformers(model, hf, prompts)
 
 
 def test_a_sliding_window_equals_transformers_mistral_and_generates_the_same_past_the_window():
@@ -114,12 +119,7 @@ def test_a_sliding_window_equals_transformers_mistral_and_generates_the_same_pas
         torch.testing.assert_close(model(tokens), hf(tokens).logits, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(GPTModel(llama_config()).eval()(tokens)[:, 4:], model(tokens)[:, 4:])
     prompts = [[5, 9, 2, 7, 1, 4, 6, 3], [3, 8]]
-    ours = {cache: generate_batch(model, prompts, 6, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
-                                  use_kv_cache=cache) for cache in (True, False)}
-    assert ours[True] == ours[False]
-    for prompt, generated in zip(prompts, ours[True]):
-        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-        assert generated == expected[0, len(prompt):].tolist()
+    assert_generates_as_transformers(model, hf, prompts)
 
 
 @pytest.mark.low_precision
