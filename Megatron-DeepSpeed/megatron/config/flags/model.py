@@ -1,6 +1,6 @@
 """Model flags: the shape (--num-layers ... or a --model-size preset), numerics, initialisation and upstream's
 kernel switches; their checks, and the ModelConfig section."""
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from megatron.config.flags.common import Limits, after_preset, flag
 from megatron.config.model_config import DEFAULTS, ROPE_SCALING_DEFAULTS, SWITCHES, ModelConfig
@@ -252,12 +252,12 @@ def shape(values: Mapping) -> dict:
             not values["use_rotary_position_embeddings"]}
 
 
-def window_size(flag: Optional[str]) -> Optional[int]:
-    """Megatron-LM's --window-size "LEFT,RIGHT" (or LEFT) as the model's window_size: LEFT, or None for no
-    window."""
+def window_size(flag: Union[str, int, None]) -> Optional[int]:
+    """Megatron-LM's --window-size "LEFT,RIGHT" (or LEFT; a preset's int is LEFT) as the model's window_size: LEFT,
+    or None for no window."""
     if flag is None:
         return None
-    parts = flag.split(",")
+    parts = str(flag).split(",")
     if len(parts) > 2 or not all(part.strip().lstrip("-").isdigit() for part in parts):
         raise InputError(f"--window-size {flag!r} is not LEFT,RIGHT (two integers, e.g. 4095,0) or LEFT")
     left, right = (int(part) for part in (parts + ["0"])[:2])
