@@ -64,10 +64,12 @@ class LayerMatrices:
 
     @property
     def attention(self) -> float:
-        """Query and output projections h^2 each, key and value projections h x (their share of h) each."""
+        """Query and output projections h x (heads x head size) each, key and value projections h x (key/value
+        heads x head size) each; the head size is --kv-channels, else h / heads."""
         model = self.model
         key_value_heads = model.num_key_value_heads or model.num_attention_heads
-        return (2.0 + 2.0 * key_value_heads / model.num_attention_heads) * model.hidden_size ** 2
+        head_dim = model.kv_channels or model.hidden_size / model.num_attention_heads
+        return 2.0 * (model.num_attention_heads + key_value_heads) * head_dim * model.hidden_size
 
     @property
     def mlp(self) -> float:
