@@ -5,7 +5,6 @@ generate does (our KV cache), and exports back bit for bit with the same config 
 windowless one (v0.3) imports and comes back as Llama's identical model; a bad window and a windowed model with
 biases are refused in one line."""
 import json
-import os
 
 import pytest
 import torch
@@ -19,12 +18,10 @@ from megatron.errors import InputError
 from megatron.families.llama import hf_adapter as llama
 from megatron.families.mistral import hf_adapter as mistral
 from megatron.families.registry import family_of_model
-from megatron.inference.generation import generate_batch
-from megatron.inference.sampling import SamplingParams, prompt_generators
-from tests.checkpoint.reshape.test_conversions import with_random_vectors
 from tests.families.llama.test_hf_adapter import our_model
-from tests.families.qwen2.test_hf_adapter import NOT_COMPARED, config_json
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
+from tests.helpers.hf_imports import (TP2_AND_TP2PP2, assert_exported_back, assert_greedy_as_generate,
+                                     assert_transformers_logits, config_json, exported_and_original, import_at,
+                                     saved_sharded, seeded_model)
 
 VOCAB = 100
 WINDOW = 4  # transformers' sliding_window: our window_size 3
@@ -34,24 +31,19 @@ SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
 
 
 def mistral_model(**overrides):
-    """A seeded MistralForCausalLM with random norms."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    torch.manual_seed(0)
-    return with_random_vectors(MistralForCausalLM(MistralConfig(**{**SHAPE, **overrides})).eval(), "norm")
+    return seeded_model(MistralForCausalLM, MistralConfig, SHAPE, **overrides)
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("hf") / "mistral")
-    mistral_model().save_pretrained(directory, max_shard_size="20KB")
-    assert os.path.isfile(os.path.join(directory, hf_files.INDEX_FILE))
-    return directory
+    return saved_sharded(mistral_model(), tmp_path_factory, "mistral")
 
 
 @pytest.fixture(scope="module")
 def imported(hf_dir, tmp_path_factory):
-    return import_at(hf_dir, tmp_path_factory, {"tp2": TargetLayout(2, 1), "tp2pp2": TargetLayout(2, 2)})
+    return import_at(hf_dir, tmp_path_factory, TP2_AND_TP2PP2)
 
 
 @pytest.mark.parametrize("layout", ["tp2", "tp2pp2"])
@@ -64,33 +56,18 @@ def test_imported_mistral_computes_transformers_logits_and_exports_back_bit_for_
     assert (model.config.window_size, model.config.add_bias_linear, model.config.rope_theta) == (WINDOW - 1, False,
                                                                                                   1000000)
     tokens = assert_transformers_logits(model, reference, VOCAB)
-
     exported = str(tmp_path / "exported")
-    written, original = exported_and_original(imported[layout], hf_dir, exported, max_shard_bytes=30_000)
-    assert written.keys() == original.keys()
-    for name, tensor in original.items():
-        assert torch.equal(written[name], tensor), name
-    before, after = config_json(hf_dir), config_json(exported)
+    assert_exported_back(imported[layout], hf_dir, exported, reference, tokens, max_shard_bytes=30_000)
+    after = config_json(exported)
     assert after["sliding_window"] == WINDOW and after["architectures"] == ["MistralForCausalLM"]
-    assert {key: after.get(key) for key in before if key not in NOT_COMPARED} == \
-        {key: value for key, value in before.items() if key not in NOT_COMPARED}
-    with torch.no_grad():
-        assert torch.equal(MistralForCausalLM.from_pretrained(exported).eval()(tokens).logits,
-                           reference(tokens).logits)
 
 
 def test_greedy_generation_past_the_window_with_the_kv_cache_equals_transformers_generate(hf_dir, imported):
     from transformers import MistralForCausalLM
 
     reference = MistralForCausalLM.from_pretrained(hf_dir).eval()
-    model = our_model(imported["tp2pp2"])
     prompts = [[5, 9, 2, 7, 1, 33, 61, 12, 40], [3, 8]]  # 9 tokens: longer than the window; 2: shorter
-    ours = generate_batch(model, prompts, 8, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
-                          use_kv_cache=True)
-    for prompt, generated in zip(prompts, ours):
-        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                      pad_token_id=0)
-        assert generated == expected[0, len(prompt):].tolist()
+    assert_greedy_as_generate(our_model(imported["tp2pp2"]), reference, prompts, VOCAB)
 
 
 def test_windowless_mistral_imports_and_comes_back_as_llamas_same_model(tmp_path):

@@ -6,7 +6,6 @@ exports back bit for bit with the same config; attention_bias is refused in one 
 import json
 
 import pytest
-import torch
 
 from megatron.checkpoint.hf import files as hf_files
 from megatron.checkpoint.hf.conversions import import_hf
@@ -17,12 +16,9 @@ from megatron.errors import InputError
 from megatron.families.llama import hf_adapter as llama
 from megatron.families.qwen3 import hf_adapter as qwen3
 from megatron.families.registry import family_of_model
-from megatron.inference.generation import generate_batch
-from megatron.inference.sampling import SamplingParams, prompt_generators
-from tests.checkpoint.reshape.test_conversions import with_random_vectors
 from tests.families.llama.test_hf_adapter import our_model
-from tests.families.qwen2.test_hf_adapter import NOT_COMPARED, config_json
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
+from tests.helpers.hf_imports import (TP2_AND_TP2PP2, assert_exported_back, assert_greedy_as_generate,
+                                     assert_transformers_logits, import_at, saved_sharded, seeded_model)
 
 VOCAB = 100
 SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -32,23 +28,20 @@ SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
 
 
 def qwen3_model(**overrides):
-    """A seeded Qwen3ForCausalLM with random norms (the per-head q/k ones too)."""
+    """Random norms: the per-head q/k ones too."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
-    return with_random_vectors(Qwen3ForCausalLM(Qwen3Config(**{**SHAPE, **overrides})).eval(), "norm")
+    return seeded_model(Qwen3ForCausalLM, Qwen3Config, SHAPE, **overrides)
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("hf") / "qwen3")
-    qwen3_model().save_pretrained(directory, max_shard_size="20KB")
-    return directory
+    return saved_sharded(qwen3_model(), tmp_path_factory, "qwen3")
 
 
 @pytest.fixture(scope="module")
 def imported(hf_dir, tmp_path_factory):
-    return import_at(hf_dir, tmp_path_factory, {"tp2": TargetLayout(2, 1), "tp2pp2": TargetLayout(2, 2)})
+    return import_at(hf_dir, tmp_path_factory, TP2_AND_TP2PP2)
 
 
 @pytest.mark.parametrize("layout", ["tp2", "tp2pp2"])
@@ -60,17 +53,9 @@ def test_imported_qwen3_computes_transformers_logits_and_exports_back_bit_for_bi
     assert (model.config.kv_channels, model.config.qk_layernorm, model.config.add_bias_linear) == (16, True, False)
     assert model.layers[0].self_attention.q_norm.weight.shape == (16,)
     tokens = assert_transformers_logits(model, reference, VOCAB)
-
     exported = str(tmp_path / "exported")
-    written, original = exported_and_original(imported[layout], hf_dir, exported, max_shard_bytes=30_000)
-    assert written.keys() == original.keys() and any(name.endswith("k_norm.weight") for name in written)
-    for name, tensor in original.items():
-        assert torch.equal(written[name], tensor), name
-    before, after = config_json(hf_dir), config_json(exported)
-    assert {key: after.get(key) for key in before if key not in NOT_COMPARED} == \
-        {key: value for key, value in before.items() if key not in NOT_COMPARED}
-    with torch.no_grad():
-        assert torch.equal(Qwen3ForCausalLM.from_pretrained(exported).eval()(tokens).logits, reference(tokens).logits)
+    written = assert_exported_back(imported[layout], hf_dir, exported, reference, tokens, max_shard_bytes=30_000)
+    assert any(name.endswith("k_norm.weight") for name in written)
     shown = examine(exported)
     assert "heads of 16 channels, queries and keys RMS-normalised per head" in shown.header
 
@@ -79,14 +64,7 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers_generate(hf_dir
     from transformers import Qwen3ForCausalLM
 
     reference = Qwen3ForCausalLM.from_pretrained(hf_dir).eval()
-    model = our_model(imported["tp2pp2"])
-    prompts = [[5, 9, 2, 7, 1, 33, 61], [3, 8]]
-    ours = generate_batch(model, prompts, 8, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
-                          use_kv_cache=True)
-    for prompt, generated in zip(prompts, ours):
-        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                      pad_token_id=0)
-        assert generated == expected[0, len(prompt):].tolist()
+    assert_greedy_as_generate(our_model(imported["tp2pp2"]), reference, [[5, 9, 2, 7, 1, 33, 61], [3, 8]], VOCAB)
 
 
 def test_attention_bias_is_refused_in_one_line(tmp_path):
