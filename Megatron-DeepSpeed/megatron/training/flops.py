@@ -6,8 +6,8 @@ with f = 3 for forward + backward, for GPT-2's layer (attention projections 4h^2
 12h^2 in all). Other layers count their own matrix parameters in units of 12h^2 (LayerMatrices): grouped-query
 attention's K/V projections 2h x (key/value heads x head size), an MLP of --ffn-hidden-size f 2hf, a SwiGLU MLP
 3hf (Megatron-LM's count); a head size of its own (--kv-channels) makes the query and output projections and the
-attention scores' s / (6h) term use heads x head size in place of h (Megatron-LM's query projection size). Under activation recomputation the forward runs twice, and Megatron's logged "TFLOPs"
-then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
+attention scores' s / (6h) term use heads x head size in place of h (Megatron-LM's query projection size). Under
+activation recomputation the forward runs twice, and Megatron's logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
 compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
