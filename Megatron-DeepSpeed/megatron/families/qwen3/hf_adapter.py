@@ -25,21 +25,17 @@ _NORMS = ("q_norm", "k_norm")
 def holds(model: ModelFlags) -> bool:
     """Whether Qwen3ForCausalLM can hold `model`: Llama's flags with per-head q/k norms, no linear biases."""
     return (all(getattr(model, flag) == value for flag, value in QWEN3_FLAGS.items())
-            and set(model.variant_names()) <= llama.HELD_VARIANTS | {"qk_layernorm", "kv_channels"})
+            and set(model.variant_names()) <= llama.HELD_VARIANTS | {"qk_layernorm"})
 
 
 def model_flags_from_hf(config: Mapping[str, object], source: str) -> dict:
-    """The model flags of a Qwen3 config.json (Llama's keys and head_dim; a key it lacks takes Qwen3Config's
+    """The model flags of a Qwen3 config.json (Llama's keys, head_dim included; a key it lacks takes Qwen3Config's
     default)."""
     qwen2.check_config(config, source)
     if config.get("attention_bias"):
         raise InputError(f"{source} sets attention_bias, which adds biases to the attention's four projections "
                          "only; that is not implemented here (--add-qkv-bias covers q, k and v)")
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
-    head_dim = config.get("head_dim")
-    kv_channels = None if head_dim is None or head_dim * heads == hidden else head_dim
-    shaped = {key: value for key, value in config.items() if key != "head_dim"}
-    return {**llama.model_flags_from_hf(shaped, source), **QWEN3_FLAGS, "kv_channels": kv_channels}
+    return {**llama.model_flags_from_hf(config, source), **QWEN3_FLAGS}
 
 
 def head_norms(layer: int) -> Iterator[Tuple[str, str]]:
@@ -66,14 +62,12 @@ def from_hf_state_dict(hf: Mapping[str, torch.Tensor], config: BuiltModel) -> Ma
 
 def hf_config(model: ModelFlags, vocab_size: int, dtype: torch.dtype,
               special_tokens: Optional[Mapping[str, object]] = None) -> dict:
-    """config.json of the Qwen3ForCausalLM equal to `model`: Llama's keys without mlp_bias, its head size, full
-    attention in every layer."""
+    """config.json of the Qwen3ForCausalLM equal to `model`: Llama's keys (its head size included) without mlp_bias,
+    full attention in every layer."""
     config = {key: value for key, value in llama.hf_config(model, vocab_size, dtype, special_tokens).items()
               if key != "mlp_bias"}
-    ours = {flag: value for flag, value in config[MODEL_FLAGS_KEY].items()
-            if flag not in QWEN3_FLAGS and flag != "kv_channels"}
+    ours = {flag: value for flag, value in config[MODEL_FLAGS_KEY].items() if flag not in QWEN3_FLAGS}
     return {**config, "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, MODEL_FLAGS_KEY: ours,
-            "head_dim": model.kv_channels or model.hidden_size // model.num_attention_heads,
             "use_sliding_window": False, "sliding_window": None, "max_window_layers": qwen2.MAX_WINDOW_LAYERS,
             "layer_types": ["full_attention"] * model.num_layers}
 

@@ -70,18 +70,19 @@ def test_greedy_generation_past_the_window_with_the_kv_cache_equals_transformers
     assert_greedy_as_generate(our_model(imported["tp2pp2"]), reference, prompts, VOCAB)
 
 
-def test_windowless_mistral_imports_and_comes_back_as_llamas_same_model(tmp_path):
+def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_llamas_same_model(tmp_path):
+    """v0.3 without a window, and Mistral Nemo's head_dim other than hidden / heads (--kv-channels)."""
     from transformers import LlamaForCausalLM
 
-    reference = mistral_model(sliding_window=None)
+    reference = mistral_model(sliding_window=None, head_dim=16)
     reference.save_pretrained(tmp_path / "hf")
     import_hf(str(tmp_path / "hf"), str(tmp_path / "ckpt"), TargetLayout(2, 2), make_vocab_size_divisible_by=16)
     model = our_model(str(tmp_path / "ckpt"))
-    assert model.config.window_size is None
+    assert (model.config.window_size, model.config.kv_channels) == (None, 16)
     tokens = assert_transformers_logits(model, reference, VOCAB, seed=2)
     written, original = exported_and_original(str(tmp_path / "ckpt"), tmp_path / "hf", str(tmp_path / "out"))
     assert written.keys() == original.keys() and all(torch.equal(written[name], original[name]) for name in original)
-    assert config_json(tmp_path / "out")["architectures"] == ["LlamaForCausalLM"]
+    assert [config_json(tmp_path / "out")[key] for key in ("architectures", "head_dim")] == [["LlamaForCausalLM"], 16]
     with torch.no_grad():
         assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()(tokens).logits,
                            reference(tokens).logits)
