@@ -80,6 +80,10 @@ class ModelConfig:
     untie_embeddings_and_output_weights: bool = _variant(False)
     add_qkv_bias: bool = _variant(False, switch="Biases on the query, key and value projections even under "
                                   "--disable-bias-linear, which the other linears follow (Qwen2).")
+    kv_channels: Optional[int] = _variant(None)  # each head's size (None: hidden_size / num_attention_heads)
+    qk_layernorm: bool = _variant(False, switch="Normalise each query and key head (over its --kv-channels, by "
+                                  "--normalization, a weight shared by the heads) before the rotary embedding "
+                                  "(Qwen3).")
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:  # as upstream's validation fills it in

@@ -13,7 +13,7 @@ B4D4A0E_FLAGS = """
 --hidden-size 16 | ok
 --ffn-hidden-size 64 | ok
 --num-attention-heads 4 | ok
---kv-channels 3 | no
+--kv-channels 3 | ok
 --max-position-embeddings 64 | ok
 --make-vocab-size-divisible-by 64 | ok
 --layernorm-epsilon 1e-6 | ok

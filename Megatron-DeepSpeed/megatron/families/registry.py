@@ -3,11 +3,11 @@ all come from FAMILIES, in this order."""
 from typing import Mapping, Tuple
 
 from megatron.errors import InputError
-from megatron.families import gpt2, llama, qwen2
+from megatron.families import gpt2, llama, mistral, qwen2, qwen3
 from megatron.families.adapter import ModelFlags
 from megatron.families.family import Family, Preset
 
-FAMILIES: Tuple[Family, ...] = (gpt2.FAMILY, llama.FAMILY, qwen2.FAMILY)
+FAMILIES: Tuple[Family, ...] = (gpt2.FAMILY, llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY)
 
 
 def presets() -> Tuple[Preset, ...]:

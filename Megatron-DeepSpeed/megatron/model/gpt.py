@@ -86,6 +86,8 @@ class GPTConfig:
     add_bias_linear: bool = True
     untie_embeddings_and_output_weights: bool = False
     add_qkv_bias: bool = False  # biases on the QKV projection even without add_bias_linear (Qwen2)
+    kv_channels: Optional[int] = None  # each head's size (None: hidden_size / num_attention_heads)
+    qk_layernorm: bool = False  # each query and key head normalised before rotary (Qwen3)
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -100,8 +102,11 @@ class GPTConfig:
                             ("--num-key-value-heads", self.num_key_value_heads)):
             if value <= 0:
                 raise InputError(f"{flag} is {value}; it must be a positive integer")
-        require_divisible("--hidden-size", self.hidden_size, "--num-attention-heads", self.num_attention_heads,
-                          "pick a hidden size that is a multiple of the head count")
+        if self.kv_channels is None:
+            require_divisible("--hidden-size", self.hidden_size, "--num-attention-heads", self.num_attention_heads,
+                              "pick a hidden size that is a multiple of the head count, or give --kv-channels")
+        elif self.kv_channels <= 0:
+            raise InputError(f"--kv-channels is {self.kv_channels}; it must be a positive integer")
         require_divisible("--num-attention-heads", self.num_attention_heads, "--num-key-value-heads",
                           self.num_key_value_heads, "each key/value head serves a whole group of query heads")
         if self.normalization not in NORMALIZATIONS:
@@ -113,7 +118,7 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
     def output_layer_init_std(self) -> float:
@@ -164,10 +169,11 @@ def linear(config: GPTConfig, in_features: int, out_features: int, std: float, b
     return init_linear(nn.Linear(in_features, out_features, bias=config.add_bias_linear or bias), std, config)
 
 
-def layer_norm(config: GPTConfig) -> nn.Module:
-    """The norm the config names (the kernels' LayerNorm or RMSNorm), with --layernorm-epsilon."""
+def layer_norm(config: GPTConfig, size: Optional[int] = None) -> nn.Module:
+    """The norm the config names (the kernels' LayerNorm or RMSNorm) over `size` channels (None: the hidden
+    size), with --layernorm-epsilon."""
     kind = config.kernels.rms_norm if config.normalization == "rmsnorm" else config.kernels.layer_norm
-    return kind(config.hidden_size, eps=config.layernorm_epsilon)
+    return kind(size or config.hidden_size, eps=config.layernorm_epsilon)
 
 
 def normalize(norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -226,7 +232,12 @@ class SelfAttention(nn.Module):
         qkv_features = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
         self.query_key_value = linear(config, config.hidden_size, qkv_features, config.init_method_std,
                                       bias=config.add_qkv_bias)
-        self.dense = linear(config, config.hidden_size, config.hidden_size, config.output_layer_init_std)
+        self.dense = linear(config, config.num_attention_heads * config.head_dim, config.hidden_size,
+                            config.output_layer_init_std)
+        # Per-head norms of queries and keys (one weight of head_dim shared by the heads, replicated on every
+        # tensor-parallel rank: model/parallelize.py sums its gradient over them)
+        self.q_norm, self.k_norm = ((layer_norm(config, config.head_dim), layer_norm(config, config.head_dim))
+                                    if config.qk_layernorm else (None, None))
         self.rotary = None
         if config.use_rotary_position_embeddings:
             self.rotary = RotaryEmbedding.for_heads(config.head_dim, config.rotary_percent, config.rope_theta,
@@ -254,6 +265,8 @@ class SelfAttention(nn.Module):
         qkv = qkv.view(batch, seq_length, -1, self.queries_per_group + 2, self.head_dim)
         query = qkv[:, :, :, :-2].flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
         key, value = (qkv[:, :, :, i].transpose(1, 2) for i in (-2, -1))  # [b, groups, s, head_dim]
+        if self.q_norm is not None:
+            query, key = normalize(self.q_norm, query), normalize(self.k_norm, key)
         if self.rotary is not None:
             if position_ids is None:
                 first = self.sequence_chunk_index * seq_length if kv_cache is None else kv_cache.length

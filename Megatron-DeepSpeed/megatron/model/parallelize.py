@@ -9,6 +9,8 @@ weights, so the result computes what the single-process model computes.
   embedding.word_embeddings      vocabulary rows split; output all-reduced
   layers.*.self_attention        whole query groups (with their key/value heads) per rank; the attention kernel
                                  runs in the model-parallel random stream (each rank's heads drop out differently)
+  self_attention.q_norm / k_norm whole on every rank, applied to its heads: gradients summed over the ranks in
+                                 each backward pass (--qk-layernorm)
   query_key_value, dense_h_to_4h column-parallel (output features split)
   self_attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
   lm_head, loss                  vocab-split logits (an untied head's own weight split by vocabulary rows) and
@@ -34,8 +36,9 @@ from torch import nn
 from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
 from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, shard_parameter
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
-                                           SequenceParallel, SequenceParallelDropout, ShardingContext, VocabParallel,
-                                           parallelize_module, partition_dim, require_divisible_by_tp)
+                                           SequenceParallel, SequenceParallelDropout, ShardingContext,
+                                           SharedOverHeads, VocabParallel, parallelize_module, partition_dim,
+                                           require_divisible_by_tp)
 
 
 class RNGForkedAttention:
@@ -118,6 +121,8 @@ GPT_TENSOR_PARALLEL_PLAN = MappingProxyType({
     "layers.*.self_attention": HeadParallelAttention(),
     "layers.*.self_attention.query_key_value": ColumnParallel(),
     "layers.*.self_attention.dense": RowParallel(),
+    "layers.*.self_attention.q_norm": SharedOverHeads(),
+    "layers.*.self_attention.k_norm": SharedOverHeads(),
     "layers.*.post_attention_layernorm": SequenceParallel(),
     "layers.*.mlp.dense_h_to_4h": ColumnParallel(*_FFN),
     "layers.*.mlp.dense_4h_to_h": RowParallel(*_FFN),

@@ -55,6 +55,10 @@ class ModelShape(ModelConfig):
         return self.hidden_size * (2 if self.normalization == "layernorm" else 1)
 
     @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
     def has_experts(self) -> bool:
         return self.moe is not None and self.moe.enabled
 
@@ -155,10 +159,13 @@ def expert_parameters(shape: ModelShape, expert_parallel: int, layer_number: int
 def layer_parameters(shape: ModelShape, tensor: int, layer_number: int = 1, expert_parallel: int = 1) -> int:
     """One transformer layer on one rank: two norms and the row-parallel attention bias whole, the QKV (queries
     and the grouped keys and values) and attention-output weights split; then its MLP, or in an MoE layer the
-    gate, this rank's experts and PR-MoE's dense MLP and coefficient."""
+    gate, this rank's experts and PR-MoE's dense MLP and coefficient; --qk-layernorm's two head-sized norms whole."""
     h, bias = shape.hidden_size, shape.add_bias_linear
-    qkv = h + 2 * shape.key_value_heads * (h // shape.num_attention_heads)
-    attention = 2 * shape.norm_parameters + bias * h + (qkv * h + (bias or shape.add_qkv_bias) * qkv + h * h) // tensor
+    queries = shape.num_attention_heads * shape.head_dim
+    qkv = queries + 2 * shape.key_value_heads * shape.head_dim
+    qk_norms = shape.qk_layernorm * 2 * shape.norm_parameters // h * shape.head_dim
+    attention = (2 * shape.norm_parameters + qk_norms + bias * h
+                 + (qkv * h + (bias or shape.add_qkv_bias) * qkv + queries * h) // tensor)
     experts = shape.experts_of_layer(layer_number)
     if experts == 1:
         return attention + mlp_parameters(shape, tensor)

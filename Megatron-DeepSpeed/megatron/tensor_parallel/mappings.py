@@ -141,6 +141,12 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
         return _all_gather(grad, SEQUENCE_DIM, ctx.group), None
 
 
+def summed_over_ranks(tensor, group):
+    """`tensor` summed over `group`, as a new tensor: the gradient hook of a replicated parameter each rank applies
+    to its own part of the work (its heads), whose full gradient is the sum of the ranks'."""
+    return _all_reduce(tensor, group)
+
+
 def copy_to_tensor_parallel_region(tensor, group):
     """Enter a TP region with a replicated tensor: forward identity, backward all-reduce of the partial grads."""
     return _CopyToTensorParallelRegion.apply(tensor, group)

@@ -6,6 +6,7 @@ says what the module at such a path becomes (`apply`), checks first that it can 
 which of its parameters are split across tensor-parallel ranks and along which dim (`partition_dims`): that is
 all that joining shards into full weights, or splitting full weights into shards, needs to know.
 """
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -17,7 +18,7 @@ from torch import nn
 from megatron.errors import require_divisible
 from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDropout, RowParallelLinear,
                                              VocabParallelEmbedding)
-from megatron.tensor_parallel.mappings import scatter_to_sequence_parallel_region
+from megatron.tensor_parallel.mappings import scatter_to_sequence_parallel_region, summed_over_ranks
 from megatron.tensor_parallel.random import RNGStatesTracker
 from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
 
@@ -107,6 +108,17 @@ class SequenceParallel(ParallelStyle):
         if context.sequence_parallel:
             for parameter in module.parameters():
                 mark_sequence_parallel(parameter)
+        return module
+
+
+class SharedOverHeads(ParallelStyle):
+    """A module replicated on every rank but applied to this rank's heads only (Qwen3's query and key norms): each
+    rank's gradient is its heads' part, so every backward pass sums it over the ranks (a gradient hook, before
+    accumulation), whatever the ZeRO stage or pipeline schedule. Whole on every rank, so never split."""
+
+    def apply(self, module, context):
+        for parameter in module.parameters():
+            parameter.register_hook(functools.partial(summed_over_ranks, group=context.group))
         return module
 
 

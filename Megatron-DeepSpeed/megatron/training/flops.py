@@ -5,8 +5,9 @@ Megatron's count for one iteration of global batch B, sequence s, L layers, hidd
 with f = 3 for forward + backward, for GPT-2's layer (attention projections 4h^2 and a 4h MLP 8h^2 parameters,
 12h^2 in all). Other layers count their own matrix parameters in units of 12h^2 (LayerMatrices): grouped-query
 attention's K/V projections 2h x (key/value heads x head size), an MLP of --ffn-hidden-size f 2hf, a SwiGLU MLP
-3hf (Megatron-LM's count). Under activation recomputation the forward runs twice, and Megatron's logged "TFLOPs"
-then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
+3hf (Megatron-LM's count); a head size of its own (--kv-channels) makes the query and output projections and the
+attention scores' s / (6h) term use heads x head size in place of h (Megatron-LM's query projection size). Under
+activation recomputation the forward runs twice, and Megatron's logged "TFLOPs" then uses f = 4: the hardware's work, which is what upstream's logs show and what ours show too, so the two can be
 compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
@@ -45,10 +46,12 @@ def flops_per_iteration(global_batch_size: int, seq_length: int, num_layers: int
     layer's matrix sizes (None: GPT-2's, 4h^2 of attention and 8h^2 of MLP)."""
     passes = 4 if recompute else 3
     attention, mlp = (layer.attention, layer.mlp) if layer else (4.0 * hidden_size ** 2, 8.0 * hidden_size ** 2)
+    queries = layer.query_size if layer else hidden_size  # the width attention's scores and context multiply over
     mlp_uses = sum(active_mlps(moe, number + 1) for number in range(num_layers)) if moe else num_layers
     layers = (num_layers * attention + mlp_uses * mlp) / (12.0 * hidden_size ** 2)  # GPT-2 layers
     return (24.0 * passes * global_batch_size * seq_length * hidden_size ** 2
-            * (layers + num_layers * seq_length / (6.0 * hidden_size) + vocab_size / (16.0 * hidden_size)))
+            * (layers + num_layers * seq_length * queries / (6.0 * hidden_size ** 2)
+               + vocab_size / (16.0 * hidden_size)))
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,19 @@ class LayerMatrices:
         return cls(model)
 
     @property
+    def query_size(self) -> float:
+        """Heads x head size (--kv-channels, else h / heads): h unless the head size is given (Megatron-LM's
+        query projection size)."""
+        model = self.model
+        return model.num_attention_heads * (model.kv_channels or model.hidden_size / model.num_attention_heads)
+
+    @property
     def attention(self) -> float:
-        """Query and output projections h^2 each, key and value projections h x (their share of h) each."""
+        """Query and output projections h x query size each, key and value projections h x (key/value heads x
+        head size) each."""
         model = self.model
         key_value_heads = model.num_key_value_heads or model.num_attention_heads
-        return (2.0 + 2.0 * key_value_heads / model.num_attention_heads) * model.hidden_size ** 2
+        return 2.0 * (1.0 + key_value_heads / model.num_attention_heads) * self.query_size * model.hidden_size
 
     @property
     def mlp(self) -> float:

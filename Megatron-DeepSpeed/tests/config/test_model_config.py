@@ -49,7 +49,7 @@ EVERY_VARIANT_CHANGED = ModelConfig(
     rope_scaling_low_freq_factor=2.0, rope_scaling_high_freq_factor=8.0,
     rope_scaling_original_max_position_embeddings=10,
     yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_mscale=0.9, yarn_mscale_all_dim=0.5, yarn_attention_factor=1.2,
-    yarn_correction_range_round_to_int=False)
+    yarn_correction_range_round_to_int=False, kv_channels=16, qk_layernorm=True)
 VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "40",
                         "--ffn-hidden-size", "48", "--normalization", "rmsnorm", "--use-rotary-position-embeddings",
                         "--rotary-percent", "0.5", "--rotary-base", "500000", "--window-size", "7,0", "--swiglu",
@@ -59,7 +59,8 @@ VARIANT_COMMAND_LINE = ["--num-layers", "2", "--hidden-size", "32", "--num-atten
                         "yarn", "--rope-scaling-factor", "4", "--rope-scaling-low-freq-factor", "2",
                         "--rope-scaling-high-freq-factor", "8", "--yarn-original-max-position-embeddings", "10",
                         "--yarn-beta-fast", "16", "--yarn-beta-slow", "2", "--mscale", "0.9", "--mscale-all-dim", "0.5",
-                        "--yarn-attention-factor", "1.2", "--no-yarn-correction-range-round-to-int"]
+                        "--yarn-attention-factor", "1.2", "--no-yarn-correction-range-round-to-int",
+                        "--kv-channels", "16", "--qk-layernorm"]
 COMMAND_LINE = ["--num-layers", "3", "--hidden-size", "48", "--num-attention-heads", "6", "--seq-length", "40",
                 "--ffn-hidden-size", "80", "--openai-gelu", "--layernorm-epsilon", "0.01", "--hidden-dropout", "0.2",
                 "--attention-dropout", "0.3", "--init-method-std", "0.05", "--init-method-xavier-uniform",
@@ -116,7 +117,8 @@ def test_resuming_refuses_a_run_that_changes_any_architecture_flag():
                                        "ffn_hidden_size", "openai_gelu", "layernorm_epsilon", "normalization",
                                        "add_position_embedding", "use_rotary_position_embeddings", "rotary_percent",
                                        "rope_theta", "window_size", "swiglu", "num_key_value_heads", "add_bias_linear",
-                                       "untie_embeddings_and_output_weights", "add_qkv_bias", *ROPE_SCALING_FLAGS}
+                                       "untie_embeddings_and_output_weights", "add_qkv_bias", "kv_channels",
+                                       "qk_layernorm", *ROPE_SCALING_FLAGS}
     for flag in ARCHITECTURE_FLAGS:
         with pytest.raises(InputError, match=f"--{flag.replace('_', '-')} 7 \\(checkpoint: "):
             check_model_flags("ckpt", recorded, {**recorded, flag: 7})
@@ -206,7 +208,8 @@ def test_every_variant_survives_save_read_and_reaches_the_generation_model_but_n
     for name, tensor in expected.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
     attention = model.layers[0].self_attention
-    assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (4, 500000.0, 2)
+    assert (attention.rotary.dim, attention.rotary.theta, attention.num_groups) == (8, 500000.0, 2)
+    assert attention.q_norm.weight.shape == attention.k_norm.weight.shape == (16,)
     assert attention.rotary.scaling == RopeScaling("yarn", 4.0, 10, 2.0, 8.0, 16.0, 2.0, 0.9, 0.5, 1.2, False)
     assert attention.spec.window_size == 7
     assert isinstance(model.final_layernorm, torch.nn.RMSNorm) and model.layers[0].mlp.swiglu

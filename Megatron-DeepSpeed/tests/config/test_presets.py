@@ -32,7 +32,8 @@ def test_names():
     assert presets.preset_names() == ("345M", "1.3B", "2.7B", "3.7B", "345M_without_mp", "125M_MoE64", "1.3B_MoE128",
                                       "tiny", "llama2-7B", "llama2-13B", "llama3-8B", "tinyllama-1.1B", "llama-tiny",
                                       "llama3.1-8B", "llama3.2-1B", "llama3.2-3B", "llama3.1-tiny",
-                                      "qwen2.5-0.5B", "qwen2.5-7B", "qwen2-tiny")
+                                      "qwen2.5-0.5B", "qwen2.5-7B", "qwen2-tiny", "mistral-7B", "mistral-tiny",
+                                      "qwen3-0.6B", "qwen3-8B", "qwen3-tiny")
 
 
 @pytest.mark.parametrize("name, shape, moe", [

@@ -55,7 +55,7 @@ def test_upstream_flag_parses_or_is_refused_in_one_line(usage, outcome):
 
 def test_unsupported_flags_at_values_that_leave_their_feature_off_are_inert():
     # The dense GPT scripts pass MoE flags with one expert; a knob never turns its feature on by itself.
-    args = parse_args(BASE + ["--num-experts", "1", "--moe-loss-coeff", "0.01", "--topk", "2", "--kv-channels", "4",
+    args = parse_args(BASE + ["--num-experts", "1", "--moe-loss-coeff", "0.01", "--topk", "2",
                               "--kd-temp", "2", "--num-classes", "1000"])
     assert not any(hasattr(args, entry.dest) for entry in UNSUPPORTED_FLAGS)
 

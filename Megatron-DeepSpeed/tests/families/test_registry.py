@@ -41,14 +41,16 @@ def test_a_config_json_finds_its_family(family):
 
 
 def test_an_unknown_architecture_and_an_unheld_model_are_one_line_naming_every_family():
-    with pytest.raises(InputError, match=r"^x/config.json describes a 'mistral' model \(MistralForCausalLM\); only "
+    with pytest.raises(InputError, match=r"^x/config.json describes a 'phi3' model \(Phi3ForCausalLM\); only "
                                          r"gpt2 \(GPT2LMHeadModel\), llama \(LlamaForCausalLM\), qwen2 "
-                                         r"\(Qwen2ForCausalLM\) can be imported$"):
-        family_of_hf_config({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "x/config.json")
+                                         r"\(Qwen2ForCausalLM\), mistral \(MistralForCausalLM\), qwen3 "
+                                         r"\(Qwen3ForCausalLM\) can be imported$"):
+        family_of_hf_config({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}, "x/config.json")
     swiglu_only = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=2, max_position_embeddings=4,
                               swiglu=True)
     assert family_of_model(ModelConfig(1, 8, 2, 4), "ckpt").name == "gpt2"
     with pytest.raises(InputError, match=r"^--to-hf: ckpt holds a model with --swiglu True, which none of "
-                                         r"transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM can hold "
-                                         r"\(GPT-2 needs .*; Llama needs .*; Qwen2 needs .*\)$"):
+                                         r"transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, "
+                                         r"MistralForCausalLM, Qwen3ForCausalLM can hold \(GPT-2 needs .*; Llama "
+                                         r"needs .*; Qwen2 needs .*; Mistral needs .*; Qwen3 needs .*\)$"):
         family_of_model(swiglu_only, "ckpt")

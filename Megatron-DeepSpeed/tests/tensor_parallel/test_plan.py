@@ -1,6 +1,8 @@
 """The GPT tensor-parallel plan as data, in this process: which style each module path gets, the partition dim
 of every parameter name, and that every pattern of the plan still names modules of the model (the plan's
 application on real ranks is checked in test_model_parallel_parity.py and test_pipeline.py)."""
+from dataclasses import replace
+
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.parallelize import GPT_TENSOR_PARALLEL_PLAN, tensor_parallel_partition_dim
 from megatron.tensor_parallel.plan import ColumnParallel, RowParallel, SequenceParallel, style_for
@@ -39,7 +41,7 @@ def test_a_star_stands_for_exactly_one_path_component():
 
 
 def test_every_pattern_of_the_plan_names_modules_of_the_model():
-    model = GPTModel(CONFIG)
+    model = GPTModel(replace(CONFIG, qk_layernorm=True))
     paths = [path for path, _ in model.named_modules()]
     for pattern, style in GPT_TENSOR_PARALLEL_PLAN.items():
         matched = [path for path in paths if style_for({pattern: style}, path) is not None]

@@ -1,8 +1,9 @@
 """Megatron's FLOPs formula, the device peak table and MFU (megatron/training/flops.py)."""
 import pytest
 
-from megatron.training.flops import (flops_per_iteration, format_mfu, model_flops_utilization, peak_tflops,
-                                     tflops_per_device)
+from megatron.config.model_config import ModelConfig
+from megatron.training.flops import (LayerMatrices, flops_per_iteration, format_mfu, model_flops_utilization,
+                                     peak_tflops, tflops_per_device)
 
 SHAPE_345M = dict(global_batch_size=16, seq_length=1024, num_layers=24, hidden_size=1024, vocab_size=50304)
 
@@ -18,6 +19,18 @@ def test_345m_iteration_flops_with_and_without_recompute():
 def test_tiny_shape_by_hand():
     # 24*3*1*2*1*1*(1 + 2/6 + 12/16) = 144 * 25/12 = 300 flops in 1e-10 s on one device.
     assert tflops_per_device(flops_per_iteration(1, 2, 1, 1, 12), 1e-10, 1) == pytest.approx(3.0)
+
+
+def test_a_head_size_of_its_own_counts_in_the_projections_and_the_attention_scores():
+    # Qwen3-0.6B's shape: 16 heads of 128 at hidden 1024 (query size 2048), 8 key/value heads, SwiGLU 3072.
+    model = ModelConfig(num_layers=28, hidden_size=1024, num_attention_heads=16, max_position_embeddings=4096,
+                        num_key_value_heads=8, kv_channels=128, swiglu=True, ffn_hidden_size=3072)
+    layer = LayerMatrices.of(model)
+    assert (layer.query_size, layer.attention, layer.mlp) == (2048, 6 * 1024 * 1024, 3 * 1024 * 3072)
+    shape = dict(global_batch_size=1, seq_length=4096, num_layers=28, hidden_size=1024, vocab_size=151936)
+    # 24 * 3 * s * h^2 per layer-unit: projections and MLP (15h^2 / 12h^2), scores 2s/(6h), logits V/(16h)
+    expected = 24 * 3 * 4096 * 1024 ** 2 * (28 * 15 / 12 + 28 * 4096 * 2 / (6 * 1024) + 151936 / (16 * 1024))
+    assert flops_per_iteration(**shape, layer=layer) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("device, dtype, peak", [

@@ -1,6 +1,6 @@
 """Model flags: the shape (--num-layers ... or a --model-size preset), numerics, initialisation and upstream's
 kernel switches; their checks, and the ModelConfig section."""
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from megatron.config.flags.common import Limits, after_preset, flag
 from megatron.config.model_config import DEFAULTS, ROPE_SCALING_DEFAULTS, SWITCHES, ModelConfig
@@ -10,6 +10,7 @@ from megatron.errors import InputError, require_divisible
 LIMITS = Limits(required=("num_layers", "hidden_size", "num_attention_heads", "seq_length"),
                 positive=("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length",
                           "max_position_embeddings", "make_vocab_size_divisible_by", "num_key_value_heads",
+                          "kv_channels",
                           "rope_theta", "rope_scaling_factor", "rope_scaling_low_freq_factor",
                           "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
                           "yarn_beta_fast", "yarn_beta_slow", "yarn_attention_factor"),
@@ -80,6 +81,9 @@ def _add_architecture_variants(parser) -> None:
                             "projection.")
     group.add_argument("--num-key-value-heads", type=int,
                        help="Key/value heads (grouped-query attention; 1: multi-query). Default "
+                            "--num-attention-heads.")
+    group.add_argument("--kv-channels", type=int,
+                       help="Each attention head's size (Qwen3: 128 at any hidden size). Default --hidden-size / "
                             "--num-attention-heads.")
     group.add_argument("--disable-bias-linear", action="store_false", default=None, dest="add_bias_linear",
                        help="No biases in the attention and MLP linears (norms keep theirs).")
@@ -228,8 +232,9 @@ def shape(values: Mapping) -> dict:
         raise InputError(
             f"--seq-length {seq_length} is above --max-position-embeddings {positions}; raise "
             f"--max-position-embeddings to at least {seq_length} or shorten --seq-length")
-    require_divisible("--hidden-size", hidden, "--num-attention-heads", values["num_attention_heads"],
-                      "pick a hidden size that is a multiple of the head count")
+    if values["kv_channels"] is None:
+        require_divisible("--hidden-size", hidden, "--num-attention-heads", values["num_attention_heads"],
+                          "pick a hidden size that is a multiple of the head count, or give --kv-channels")
     for dest, value in (("num_attention_heads", values["num_attention_heads"]), ("ffn_hidden_size", ffn)):
         require_divisible(flag(dest), value, "--tensor-model-parallel-size", tp,
                           f"tensor parallelism splits it evenly, so choose a multiple of {tp} or a smaller "
@@ -252,12 +257,12 @@ def shape(values: Mapping) -> dict:
             not values["use_rotary_position_embeddings"]}
 
 
-def window_size(flag: Optional[str]) -> Optional[int]:
-    """Megatron-LM's --window-size "LEFT,RIGHT" (or LEFT) as the model's window_size: LEFT, or None for no
-    window."""
+def window_size(flag: Union[str, int, None]) -> Optional[int]:
+    """Megatron-LM's --window-size "LEFT,RIGHT" (or LEFT; a preset's int is LEFT) as the model's window_size: LEFT,
+    or None for no window."""
     if flag is None:
         return None
-    parts = flag.split(",")
+    parts = str(flag).split(",")
     if len(parts) > 2 or not all(part.strip().lstrip("-").isdigit() for part in parts):
         raise InputError(f"--window-size {flag!r} is not LEFT,RIGHT (two integers, e.g. 4095,0) or LEFT")
     left, right = (int(part) for part in (parts + ["0"])[:2])

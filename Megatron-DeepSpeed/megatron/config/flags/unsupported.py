@@ -16,10 +16,6 @@ def _differs_from_default(value, default, values) -> bool:
     return value != default
 
 
-def _kv_channels_not_head_dim(value, default, values) -> bool:
-    return value is not None and value * values["num_attention_heads"] != values["hidden_size"]
-
-
 @dataclass(frozen=True)
 class UnsupportedFlag:
     """One upstream flag: how argparse reads it, the feature it belongs to, and when it turns that on.
@@ -92,8 +88,6 @@ UNSUPPORTED_FLAGS = (
     # Model variants GPT pre-training here does not build.
     _switch("--apply-residual-connection-post-layernorm", "post-LayerNorm residual ordering (BERT's)",
             action="store_true"),
-    _switch("--kv-channels", "attention projection size other than hidden size / heads",
-            _kv_channels_not_head_dim, type=int),
     _switch("--fp16-lm-cross-entropy", "fp16 cross entropy (the loss is always computed in fp32)",
             action="store_true"),
     # Other models' flags.
@@ -168,7 +162,7 @@ def add_flags(parser) -> None:
 
 def supported(values: Mapping) -> dict:
     """The values without these flags; InputError for the first whose value turns on a feature this trainer
-    lacks. Needs the model-shape flags settled (for --kv-channels)."""
+    lacks."""
     for entry in UNSUPPORTED_FLAGS:
         if entry.turns_on is not None and entry.turns_on(values[entry.dest], entry.default, values):
             raise InputError(entry.error())

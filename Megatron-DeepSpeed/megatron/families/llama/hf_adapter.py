@@ -17,8 +17,9 @@ The one mapping, per layer (G key/value heads, Q = heads / G queries per group, 
 Query head h of transformers uses key/value head h // Q (its repeat_kv), as ours does, so the q rows keep their
 order. No rotary permutation is needed: both rotate channel i with channel i + d/2 (model/rotary.py); the
 permutation in transformers' convert_llama_weights_to_hf is from Meta's interleaved pairs, a layout neither has.
-Config keys map through HF_KEYS; the rotary base and scaling (default, linear, llama3, yarn) through hf_rope.py,
-read from rope_parameters (transformers 5.x) or rope_theta / rope_scaling (4.x) and written in both forms.
+Config keys map through HF_KEYS, head_dim through --kv-channels (Mistral Nemo's 128 at hidden 5120); the rotary
+base and scaling (default, linear, llama3, yarn) through hf_rope.py, read from rope_parameters (transformers 5.x)
+or rope_theta / rope_scaling (4.x) and written in both forms.
 """
 from typing import Iterator, Mapping, Optional, Tuple
 
@@ -49,13 +50,13 @@ LLAMA_FLAGS = {"normalization": "rmsnorm", "add_position_embedding": False, "use
 # scores by 1/sqrt(d) only.
 IMPORT_FLAGS = {"hidden_dropout": 0.0, "apply_query_key_layer_scaling": False}
 _MAPPED_FLAGS = frozenset(flag for _, flag in HF_KEYS) | set(LLAMA_FLAGS) | {
-    "rope_theta", *ROPE_SCALING_FLAGS, "add_bias_linear", "untie_embeddings_and_output_weights"}
+    "rope_theta", *ROPE_SCALING_FLAGS, "add_bias_linear", "untie_embeddings_and_output_weights", "kv_channels"}
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
 # The variant flags LlamaForCausalLM has keys for; a model with any other variant is not Llama's.
 HELD_VARIANTS = frozenset(LLAMA_FLAGS) | {"rope_theta", *ROPE_SCALING_FLAGS, "num_key_value_heads",
-                                         "add_bias_linear", "untie_embeddings_and_output_weights"}
+                                         "add_bias_linear", "untie_embeddings_and_output_weights", "kv_channels"}
 
 
 def holds(model: ModelFlags) -> bool:
@@ -156,11 +157,14 @@ def check_config(config: Mapping[str, object], path: str) -> None:
     if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
         raise InputError(f"{path} sets attention_bias={config.get('attention_bias')} but mlp_bias="
                          f"{config.get('mlp_bias')}; --add-bias-linear covers both, so they must agree")
+
+
+def kv_channels_from_hf(config: Mapping[str, object]) -> Optional[int]:
+    """--kv-channels of config.json's head_dim: None where it is hidden_size / num_attention_heads (or absent)."""
     head_dim = config.get("head_dim")
-    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
-    if head_dim is not None and heads and hidden and head_dim * heads != hidden:
-        raise InputError(f"{path} sets head_dim {head_dim} with {heads} heads of hidden size {hidden}; only "
-                         "head_dim = hidden_size / num_attention_heads can be imported")
+    if head_dim is None or head_dim * config.get("num_attention_heads", 0) == config.get("hidden_size"):
+        return None
+    return head_dim
 
 
 def model_flags_from_hf(config: Mapping[str, object], source: str) -> dict:
@@ -169,7 +173,7 @@ def model_flags_from_hf(config: Mapping[str, object], source: str) -> dict:
     standard = {flag: config[key] for key, flag in HF_KEYS if config.get(key) is not None}
     return {**IMPORT_FLAGS, **unmapped_flags(config, source), **standard, **LLAMA_FLAGS,
             **rope_flags_from_hf(config, source),
-            "add_bias_linear": bool(config.get("attention_bias", False)),
+            "add_bias_linear": bool(config.get("attention_bias", False)), "kv_channels": kv_channels_from_hf(config),
             "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False)}
 
 
@@ -179,7 +183,7 @@ def hf_config(model: ModelFlags, vocab_size: int, dtype: torch.dtype,
     LlamaConfig has no key for go along under MODEL_FLAGS_KEY. `special_tokens`: bos/eos/pad ids."""
     flags = model.to_flags()
     return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "vocab_size": vocab_size,
-            **{key: flags[flag] for key, flag in HF_KEYS}, "head_dim": model.hidden_size // model.num_attention_heads,
+            **{key: flags[flag] for key, flag in HF_KEYS}, "head_dim": model.kv_channels or model.hidden_size // model.num_attention_heads,
             "hidden_act": ACTIVATION, "attention_bias": model.add_bias_linear, "mlp_bias": model.add_bias_linear,
             "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
             **rope_to_hf(model),

@@ -105,7 +105,7 @@ def test_preset_defaults_are_the_declared_ones():
 
 
 def test_window_size_left_right_and_left_alone():
-    assert (window_size("4095,0"), window_size("7"), window_size("0,0")) == (4095, 7, 0)
+    assert (window_size("4095,0"), window_size("7"), window_size("0,0"), window_size(31)) == (4095, 7, 0, 31)
     assert window_size("-1,0") is None and window_size(None) is None  # Megatron-LM's -1: no limit
 
 

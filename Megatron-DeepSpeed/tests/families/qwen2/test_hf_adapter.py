@@ -3,13 +3,10 @@ q/k/v biases, untied head, sharded safetensors) imports at TP 2 and at TP 2 x PP
 continues prompts greedily as transformers' generate does (our KV cache), and exports back bit for bit with the
 same config; a tied one round-trips; sliding-window attention is refused in one line; our Llama-shaped model with
 --add-qkv-bias exports as Qwen2 and Llama's adapter does not take it."""
-import json
-import os
 
 import pytest
 import torch
 
-from megatron.checkpoint.hf import files as hf_files
 from megatron.checkpoint.hf.conversions import import_hf
 from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
@@ -18,45 +15,33 @@ from megatron.errors import InputError
 from megatron.families.llama import hf_adapter as llama
 from megatron.families.qwen2 import hf_adapter as qwen2
 from megatron.families.registry import family_of_model
-from megatron.inference.generation import generate_batch
-from megatron.inference.sampling import SamplingParams, prompt_generators
-from tests.checkpoint.reshape.test_conversions import with_random_vectors
-from tests.helpers.hf_imports import assert_transformers_logits, exported_and_original, import_at
+from tests.helpers.hf_imports import (TP2_AND_TP2PP2, assert_exported_back, assert_greedy_as_generate,
+                                     assert_transformers_logits, config_json, exported_and_original, import_at,
+                                     saved_sharded, seeded_model)
 from tests.families.llama.test_hf_adapter import our_model
 
 VOCAB = 100
 SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
-# What transformers' config gives that an export need not repeat: its version and where the model was loaded from.
-NOT_COMPARED = {"transformers_version", "_name_or_path"}
 
 
 def qwen2_model(**overrides):
     """A seeded Qwen2ForCausalLM with random norms and q/k/v biases."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen2Config(**{**SHAPE, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-                            "tie_word_embeddings": False, **overrides})
-    return with_random_vectors(Qwen2ForCausalLM(config).eval(), "norm")
+    return seeded_model(Qwen2ForCausalLM, Qwen2Config, SHAPE, **{
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": False,
+        **overrides})
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("hf") / "qwen2")
-    qwen2_model().save_pretrained(directory, max_shard_size="20KB")
-    assert os.path.isfile(os.path.join(directory, hf_files.INDEX_FILE))
-    return directory
+    return saved_sharded(qwen2_model(), tmp_path_factory, "qwen2")
 
 
 @pytest.fixture(scope="module")
 def imported(hf_dir, tmp_path_factory):
-    return import_at(hf_dir, tmp_path_factory, {"tp2": TargetLayout(2, 1), "tp2pp2": TargetLayout(2, 2)})
-
-
-def config_json(directory) -> dict:
-    with open(os.path.join(directory, hf_files.CONFIG_FILE)) as handle:
-        return json.load(handle)
+    return import_at(hf_dir, tmp_path_factory, TP2_AND_TP2PP2)
 
 
 @pytest.mark.parametrize("layout", ["tp2", "tp2pp2"])
@@ -69,31 +54,16 @@ def test_imported_qwen2_computes_transformers_logits_and_exports_back_bit_for_bi
     layer = model.layers[0]
     assert layer.self_attention.query_key_value.bias is not None and layer.mlp.dense_4h_to_h.bias is None
     tokens = assert_transformers_logits(model, reference, VOCAB)
-
-    exported = str(tmp_path / "exported")
-    written, original = exported_and_original(imported[layout], hf_dir, exported, max_shard_bytes=30_000)
-    assert written.keys() == original.keys() and any(name.endswith("k_proj.bias") for name in written)
-    for name, tensor in original.items():
-        assert torch.equal(written[name], tensor), name
-    before, after = config_json(hf_dir), config_json(exported)
-    assert {key: after.get(key) for key in before if key not in NOT_COMPARED} == \
-        {key: value for key, value in before.items() if key not in NOT_COMPARED}
-    with torch.no_grad():
-        assert torch.equal(Qwen2ForCausalLM.from_pretrained(exported).eval()(tokens).logits, reference(tokens).logits)
+    written = assert_exported_back(imported[layout], hf_dir, str(tmp_path / "exported"), reference, tokens,
+                                   max_shard_bytes=30_000)
+    assert any(name.endswith("k_proj.bias") for name in written)
 
 
 def test_greedy_generation_with_the_kv_cache_equals_transformers_generate(hf_dir, imported):
     from transformers import Qwen2ForCausalLM
 
     reference = Qwen2ForCausalLM.from_pretrained(hf_dir).eval()
-    model = our_model(imported["tp2pp2"])
-    prompts = [[5, 9, 2, 7, 1, 33, 61], [3, 8]]
-    ours = generate_batch(model, prompts, 8, SamplingParams(), prompt_generators(1, range(2)), None, VOCAB,
-                          use_kv_cache=True)
-    for prompt, generated in zip(prompts, ours):
-        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                      pad_token_id=0)
-        assert generated == expected[0, len(prompt):].tolist()
+    assert_greedy_as_generate(our_model(imported["tp2pp2"]), reference, [[5, 9, 2, 7, 1, 33, 61], [3, 8]], VOCAB)
 
 
 def test_tied_qwen2_round_trips_and_the_examiner_shows_its_biases(tmp_path):
