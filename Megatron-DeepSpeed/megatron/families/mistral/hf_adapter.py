@@ -18,6 +18,7 @@ from megatron.families.llama import hf_adapter as llama
 
 MODEL_TYPE = "mistral"
 ARCHITECTURE = "MistralForCausalLM"
+EMBEDDING = llama.EMBEDDING
 MISTRAL_FLAGS = {**llama.LLAMA_FLAGS, "add_bias_linear": False}
 
 

@@ -18,6 +18,7 @@ from megatron.families.qwen2 import hf_adapter as qwen2
 
 MODEL_TYPE = "qwen3"
 ARCHITECTURE = "Qwen3ForCausalLM"
+EMBEDDING = llama.EMBEDDING
 QWEN3_FLAGS = {**llama.LLAMA_FLAGS, "add_bias_linear": False, "qk_layernorm": True}
 _NORMS = ("q_norm", "k_norm")
 

@@ -26,16 +26,10 @@ def test_knobs_alone_turn_nothing_on():
     (["--num-layers-per-virtual-pipeline-stage", "2"],
      "--num-layers-per-virtual-pipeline-stage: Megatron-DeepSpeed's interleaved (virtual) pipeline schedule is not "
      "supported by this trainer"),
-    (["--kv-channels", "16"], "--kv-channels: Megatron-DeepSpeed's attention projection size other than hidden size "
-                              "/ heads is not supported by this trainer"),
     (["--batch-size", "4"], "--batch-size: Megatron-DeepSpeed itself no longer accepts it; use --micro-batch-size"),
 ])
 def test_a_value_that_turns_a_feature_on_is_one_line(argv, message):
     assert refusal(unsupported.supported, values_with(*argv)) == message
-
-
-def test_kv_channels_equal_to_the_head_dimension_is_accepted():
-    assert "kv_channels" not in unsupported.supported(values_with("--kv-channels", "8"))
 
 
 def test_every_entry_has_a_destination_and_a_default_argparse_agrees_with():

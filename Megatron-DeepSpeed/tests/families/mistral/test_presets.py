@@ -3,13 +3,14 @@ Mistral-7B-v0.3's equals the published one, and mistral-tiny's window is inside 
 import pytest
 
 from megatron.config.presets import get_preset
+from megatron.families.mistral.presets import PRESETS
 from tests.helpers.family_presets import built_preset_counted
 
 MISTRAL_VOCAB = 32768  # v0.3's
 PUBLISHED = {"mistral-7B": 7_248_023_552}  # Mistral-7B-v0.3's safetensors
 
 
-@pytest.mark.parametrize("name", ["mistral-7B", "mistral-tiny"])
+@pytest.mark.parametrize("name", [preset.name for preset in PRESETS])
 def test_built_model_planner_and_flops_agree(name):
     built, count = built_preset_counted(name, MISTRAL_VOCAB)
     assert count == PUBLISHED.get(name, count)
