@@ -262,12 +262,12 @@ def test_truncated_shard_is_named(imported, tmp_path):
 
 
 def test_hf_directory_of_another_architecture(tmp_path):
-    (tmp_path / "mistral").mkdir()
-    (tmp_path / "mistral" / hf_files.CONFIG_FILE).write_text(json.dumps({"model_type": "mistral",
-                                                                   "architectures": ["MistralForCausalLM"]}))
-    with pytest.raises(InputError, match=r"describes a 'mistral' model \(MistralForCausalLM\); only gpt2 "
+    (tmp_path / "phi3").mkdir()
+    (tmp_path / "phi3" / hf_files.CONFIG_FILE).write_text(json.dumps({"model_type": "phi3",
+                                                                "architectures": ["Phi3ForCausalLM"]}))
+    with pytest.raises(InputError, match=r"describes a 'phi3' model \(Phi3ForCausalLM\); only gpt2 "
                                          r"\(GPT2LMHeadModel\), llama \(LlamaForCausalLM\).* can be imported"):
-        import_hf(str(tmp_path / "mistral"), str(tmp_path / "out"), TargetLayout(1, 1))
+        import_hf(str(tmp_path / "phi3"), str(tmp_path / "out"), TargetLayout(1, 1))
     assert not (tmp_path / "out").exists() and nothing_written(tmp_path)
 
 
