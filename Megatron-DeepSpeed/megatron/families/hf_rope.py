@@ -6,8 +6,8 @@ transformers 5.x writes one object, `rope_parameters` ({"rope_type", "rope_theta
 when unscaled). Reading takes either, as transformers 5.23 does (a non-null rope_scaling first): a missing
 original context is the model's max_position_embeddings (a top-level `original_max_position_embeddings` first), a
 YaRN factor left out is max_position_embeddings over it, YaRN's mscale pair counts only when both are non-zero,
-beta_fast / beta_slow left out or 0 are 32 / 1. Writing gives 5.23's `rope_parameters` and the 4.x keys beside it (both read back the
-same). Types whose frequencies change with the sequence length (dynamic, longrope) or that we do not know are
+beta_fast / beta_slow left out or 0 are 32 / 1. Writing gives 5.23's `rope_parameters` and the 4.x keys beside it
+(both read back the same). Types whose frequencies change with the sequence length (dynamic, longrope) or that we do not know are
 refused in one line naming them.
 """
 from typing import Mapping

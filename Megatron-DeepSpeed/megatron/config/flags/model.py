@@ -110,29 +110,33 @@ def _add_rope_scaling_flags(parser) -> None:
                             "linear and yarn need it.")
     group.add_argument("--rotary-seq-len-interpolation-factor", type=int,
                        help="Megatron-LM's position interpolation: --rope-scaling-type linear with this factor.")
-    group.add_argument("--rope-scaling-low-freq-factor", type=float, default=1.0,
+    group.add_argument("--rope-scaling-low-freq-factor", type=float,
+                       default=DEFAULTS["rope_scaling_low_freq_factor"],
                        help="llama3: wavelengths above original context / this are divided by the factor.")
-    group.add_argument("--rope-scaling-high-freq-factor", type=float, default=4.0,
+    group.add_argument("--rope-scaling-high-freq-factor", type=float,
+                       default=DEFAULTS["rope_scaling_high_freq_factor"],
                        help="llama3: wavelengths below original context / this are kept; those between blend.")
     group.add_argument("--yarn-original-max-position-embeddings", "--rope-scaling-original-max-position-embeddings",
                        type=int, dest="rope_scaling_original_max_position_embeddings",
                        help="The context the rotary frequencies were trained on (llama3 and yarn). Default 8192 "
                             "for llama3, 4096 for yarn (Megatron-LM's).")
-    group.add_argument("--yarn-beta-fast", type=float, default=32.0,
+    group.add_argument("--yarn-beta-fast", type=float, default=DEFAULTS["yarn_beta_fast"],
                        help="yarn: channels turning more often than this within the original context keep their "
                             "frequency.")
-    group.add_argument("--yarn-beta-slow", type=float, default=1.0,
+    group.add_argument("--yarn-beta-slow", type=float, default=DEFAULTS["yarn_beta_slow"],
                        help="yarn: channels turning less often than this are divided by the factor; those between "
                             "blend.")
-    group.add_argument("--yarn-mscale", "--mscale", type=float, default=1.0, dest="yarn_mscale",
+    group.add_argument("--yarn-mscale", "--mscale", type=float, default=DEFAULTS["yarn_mscale"], dest="yarn_mscale",
                        help="yarn: the attention factor is (0.1 mscale ln(factor) + 1) / (0.1 mscale-all-dim "
                             "ln(factor) + 1).")
-    group.add_argument("--yarn-mscale-all-dim", "--mscale-all-dim", type=float, default=0.0,
-                       dest="yarn_mscale_all_dim", help="yarn: see --yarn-mscale.")
+    group.add_argument("--yarn-mscale-all-dim", "--mscale-all-dim", type=float,
+                       default=DEFAULTS["yarn_mscale_all_dim"], dest="yarn_mscale_all_dim",
+                       help="yarn: see --yarn-mscale.")
     group.add_argument("--yarn-attention-factor", type=float,
                        help="yarn: the factor the cos and sin tables are multiplied by, instead of the one "
                             "--yarn-mscale gives (transformers' attention_factor).")
-    group.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=True,
+    group.add_argument("--yarn-correction-range-round-to-int", action="store_true",
+                       default=DEFAULTS["yarn_correction_range_round_to_int"],
                        help="yarn: round the blended channel range outwards to whole channels (transformers' "
                             "truncate; on by default).")
     group.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",

@@ -183,7 +183,8 @@ def hf_config(model: ModelFlags, vocab_size: int, dtype: torch.dtype,
     LlamaConfig has no key for go along under MODEL_FLAGS_KEY. `special_tokens`: bos/eos/pad ids."""
     flags = model.to_flags()
     return {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "vocab_size": vocab_size,
-            **{key: flags[flag] for key, flag in HF_KEYS}, "head_dim": model.kv_channels or model.hidden_size // model.num_attention_heads,
+            **{key: flags[flag] for key, flag in HF_KEYS},
+            "head_dim": model.kv_channels or model.hidden_size // model.num_attention_heads,
             "hidden_act": ACTIVATION, "attention_bias": model.add_bias_linear, "mlp_bias": model.add_bias_linear,
             "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
             **rope_to_hf(model),
