@@ -15,7 +15,11 @@ if [ "${1:-}" = "--prepare" ]; then
   python=${PYTHON:-$root/.venv/bin/python}
   version() { "$python" -c 'import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))' "$1"; }
   mkdir -p "$root/.whl"
-  DS_BUILD_OPS=0 "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$root/.whl" \
+  # DS_ACCELERATOR=cuda: built for the device host's accelerator, a pure-Python wheel any Python 3 installs (built
+  # for this CPU host's, it would compile DeepSpeed's shared-memory op and be tagged for this Python alone).
+  rm -f "$root"/.whl/deepspeed-*.whl
+  DS_ACCELERATOR=cuda DS_BUILD_OPS=0 "$python" -m pip wheel -q --no-deps --no-build-isolation --no-cache-dir \
+    -w "$root/.whl" \
     "deepspeed==$(version deepspeed)"
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$root/.whl" \

@@ -8,7 +8,7 @@ softmax with dtype=fp32, and backward writes the gradient straight in the logits
 themselves (which exist anyway), the labels and one fp32 value per token are kept for backward. Eager, the memory traffic
 is about that of the textbook way; compiled, the per-chunk math is fused, down to about 12 bytes per logit (two
 reading passes forward, three backward): under --torch-compile the loss is traced with the whole model, and
-ChunkKernels compiles the chunk math alone (tools/benchmark_cross_entropy.py).
+ChunkKernels compiles the chunk math alone, which every CUDA run uses (model/kernels.py's loss_kernels).
 
 The model's own loss (model/gpt.py's LanguageModelLoss) lets backward write the gradient over the logits, chunk by
 chunk once each chunk's softmax is taken (as Megatron's loss does): the logits are made for the loss alone, so no
@@ -64,8 +64,22 @@ class ChunkKernels:
 EAGER_CHUNK_KERNELS = ChunkKernels()
 
 
+def chunk_gradient_values(chunk, local_labels, elsewhere, row_scale, grad_loss):
+    """chunk_gradient into a new tensor."""
+    out = torch.empty_like(chunk)
+    chunk_gradient(chunk, local_labels, elsewhere, row_scale, grad_loss, out)
+    return out
+
+
 def compiled_chunk_kernels() -> ChunkKernels:
-    return ChunkKernels(torch.compile(chunk_statistics), torch.compile(chunk_gradient))
+    """The compiled gradient is written to a new tensor and copied into `out`: compiled with `out` itself, inductor
+    read the chunk after writing over it where `out` was the chunk (the overwritten logits): wrong gradients."""
+    values = torch.compile(chunk_gradient_values)
+
+    def gradient(chunk, local_labels, elsewhere, row_scale, grad_loss, out):
+        out.copy_(values(chunk, local_labels, elsewhere, row_scale, grad_loss))
+
+    return ChunkKernels(torch.compile(chunk_statistics), gradient)
 
 
 class _CrossEntropy(torch.autograd.Function):

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from megatron.errors import InputError, require_divisible
 from megatron.families.rope_scaling import RopeScaling
 from megatron.model.attention_spec import AttentionSpec
-from megatron.model.cross_entropy import cross_entropy
+from megatron.model.cross_entropy import ChunkKernels, cross_entropy
 from megatron.model.kernels import PORTABLE_KERNELS, Kernels
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
@@ -263,8 +263,11 @@ class SelfAttention(nn.Module):
         # and under sequence parallelism the whole sequence while `hidden` held only a chunk of it.
         batch, seq_length, _ = qkv.shape
         qkv = qkv.view(batch, seq_length, -1, self.queries_per_group + 2, self.head_dim)
-        query = qkv[:, :, :, :-2].flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
-        key, value = (qkv[:, :, :, i].transpose(1, 2) for i in (-2, -1))  # [b, groups, s, head_dim]
+        # One split, not three indexings: its backward writes the three gradients into one tensor in a single
+        # pass, where indexing's backward fills a zero tensor of qkv's size for each and adds them up.
+        query, key, value = qkv.split((self.queries_per_group, 1, 1), dim=3)
+        query = query.flatten(2, 3).transpose(1, 2)  # [b, heads, s, head_dim]
+        key, value = (t.squeeze(3).transpose(1, 2) for t in (key, value))  # [b, groups, s, head_dim]
         if self.q_norm is not None:
             query, key = normalize(self.q_norm, query), normalize(self.k_norm, key)
         if self.rotary is not None:
@@ -357,14 +360,15 @@ class LanguageModelLoss(nn.Module):
     vocab_group, the ranks the vocabulary is split across (tensor parallelism). Under --torch-compile the loss is
     traced with the rest of the model (model/provider.py's apply_torch_compile)."""
 
-    def __init__(self, chunk_bytes: int = PORTABLE_KERNELS.loss_chunk_bytes):
+    def __init__(self, chunk_bytes: int = PORTABLE_KERNELS.loss_chunk_bytes,
+                 chunk_kernels: ChunkKernels = PORTABLE_KERNELS.loss_kernels):
         super().__init__()
-        self.chunk_bytes = chunk_bytes  # the device's (kernels.loss_chunk_bytes)
+        self.chunk_bytes, self.chunk_kernels = chunk_bytes, chunk_kernels  # the device's (kernels.loss_*)
         self.vocab_group = None
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return masked_mean(cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes,
+        return masked_mean(cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes, self.chunk_kernels,
                                          overwrite_logits=True), loss_mask)
 
 
@@ -439,7 +443,7 @@ class GPTModel(nn.Module):
         self.final_layernorm = prepare(layer_norm(config), "final_layernorm")
         with seeded_init(config, output_layer_piece(config)):
             self.lm_head = prepare(LMHead(config), "lm_head")
-        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes), "loss")
+        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes, config.kernels.loss_kernels), "loss")
         # How --checkpoint-activations recomputes a layer; tensor parallelism swaps in one that also rewinds
         # its own random streams.
         self.checkpoint_layer = checkpoint_layer

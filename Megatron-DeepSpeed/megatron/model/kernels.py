@@ -21,6 +21,10 @@ Kernel contracts:
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
   so they stay in its cache and reuse the same pages each step; elsewhere large enough for full-speed kernels.
+- loss_kernels: the loss's per-chunk math (model/cross_entropy.ChunkKernels), eager or compiled. On CUDA it is
+  compiled even in an eager run: eager, each chunk is converted to fp32, softmaxed in several passes and softmaxed
+  again in backward (on one H200, 17 ms of a 345M micro-batch's 105 ms at micro batch 16); compiled, each pass
+  reads the bf16 logits once (docs/benchmarks.md).
 
 The Adam rule is the same on every device: torch's AdamW, fused where the device's backend registers the
 `_fused_adamw_` kernel (CPU, CUDA; op-plugin registers it for Ascend NPUs) and the adaptor does not say that its
@@ -41,7 +45,7 @@ from torch.nn.attention import flex_attention
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from megatron.model.attention_spec import AttentionSpec
-from megatron.model.cross_entropy import CHUNK_BYTES
+from megatron.model.cross_entropy import CHUNK_BYTES, EAGER_CHUNK_KERNELS, ChunkKernels, compiled_chunk_kernels
 
 
 def sdpa_attention(query, key, value, spec: AttentionSpec):
@@ -90,6 +94,9 @@ class FlexAttention:
 
 # Where FlexAttention trains (its backward runs on CUDA; its CPU path is forward-only in torch 2.13).
 FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
+# Where the loss's chunk math is compiled in every run (inductor's Triton kernels; on a CPU the eager chunks, sized
+# to its cache, were as fast: tools/benchmark_cross_entropy.py).
+COMPILED_LOSS_DEVICES = frozenset({"cuda"})
 
 
 def rotate_half_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -111,6 +118,7 @@ class Kernels:
     rotary_mul: Callable = None  # None: rotate_half_mul (set in __post_init__, as the functions come below)
     swiglu: Callable = None  # None: interleaved_swiglu
     loss_chunk_bytes: int = CHUNK_BYTES
+    loss_kernels: ChunkKernels = EAGER_CHUNK_KERNELS
 
     def __post_init__(self):
         for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", interleaved_swiglu)):
@@ -169,13 +177,15 @@ def select_kernels(device_name: str, adaptor_kernels: Optional[object] = None, t
     attention / layer_norm / rms_norm / rotary_mul / swiglu kernels that `adaptor_kernels` provides (attributes;
     None = keep ours) taking precedence. With `training` False the adaptor's `inference_attention` replaces its
     training attention; its `fused_adamw` False keeps AdamW in its foreach form. On a CPU the loss works in
-    cache-sized chunks."""
+    cache-sized chunks; on CUDA its chunk math is compiled."""
     fused = fused_adamw_available(device_name) and getattr(adaptor_kernels, "fused_adamw", True)
     kernels = replace(PORTABLE_KERNELS, adam=FUSED_ADAMW if fused else FOREACH_ADAMW)
     if device_name == "cpu":
         kernels = replace(kernels, loss_chunk_bytes=CPU_LOSS_CHUNK_BYTES)
     if device_name in FLEX_ATTENTION_DEVICES:
         kernels = replace(kernels, attention=FlexAttention())
+    if device_name in COMPILED_LOSS_DEVICES:
+        kernels = replace(kernels, loss_kernels=compiled_chunk_kernels())
     if adaptor_kernels is not None:
         attention = getattr(adaptor_kernels, "attention" if training else "inference_attention", None)
         chosen = {"attention": attention, **{name: getattr(adaptor_kernels, name, None)

@@ -163,7 +163,7 @@ class LanguageModelLossPipe(nn.Module):
 
     def __init__(self, config: GPTConfig, prepare):
         super().__init__()
-        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes), "loss")
+        self.loss = prepare(LanguageModelLoss(config.kernels.loss_chunk_bytes, config.kernels.loss_kernels), "loss")
 
     def forward(self, logits: torch.Tensor, labels_and_loss_mask: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         labels, loss_mask = labels_and_loss_mask

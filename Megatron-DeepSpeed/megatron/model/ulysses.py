@@ -69,12 +69,12 @@ class SequenceParallelLoss(LanguageModelLoss):
     by the group's token count, then summed over the group (an all-reduce whose backward is the identity, so each
     rank's gradient is its own tokens' share)."""
 
-    def __init__(self, chunk_bytes: int, group):
-        super().__init__(chunk_bytes)
+    def __init__(self, chunk_bytes: int, chunk_kernels, group):
+        super().__init__(chunk_bytes, chunk_kernels)
         self.sequence_group = group
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask=None) -> torch.Tensor:
-        token_losses = cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes,
+        token_losses = cross_entropy(logits, labels, self.vocab_group, self.chunk_bytes, self.chunk_kernels,
                                      overwrite_logits=True).flatten()
         weights = torch.ones_like(token_losses) if loss_mask is None else loss_mask.flatten().float()
         count = reduce_from_tensor_parallel_region(weights.sum().detach(), self.sequence_group)
@@ -95,7 +95,7 @@ def ulysses_pieces(prepare, parallel_state):
             attention.attend = UlyssesAttention(attention.attend, group, attention.num_groups)
             attention.sequence_chunk_index = rank
         elif isinstance(piece, LanguageModelLoss):
-            whole_sequence = SequenceParallelLoss(piece.chunk_bytes, group)
+            whole_sequence = SequenceParallelLoss(piece.chunk_bytes, piece.chunk_kernels, group)
             whole_sequence.vocab_group = piece.vocab_group
             piece = whole_sequence
         return piece

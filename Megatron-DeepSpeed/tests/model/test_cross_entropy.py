@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model.cross_entropy import cross_entropy
+from megatron.model.cross_entropy import EAGER_CHUNK_KERNELS, compiled_chunk_kernels, cross_entropy
+from megatron.model.kernels import select_kernels
 
 VOCAB = 101
 
@@ -65,6 +66,27 @@ def test_keeps_no_fp32_copy_of_half_precision_logits_for_backward():
     assert sum(tensor.numel() for tensor in saved if tensor.shape[-1] != VOCAB) <= 3 * labels.numel()
     (losses * upstream).sum().backward()  # the saved tensors suffice
     assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.low_precision
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_chunk_math_matches_torch_over_uneven_chunks_in_the_logits_own_memory(dtype):
+    """What CUDA runs by default (select_kernels), here through inductor's CPU backend."""
+    logits, labels, upstream = inputs(dtype)
+    leaf = logits
+    logits = logits * 1  # not a leaf, so its gradient is written over it
+    losses = cross_entropy(logits, labels, chunk_bytes=4 * VOCAB * 25, kernels=compiled_chunk_kernels(),
+                           overwrite_logits=True)  # 111 rows: four chunks of 25, one of 11
+    (losses * upstream).sum().backward()
+    expected_losses, expected_grad = reference(leaf, labels, upstream)
+    torch.testing.assert_close(losses, expected_losses, rtol=1e-6, atol=2e-6)
+    tolerance = {torch.float32: 1e-6, torch.bfloat16: 2 ** -8}[dtype]
+    torch.testing.assert_close(leaf.grad, expected_grad, rtol=tolerance, atol=tolerance * 1e-2)
+
+
+def test_cuda_compiles_the_loss_chunk_math_and_a_cpu_keeps_it_eager():
+    assert select_kernels("cuda").loss_kernels != EAGER_CHUNK_KERNELS
+    assert select_kernels("cpu").loss_kernels == EAGER_CHUNK_KERNELS
 
 
 @pytest.mark.low_precision
