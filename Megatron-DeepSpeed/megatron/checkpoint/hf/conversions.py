@@ -14,7 +14,7 @@ from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.families.hf_tensors import DTYPE_KEYS, dtype_keys, dtype_name
-from megatron.families.registry import family_of_model
+from megatron.families.registry import family_asked_for, family_of_model
 from megatron.files.atomic import check_output_directory, refuse_overlap, write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
@@ -40,9 +40,12 @@ def unpadded_vocab_size(args: Mapping[str, object]) -> int:
 
 
 def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force: bool = False,
-              progress: Progress = quiet, max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES) -> Checkpoint:
-    """Write the checkpoint as a transformers directory of the family that holds it (families/registry.py; the
-    class it was imported from, where that one holds it), padded vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written one at a time from the
+              progress: Progress = quiet, max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES,
+              architecture: Optional[str] = None) -> Checkpoint:
+    """Write the checkpoint as a transformers directory of the family that holds it (families/registry.py): the
+    class `architecture` names (refused in one line if it cannot hold the model), else the class the checkpoint
+    was imported from where that one holds it (a training run's checkpoint records no such class), padded
+    vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written one at a time from the
     checkpoint read one piece at a time; the tokenizer's files go along when the checkpoint's tokenizer flags still
     name existing files."""
     check_output_directory("--to-hf", hf_dir, force, {"--load": load_dir})
@@ -52,7 +55,10 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
         raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and no family's transformers class "
                          "here has experts; it cannot be exported")
     kept = args.get(hf_files.HF_CONFIG_KEPT) or {}
-    adapter = family_of_model(model_config, load_dir, kept.get("architecture")).adapter
+    family = family_of_model(model_config, load_dir, kept.get("architecture"))
+    if architecture is not None:
+        family = family_asked_for(model_config, load_dir, architecture, family)
+    adapter = family.adapter
     config = gpt_config(model_config, source.padded_vocab_size)
     vocab_size = unpadded_vocab_size(args)
     dtype = source.model[next(iter(source.model))].dtype

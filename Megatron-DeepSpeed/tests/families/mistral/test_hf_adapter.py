@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import import_hf
+from megatron.checkpoint.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
@@ -74,7 +74,7 @@ def test_greedy_generation_past_the_window_with_the_kv_cache_equals_transformers
 def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_mistral(tmp_path):
     """v0.3 without a window, and Mistral Nemo's head_dim other than hidden / heads (--kv-channels): Llama's class
     holds the same model, but the import recorded the class it came from."""
-    from transformers import AutoModelForCausalLM, MistralForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM, MistralForCausalLM
 
     reference = mistral_model(sliding_window=None, head_dim=16)
     reference.save_pretrained(tmp_path / "hf")
@@ -94,6 +94,17 @@ def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_mis
     shown = examine(str(tmp_path / "hf"))
     assert shown.header[0].startswith("Hugging Face MistralForCausalLM model")
     assert "sliding window: none" in shown.header
+    # --hf-architecture picks another class that holds the model, and refuses one that cannot
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "as_llama"), architecture=llama.ARCHITECTURE)
+    assert config_json(tmp_path / "as_llama")["architectures"] == [llama.ARCHITECTURE]
+    with torch.no_grad():
+        assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "as_llama").eval()(tokens).logits,
+                           reference(tokens).logits)
+    with pytest.raises(InputError, match=r"^--hf-architecture Qwen2ForCausalLM: \S*ckpt holds a model with .*, "
+                                         r"which that class cannot hold \(Qwen2 needs .*\); leave the flag out to "
+                                         r"write MistralForCausalLM$"):
+        export_hf(str(tmp_path / "ckpt"), str(tmp_path / "as_qwen2"), architecture="Qwen2ForCausalLM")
+    assert not (tmp_path / "as_qwen2").exists()
 
 
 def test_a_window_that_is_no_count_of_keys_is_refused_in_one_line(tmp_path):
