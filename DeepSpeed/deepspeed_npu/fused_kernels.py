@@ -22,8 +22,9 @@ fresh `.grad` tensors, and DeepSpeed's ZeRO refuses it.
 
 The Llama kernels (op-plugin's op_plugin_functions.yaml schemas and derivatives.yaml backward formulas; their
 docs in docs/zh/custom_APIs/torch_npu/): `npu_rms_norm(self, gamma, epsilon)` returns (y, rstd) with y =
-x / sqrt(mean(x^2) + eps) * gamma; `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x)
-* r2 in its half mode, x BSND with r1 / r2 1S1D, or BS1D where the position ids differ between rows, as called
+x / sqrt(mean(x^2) + eps) * gamma over gamma's trailing dims (also Qwen3's per-head query/key norms: x the
+[batch, heads, seq, head_dim] view, gamma [head_dim]; the operator takes non-contiguous input);
+`npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x) * r2 in its half mode, x BSND with r1 / r2 1S1D, or BS1D where the position ids differ between rows, as called
 here (BNSD with 11SD / B1SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
 and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
 along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's

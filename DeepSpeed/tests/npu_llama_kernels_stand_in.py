@@ -6,7 +6,9 @@ SCHEMAS are the declarations in Ascend/op-plugin, op_plugin/config/op_plugin_fun
 npu_rms_norm_backward, npu_rotary_mul_backward, npu_swiglu_backward, so autograd differentiates them on the
 device as it does these torch expressions here). The documentation, same commit, docs/zh/custom_APIs/torch_npu/:
 - (beta) npu_rms_norm: RmsNorm(x) = x / sqrt(mean(x^2) + eps) * gamma over gamma's trailing dims; returns it and
-  rstd (float32, self's leading dims).
+  rstd (float32, self's leading dims). self has 2 to 8 dims, format ND, non-contiguous allowed; gamma's shape is
+  self's trailing dims (self_shape[n:], n < self's dims), usually the last (the same page at op-plugin commit
+  09fca6f6ccbac9efdfbad819cebc53c2b6d13aeb, 参数说明).
 - npu_rotary_mul: output = x * cos + rotate(x) * sin; half mode rotate(x) = cat(-x2, x1) of x's two halves;
   x 3 or 4 dims (non-contiguous allowed), D even and below 896; for BNSD x, r1 / r2 are 11SD, B1SD or BNSD; for
   BSND x, 1S1D, BS1D or BSND (the layout is read from the tables' shapes).
@@ -24,6 +26,7 @@ SCHEMAS = {
 
 
 def npu_rms_norm(self, gamma, epsilon=1e-06):
+    assert 2 <= self.dim() <= 8 and gamma.dim() < self.dim() and self.shape[-gamma.dim():] == gamma.shape
     reduced = tuple(range(-gamma.dim(), 0))
     rstd = torch.rsqrt(self.float().pow(2).mean(dim=reduced) + epsilon)
     output = self.float() * rstd.reshape(*rstd.shape, *([1] * gamma.dim())) * gamma.float()

@@ -1,6 +1,7 @@
 """deepspeed_npu's RMSNorm, rotary and SwiGLU kernels against torch_npu's operators (stand-ins written from
 op-plugin's schemas and documentation, npu_llama_kernels_stand_in.py): a Llama-style model built with them
-computes the portable model's loss and gradients; a chip or a torch_npu without them keeps the portable ones."""
+computes the portable model's loss and gradients, Qwen3's per-head query/key norms included; a chip or a torch_npu
+without them keeps the portable ones."""
 import types
 
 import pytest
@@ -30,8 +31,8 @@ PACKED = dict(position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 
               segment_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1, 1]]))
 
 
-def loss_and_gradients(kernels, rotary_percent, packed=False):
-    config = GPTConfig(vocab_size=64, max_position_embeddings=16, num_layers=2, hidden_size=32,
+def loss_and_gradients(kernels, rotary_percent, packed=False, **variant):
+    config = GPTConfig(**variant, vocab_size=64, max_position_embeddings=16, num_layers=2, hidden_size=32,
                        num_attention_heads=4, num_key_value_heads=2, ffn_hidden_size=48, hidden_dropout=0.0,
                        attention_dropout=0.0, normalization="rmsnorm", add_position_embedding=False,
                        use_rotary_position_embeddings=True, rotary_percent=rotary_percent, swiglu=True,
@@ -57,6 +58,30 @@ def test_a_llama_model_on_the_npu_kernels_computes_the_portable_loss_and_gradien
         torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
     # grouped-query attention: the 2 key/value heads reach the fused attention as they are, not repeated to 4
     assert {call["key_heads"] for call in module.npu_fusion_attention.calls} == {2}
+
+
+def test_qwen3_query_and_key_norms_run_on_npu_rms_norm_over_each_head():
+    """Qwen3's per-head norms (--qk-layernorm, heads of 16 channels at hidden 32) are the kernels' RMSNorm too: the
+    operator gets the [batch, heads, seq, head_dim] query and key as the model holds them (non-contiguous views of
+    the projection, which op-plugin's page allows) with gamma [head_dim], so it normalises each head's last dim."""
+    seen = []
+
+    def recording(self, gamma, epsilon=1e-06):
+        seen.append((tuple(self.shape), tuple(gamma.shape), self.is_contiguous()))
+        return npu_rms_norm(self, gamma, epsilon)
+    module = torch_npu()
+    module.npu_rms_norm = recording
+    kernels = select_kernels("npu", npu_kernels(module, "Ascend910B3"))
+    qwen3 = dict(qk_layernorm=True, kv_channels=16)
+    expected_loss, expected = loss_and_gradients(PORTABLE_KERNELS, 1.0, **qwen3)
+    loss, gradients = loss_and_gradients(kernels, 1.0, **qwen3)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    assert any(name.endswith("q_norm.weight") for name in expected)
+    for name, gradient in expected.items():
+        torch.testing.assert_close(gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+    per_head = [call for call in seen if call[1] == (16,)]
+    # two layers, each normalising its 4 query heads and its 2 key/value heads of 8 tokens
+    assert sorted(per_head) == 2 * [((2, 2, 8, 16), (16,), False)] + 2 * [((2, 4, 8, 16), (16,), False)]
 
 
 def test_other_chips_and_builds_without_an_operator_keep_the_portable_kernels():

@@ -1,7 +1,8 @@
 """Convert a checkpoint of pretrain_gpt.py: reshape it to another tensor/pipeline-parallel layout, export it as a
-Hugging Face GPT-2 or Llama model, or import one. One CPU process; no distributed world needed. --load reads any
-layout (recognised from its files): ours and upstream Megatron-DeepSpeed's (including this project's earlier one),
-the Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
+Hugging Face model of a family in megatron/families/ (GPT-2, Llama, Qwen2, Mistral, Qwen3), or import one. One
+CPU process; no distributed world needed. --load reads any layout (recognised from its files): ours and upstream
+Megatron-DeepSpeed's (including this project's earlier one), the Megatron layout
+(iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and DeepSpeed universal checkpoints.
 
     convert_checkpoint.py --load DIR [--iteration N] --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--target-no-pipeline-parallel] [--weights-only]
@@ -9,7 +10,7 @@ the Megatron layout (iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt, release) and De
                           [--target-fp32 | --target-fp16 | --target-bf16]   (its ZeRO-0 Adam state's precision)
                           [--target-data-parallel-size D]   (MoE: ZeRO 1-2 at DP D too; dense, pipeline engine,
                                                              bf16: BF16_Optimizer's ZeRO-0 slices for DP D)
-    convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR [--max-shard-size 5GB]
+    convert_checkpoint.py --load DIR [--iteration N] --to-hf HF_DIR [--max-shard-size 5GB] [--hf-architecture CLASS]
     convert_checkpoint.py --from-hf HF_DIR --save OUT --target-tensor-parallel-size T
                           --target-pipeline-parallel-size P [--make-vocab-size-divisible-by 128]
 
@@ -31,6 +32,7 @@ from megatron.checkpoint.hf.files import parse_shard_size
 from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError, run_cli
+from megatron.families.registry import architectures
 from megatron.reports.progress_bar import progress_bar
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -42,12 +44,16 @@ def parse_args(argv):
     source.add_argument("--load", help="checkpoint directory (a --save directory, upstream's or Megatron's "
                                        "checkpoint folder, or a universal checkpoint folder)")
     source.add_argument("--from-hf", metavar="HF_DIR",
-                        help="transformers GPT2LMHeadModel or LlamaForCausalLM directory to import")
+                        help=f"transformers directory to import ({', '.join(architectures())})")
     parser.add_argument("--iteration", type=int, help="checkpoint iteration to read (default: the one in 'latest')")
     output = parser.add_mutually_exclusive_group(required=True)
     output.add_argument("--save", help="directory to write the converted checkpoint to")
-    output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write a transformers GPT2LMHeadModel or "
-                                                          "LlamaForCausalLM (whichever holds the model) to")
+    output.add_argument("--to-hf", metavar="HF_DIR", help="directory to write the checkpoint to as a transformers "
+                                                          "model (of the family whose class holds it)")
+    parser.add_argument("--hf-architecture", choices=architectures(), metavar="CLASS",
+                        help=f"with --to-hf: the transformers class to write ({', '.join(architectures())}) where "
+                             "several hold the model (a windowless Mistral is also a Llama; default: the class the "
+                             "checkpoint was imported from, else the first of that list)")
     parser.add_argument("--max-shard-size", default="5GB",
                         help="with --to-hf: largest safetensors shard, as transformers writes it (e.g. 5GB, 500MB)")
     parser.add_argument("--target-tensor-parallel-size", type=int, default=1)
@@ -75,6 +81,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.from_hf and args.to_hf:
         raise InputError("--from-hf and --to-hf together convert nothing; give --save with --from-hf")
+    if args.hf_architecture and not args.to_hf:
+        raise InputError(f"--hf-architecture {args.hf_architecture} names the class --to-hf writes; give --to-hf")
     if args.from_hf and args.iteration is not None:
         raise InputError("--iteration selects a checkpoint of --load; a --from-hf directory has only one model")
     return args
@@ -94,7 +102,7 @@ def convert(args) -> None:
         print(f"exporting {args.load} as a Hugging Face model to {args.to_hf}", flush=True)
         with progress_bar("exporting") as progress:
             source = export_hf(args.load, args.to_hf, args.iteration, args.force, progress,
-                               parse_shard_size(args.max_shard_size))
+                               parse_shard_size(args.max_shard_size), args.hf_architecture)
         print(f"wrote {args.to_hf} from iteration {source.iteration} ({source.layout.describe()})")
     elif args.from_hf:
         print(f"importing {args.from_hf} to {args.save} at {target.describe()}", flush=True)

@@ -1,6 +1,6 @@
 """The one table of model families: what --model-size offers, what an import recognises and what an export picks
 all come from FAMILIES, in this order."""
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 from megatron.errors import InputError
 from megatron.families import gpt2, llama, mistral, qwen2, qwen3
@@ -29,11 +29,34 @@ def family_of_hf_config(config: Mapping[str, object], path: str) -> Family:
                      "imported")
 
 
-def family_of_model(model: ModelFlags, source: str) -> Family:
-    """The first family whose transformers class holds `model`, or an InputError naming its variants."""
-    for family in FAMILIES:
-        if family.adapter.holds(model):
+def architectures() -> Tuple[str, ...]:
+    """The transformers classes of the families, in FAMILIES' order."""
+    return tuple(family.adapter.ARCHITECTURE for family in FAMILIES)
+
+
+def family_of_model(model: ModelFlags, source: str, architecture: Optional[str] = None) -> Family:
+    """The family whose transformers class is `architecture` (the one a checkpoint was imported from) when it holds
+    `model`, else the first that holds it, or an InputError naming its variants. Several classes can hold the same
+    model (a windowless Mistral is also a Llama), and a round trip should give back the class it took in."""
+    holding = [family for family in FAMILIES if family.adapter.holds(model)]
+    for family in holding:
+        if family.adapter.ARCHITECTURE == architecture:
             return family
-    names = ", ".join(family.adapter.ARCHITECTURE for family in FAMILIES)
+    if holding:
+        return holding[0]
+    names = ", ".join(architectures())
     raise InputError(f"--to-hf: {source} holds a model with {', '.join(model.variants())}, which none of "
                      f"transformers' {names} can hold ({'; '.join(family.needs for family in FAMILIES)})")
+
+
+def family_asked_for(model: ModelFlags, source: str, architecture: str, default: Family) -> Family:
+    """The family of the transformers class a user names (--hf-architecture), or an InputError if that class cannot
+    hold `model` (`default`: what an export writes without the flag)."""
+    family = next((family for family in FAMILIES if family.adapter.ARCHITECTURE == architecture), None)
+    if family is None:
+        raise InputError(f"--hf-architecture {architecture!r} is not one of {', '.join(architectures())}")
+    if not family.adapter.holds(model):
+        raise InputError(f"--hf-architecture {architecture}: {source} holds a model with "
+                         f"{', '.join(model.variants()) or 'no architecture variant'}, which that class cannot hold "
+                         f"({family.needs}); leave the flag out to write {default.adapter.ARCHITECTURE}")
+    return family

@@ -11,6 +11,13 @@ activation recomputation the forward runs twice, and Megatron's logged "TFLOPs" 
 compared line by line. MFU (model FLOPs utilisation, PaLM's definition) always uses
 f = 3: recomputation is overhead, not useful work, so it may not raise MFU.
 
+A sliding window (--window-size) changes nothing in the count: each query's scores and context count the whole
+sequence, as Megatron-LM's count does (it has no window term) and as causal attention's are counted whole though
+its kernels skip half the square. So TFLOPs and MFU stay comparable with upstream's and across window sizes; where
+the sequence exceeds the window they are above a count of the window's keys per query (Mistral 7B's shape with
+v0.1's 4096-key window: 13% above at 8192 tokens, 1.9x at 32768; equal at 4096 or less), and the planner's step
+time, which divides the same count, is pessimistic there.
+
 A mixture-of-experts model counts the work each token does (its active parameters): an MoE layer's MLP term is
 that of the top-k experts a token is routed to, plus the dense MLP of PR-MoE; the gate's small product is left out,
 as Megatron leaves out LayerNorms. Attention is 8h^2 of the 24h^2 per layer and token, the MLP 16h^2 (GPT-2's).

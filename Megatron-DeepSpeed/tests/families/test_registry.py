@@ -8,7 +8,7 @@ import pytest
 from megatron.config import presets
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
-from megatron.families.registry import FAMILIES, family_of_hf_config, family_of_model
+from megatron.families.registry import FAMILIES, family_asked_for, family_of_hf_config, family_of_model
 from megatron.families.registry import presets as family_presets
 from tests.helpers.paths import PACKAGE_ROOT
 
@@ -54,3 +54,6 @@ def test_an_unknown_architecture_and_an_unheld_model_are_one_line_naming_every_f
                                          r"MistralForCausalLM, Qwen3ForCausalLM can hold \(GPT-2 needs .*; Llama "
                                          r"needs .*; Qwen2 needs .*; Mistral needs .*; Qwen3 needs .*\)$"):
         family_of_model(swiglu_only, "ckpt")
+    with pytest.raises(InputError, match=r"^--hf-architecture 'Phi3ForCausalLM' is not one of GPT2LMHeadModel, "
+                                         r"LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM$"):
+        family_asked_for(ModelConfig(1, 8, 2, 4), "ckpt", "Phi3ForCausalLM", FAMILIES[0])

@@ -1,6 +1,6 @@
 """DeepSpeed-Ulysses sequence parallelism (model/ulysses.py) on real gloo processes equals single-process training
 (fp32, dropout 0): GPT-2 at SP 2 (ZeRO 1) and SP 2 x DP 2 (ZeRO 0), a Llama-style model (rotary positions, grouped-query attention)
-at SP 2; a checkpoint resumes at the same SP size exactly and loads at another (SP holds whole weights)."""
+with Qwen3's per-head query/key norms at SP 2; a checkpoint resumes at the same SP size exactly and loads at another (SP holds whole weights)."""
 import pytest
 import torch
 
@@ -12,7 +12,8 @@ from tests.helpers.training import COMMON, ITERATIONS, TINY_FLAGS, assert_same_t
 ULYSSES = ["--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"]
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--num-key-value-heads", "2",
-         "--rope-scaling-type", "yarn", "--rope-scaling-factor", "4", "--yarn-original-max-position-embeddings", "8"]
+         "--rope-scaling-type", "yarn", "--rope-scaling-factor", "4", "--yarn-original-max-position-embeddings", "8",
+         "--qk-layernorm", "--kv-channels", "16"]
 
 
 @pytest.mark.full  # multi-process / whole-run tests: the full tier
@@ -22,11 +23,15 @@ def test_sp2_dp2_equals_single_process(data_prefix, single_process):
 
 
 @pytest.mark.full
-def test_llama_under_ulysses_equals_single_process(data_prefix):
+def test_llama_with_qk_norms_under_ulysses_equals_single_process(data_prefix):
     """Rotary angles (YaRN-scaled) must follow each chunk's global positions, and each rank must hold whole
-    key/value heads."""
+    key/value heads. The query/key norms (heads of 16 channels at hidden 32) run before the all-to-all, on this
+    rank's tokens and every head, so their gradients are each rank's tokens' share, summed by DeepSpeed over the
+    sequence-parallel ranks as every other weight's."""
     flags = [*COMMON, "--data-path", data_prefix, *LLAMA, "--no-pipeline-parallel"]
     reference = run_on_ranks(train, 1, flags)[0]
+    norms = [name for name in reference[1] if name.endswith(("q_norm.weight", "k_norm.weight"))]
+    assert len(norms) == 4 and all(tuple(reference[1][name].shape) == (16,) for name in norms)
     assert_same_training(run_on_ranks(train, 2, [*flags, "--ds-sequence-parallel-size", "2"])[0], reference)
 
 

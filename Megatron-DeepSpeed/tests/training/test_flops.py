@@ -33,6 +33,17 @@ def test_a_head_size_of_its_own_counts_in_the_projections_and_the_attention_scor
     assert flops_per_iteration(**shape, layer=layer) == pytest.approx(expected)
 
 
+def test_a_sliding_window_counts_the_whole_sequence_as_megatron_does():
+    """The decision of flops.py: attention's scores count every key, window or not, so a windowed model's TFLOPs and
+    MFU compare with upstream's; the windowless figure is the one to match."""
+    shape = dict(num_layers=32, hidden_size=4096, num_attention_heads=32, max_position_embeddings=32768,
+                 num_key_value_heads=8, swiglu=True, ffn_hidden_size=14336)
+    windowless, windowed = (ModelConfig(**shape, window_size=window) for window in (None, 4095))
+    iteration = dict(global_batch_size=1, seq_length=32768, num_layers=32, hidden_size=4096, vocab_size=32768)
+    assert flops_per_iteration(**iteration, layer=LayerMatrices.of(windowed)) == flops_per_iteration(
+        **iteration, layer=LayerMatrices.of(windowless))
+
+
 @pytest.mark.parametrize("device, dtype, peak", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "bf16", 756.0),
     ("NVIDIA H200", "fp16", 989.4), ("NVIDIA A100-SXM4-80GB", "fp32", 156.0),

@@ -14,7 +14,7 @@ from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.families.hf_tensors import DTYPE_KEYS, dtype_keys, dtype_name
-from megatron.families.registry import family_of_model
+from megatron.families.registry import family_asked_for, family_of_model
 from megatron.files.atomic import check_output_directory, refuse_overlap, write_directory_atomically
 from megatron.model.gpt import GPTConfig
 from megatron.model.gpt_config import gpt_config
@@ -40,9 +40,12 @@ def unpadded_vocab_size(args: Mapping[str, object]) -> int:
 
 
 def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force: bool = False,
-              progress: Progress = quiet, max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES) -> Checkpoint:
-    """Write the checkpoint as a transformers directory of the family that holds it (families/registry.py),
-    padded vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written one at a time from the
+              progress: Progress = quiet, max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES,
+              architecture: Optional[str] = None) -> Checkpoint:
+    """Write the checkpoint as a transformers directory of the family that holds it (families/registry.py): the
+    class `architecture` names (refused in one line if it cannot hold the model), else the class the checkpoint
+    was imported from where that one holds it (a training run's checkpoint records no such class), padded
+    vocabulary rows dropped, safetensors shards of at most `max_shard_bytes` written one at a time from the
     checkpoint read one piece at a time; the tokenizer's files go along when the checkpoint's tokenizer flags still
     name existing files."""
     check_output_directory("--to-hf", hf_dir, force, {"--load": load_dir})
@@ -51,11 +54,14 @@ def export_hf(load_dir: str, hf_dir: str, iteration: Optional[int] = None, force
     if source.moe is not None:
         raise InputError(f"--to-hf: {load_dir} holds a mixture-of-experts model, and no family's transformers class "
                          "here has experts; it cannot be exported")
-    adapter = family_of_model(model_config, load_dir).adapter
+    kept = args.get(hf_files.HF_CONFIG_KEPT) or {}
+    family = family_of_model(model_config, load_dir, kept.get("architecture"))
+    if architecture is not None:
+        family = family_asked_for(model_config, load_dir, architecture, family)
+    adapter = family.adapter
     config = gpt_config(model_config, source.padded_vocab_size)
     vocab_size = unpadded_vocab_size(args)
     dtype = source.model[next(iter(source.model))].dtype
-    kept = args.get(hf_files.HF_CONFIG_KEPT) or {}
     special_tokens = kept.get("special_tokens") or hf_tokenizer_special_tokens(args)
     config_json = {**adapter.hf_config(model_config, vocab_size, dtype, special_tokens),
                    **dtype_keys(kept.get("dtype") or dtype_name(dtype))}
@@ -107,8 +113,8 @@ def tokenizer_files_of(args: Mapping[str, object]) -> list:
 
 def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_divisible_by: int) -> dict:
     """The flags an imported checkpoint records: the model's, the vocabulary, the directory's tokenizer.json when
-    it has one (so generation and export find it), and what an export writes back (dtype, special token ids);
-    training flags are the fine-tuning run's own."""
+    it has one (so generation and export find it), and what an export writes back (dtype, special token ids, the
+    transformers class); training flags are the fine-tuning run's own."""
     model, config = hf_model.model_config, hf_model.config
     dtype = next((config[key] for key in DTYPE_KEYS if config.get(key)), None)
     special = {key: config[key] for key in SPECIAL_TOKEN_KEYS if key in config}
@@ -118,7 +124,8 @@ def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_
     return {**model.to_flags(), "seq_length": model.max_position_embeddings, "fp16": False, "bf16": False,
             "make_vocab_size_divisible_by": make_vocab_size_divisible_by, "tokenizer_vocab_size": hf_model.vocab_size,
             "padded_vocab_size": padded_vocab_size, "zero_stage": 0, "data_parallel_size": 1, **tokenizer,
-            hf_files.HF_CONFIG_KEPT: {"dtype": dtype, "special_tokens": special},
+            hf_files.HF_CONFIG_KEPT: {"dtype": dtype, "special_tokens": special,
+                                      "architecture": hf_model.adapter.ARCHITECTURE},
             "imported_from": f"transformers {hf_model.adapter.ARCHITECTURE} ({directory})"}
 
 

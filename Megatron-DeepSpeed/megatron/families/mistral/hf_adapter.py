@@ -4,8 +4,9 @@
     config.json sliding_window W (null: none)  <->  --window-size W - 1 (model/attention_spec.py: transformers'
                                                      query i sees keys i - W < j <= i)
 
-A windowless model is also Llama's, and an export picks Llama first (families/registry.py), so a windowless
-Mistral (v0.3) comes back as LlamaForCausalLM: the same computation and tensors under the same names.
+A windowless model is also Llama's (the same computation and tensors under the same names): an export picks the
+class the checkpoint was imported from (families/registry.py), so a windowless Mistral (v0.3) comes back as
+MistralForCausalLM with sliding_window null, and a windowless model of any other origin as LlamaForCausalLM.
 """
 from typing import Iterator, Mapping, Optional, Tuple
 

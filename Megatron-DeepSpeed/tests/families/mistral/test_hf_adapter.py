@@ -2,15 +2,16 @@
 4-key sliding window inside the 12-token test sequence, sharded safetensors) imports at TP 2 and at TP 2 x PP 2,
 computes transformers' logits, continues a short prompt and one longer than the window greedily as transformers'
 generate does (our KV cache), and exports back bit for bit with the same config (sliding_window included); a
-windowless one (v0.3) imports and comes back as Llama's identical model; a bad window and a windowed model with
-biases are refused in one line."""
+windowless one (v0.3) imports and comes back as the MistralForCausalLM it was (sliding_window null), while the
+same model of no recorded origin exports as Llama's; a bad window and a windowed model with biases are refused in
+one line."""
 import json
 
 import pytest
 import torch
 
 from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import import_hf
+from megatron.checkpoint.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
@@ -70,9 +71,10 @@ def test_greedy_generation_past_the_window_with_the_kv_cache_equals_transformers
     assert_greedy_as_generate(our_model(imported["tp2pp2"]), reference, prompts, VOCAB)
 
 
-def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_llamas_same_model(tmp_path):
-    """v0.3 without a window, and Mistral Nemo's head_dim other than hidden / heads (--kv-channels)."""
-    from transformers import LlamaForCausalLM
+def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_mistral(tmp_path):
+    """v0.3 without a window, and Mistral Nemo's head_dim other than hidden / heads (--kv-channels): Llama's class
+    holds the same model, but the import recorded the class it came from."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM, MistralForCausalLM
 
     reference = mistral_model(sliding_window=None, head_dim=16)
     reference.save_pretrained(tmp_path / "hf")
@@ -82,13 +84,27 @@ def test_windowless_mistral_with_its_own_head_size_imports_and_comes_back_as_lla
     tokens = assert_transformers_logits(model, reference, VOCAB, seed=2)
     written, original = exported_and_original(str(tmp_path / "ckpt"), tmp_path / "hf", str(tmp_path / "out"))
     assert written.keys() == original.keys() and all(torch.equal(written[name], original[name]) for name in original)
-    assert [config_json(tmp_path / "out")[key] for key in ("architectures", "head_dim")] == [["LlamaForCausalLM"], 16]
+    after = config_json(tmp_path / "out")
+    assert [after[key] for key in ("architectures", "model_type", "sliding_window", "head_dim")] == [
+        ["MistralForCausalLM"], "mistral", None, 16]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert isinstance(loaded, MistralForCausalLM) and loaded.config.sliding_window is None
     with torch.no_grad():
-        assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()(tokens).logits,
-                           reference(tokens).logits)
+        assert torch.equal(loaded(tokens).logits, reference(tokens).logits)
     shown = examine(str(tmp_path / "hf"))
     assert shown.header[0].startswith("Hugging Face MistralForCausalLM model")
     assert "sliding window: none" in shown.header
+    # --hf-architecture picks another class that holds the model, and refuses one that cannot
+    export_hf(str(tmp_path / "ckpt"), str(tmp_path / "as_llama"), architecture=llama.ARCHITECTURE)
+    assert config_json(tmp_path / "as_llama")["architectures"] == [llama.ARCHITECTURE]
+    with torch.no_grad():
+        assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "as_llama").eval()(tokens).logits,
+                           reference(tokens).logits)
+    with pytest.raises(InputError, match=r"^--hf-architecture Qwen2ForCausalLM: \S*ckpt holds a model with .*, "
+                                         r"which that class cannot hold \(Qwen2 needs .*\); leave the flag out to "
+                                         r"write MistralForCausalLM$"):
+        export_hf(str(tmp_path / "ckpt"), str(tmp_path / "as_qwen2"), architecture="Qwen2ForCausalLM")
+    assert not (tmp_path / "as_qwen2").exists()
 
 
 def test_a_window_that_is_no_count_of_keys_is_refused_in_one_line(tmp_path):
@@ -107,6 +123,9 @@ def test_a_windowed_model_is_mistrals_and_with_biases_nobodys():
     model = ModelConfig.from_flags(flags)
     assert mistral.holds(model) and not llama.holds(model)
     assert family_of_model(model, "ckpt").name == "mistral"
-    assert family_of_model(ModelConfig.from_flags({**flags, "window_size": None}), "ckpt").name == "llama"
+    windowless = ModelConfig.from_flags({**flags, "window_size": None})
+    assert family_of_model(windowless, "ckpt").name == "llama"
+    assert family_of_model(windowless, "ckpt", mistral.ARCHITECTURE).name == "mistral"
+    assert family_of_model(model, "ckpt", llama.ARCHITECTURE).name == "mistral"  # a class that cannot hold it
     with pytest.raises(InputError, match=r"^--to-hf: ckpt holds a model with .*--window-size 7.*Mistral needs "):
         family_of_model(ModelConfig.from_flags({**flags, "add_bias_linear": True}), "ckpt")
