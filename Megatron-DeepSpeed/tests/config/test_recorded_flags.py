@@ -2,7 +2,7 @@
 lacks, and the answers the checkpoint code asks of them."""
 import torch
 
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.config.arguments import flag_defaults
 
 
