@@ -45,7 +45,7 @@ def write_random_source(directory: str, layers: int, hidden: int, heads: int, te
 
     from fixtures.checkpoint_sources import write_megatron, write_zero0, write_zero12, write_zero3
     from megatron.checkpoint.formats.checkpoint import OptimizerState
-    from megatron.checkpoint.recorded_flags import RecordedFlags
+    from megatron.config.recorded_flags import RecordedFlags
     from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
     from megatron.files.atomic import write_directory_atomically
     from megatron.model.gpt import GPTConfig, GPTModel

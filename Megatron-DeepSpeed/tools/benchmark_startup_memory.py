@@ -76,7 +76,7 @@ def load_on_this_rank(load_dir: str, tensor: int) -> dict:
     """Load this rank's part of the checkpoint as generation and zero-shot evaluation do, and measure it."""
     import torch
 
-    from megatron.checkpoint.hf.conversions import unpadded_vocab_size
+    from megatron.hf.conversions import unpadded_vocab_size
     from megatron.inference.loading import load_model, recorded_flags
     from megatron.model.kernels import PORTABLE_KERNELS
 

@@ -26,9 +26,9 @@ The output directory appears complete or not at all; an existing one is replaced
 """
 import argparse
 
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.conversions import reshape
-from megatron.checkpoint.hf.files import parse_shard_size
+from megatron.hf.files import parse_shard_size
 from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError, run_cli

@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser

@@ -7,7 +7,7 @@ iteration, layout, key flags and every parameter at its full shape; or compare t
 import argparse
 import sys
 
-from megatron.checkpoint.hf.examine import differences, examine, parameter_lines
+from megatron.hf.examine import differences, examine, parameter_lines
 from megatron.checkpoint.trust import add_trust_flag, trusting
 from megatron.errors import InputError, run_cli
 from megatron.reports.progress_bar import progress_bar

@@ -16,8 +16,8 @@ import shlex
 import sys
 import time
 
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
-from megatron.checkpoint.hf.directory import read_hf_model
+from megatron.hf.conversions import export_hf, import_hf
+from megatron.hf.directory import read_hf_model
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.arguments import model_flag_argv
 from megatron.data.sft_demo import demo_rows, write_demo_llama

@@ -9,6 +9,7 @@ Adding a model flag is one line here (plus, for the model to use it, the same-na
 GPTConfig, which model/gpt_config.py fills from this one); a variant that is a plain on-switch declares its help
 here too, and config/flags/model.py adds its flag from it.
 """
+import numbers
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Mapping, Optional
@@ -120,7 +121,7 @@ class ModelConfig:
         for spec in fields(cls):
             value = flags.get(spec.name)
             if value is not None:
-                values[spec.name] = _typed(spec, value, source)
+                values[spec.name] = typed_flag(spec.type, spec.name, value, source)
             elif spec.default is MISSING:
                 raise InputError(f"--{_dashed(spec.name)} is missing from {source}; the model cannot be built "
                                  "without it")
@@ -155,15 +156,18 @@ def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _typed(spec, value, source: str):
-    """`value` as the field's type (bool, int, float or str), or an InputError naming the flag and where it came
-    from."""
-    kind = next(arg for arg in typing.get_args(spec.type) or (spec.type,) if arg is not type(None))
+def typed_flag(declared, flag: str, value, source: str):
+    """`value` as the `declared` type of flag `flag` (bool, int, float or str, or Optional of one), or an InputError
+    naming the flag and where the value came from; a value of another declared type (a tuple) is returned as is."""
+    kinds = typing.get_args(declared) if typing.get_origin(declared) is typing.Union else (declared,)
+    kind = next(arg for arg in kinds if arg is not type(None))
+    if kind not in (bool, int, float, str):
+        return value
     wrong = (not isinstance(value, str) if kind is str else
              not isinstance(value, (bool, int)) if kind is bool else
-             isinstance(value, bool) or not isinstance(value, (int, float)) or
+             isinstance(value, bool) or not isinstance(value, numbers.Real) or
              (kind is int and not float(value).is_integer()))
     if wrong:
-        raise InputError(f"--{_dashed(spec.name)} is {value!r} in {source}; it must be {kind.__name__} (correct "
+        raise InputError(f"--{_dashed(flag)} is {value!r} in {source}; it must be {kind.__name__} (correct "
                          "or remove that value)")
     return kind(value)

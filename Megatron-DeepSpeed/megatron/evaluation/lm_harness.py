@@ -20,7 +20,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from megatron import device
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.errors import InputError
 from megatron.inference.distributed import generate_for_prompts
 from megatron.inference.generation import full_vocabulary_logits

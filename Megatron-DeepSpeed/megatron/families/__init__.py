@@ -5,4 +5,4 @@ definition, described by one Family (family.py) and listed once in registry.FAMI
 Families sit below config/: they import only torch, megatron.errors and each other's shared modules, so the
 flag groups and the preset table can read them. Our model flags reach an adapter as config/model_config's
 ModelConfig and model/gpt.py's GPTConfig, read by their fields (the protocols of adapter.py); an adapter returns
-the flags of an imported model, which checkpoint/hf/ turns into a ModelConfig."""
+the flags of an imported model, which hf/ turns into a ModelConfig."""

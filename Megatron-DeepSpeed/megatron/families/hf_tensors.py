@@ -1,7 +1,7 @@
 """What every family's Hugging Face adapter builds on: tensors produced by name only when asked, our names taken
 from theirs, the padded vocabulary, the dtype keys, and the key under which config.json carries the model flags
 its architecture has no key for (transformers keeps it as an attribute and otherwise ignores it). Files are not
-read or written here (checkpoint/hf/files.py does that)."""
+read or written here (hf/files.py does that)."""
 from collections import abc
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Tuple
 

@@ -10,7 +10,7 @@ import torch
 
 from megatron import device
 from megatron.checkpoint.formats.checkpoint import Checkpoint
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.config.flags import inference as inference_flags
 from megatron.errors import InputError
 from megatron.inference.loading import (TOKENIZER_FLAGS, build_checkpoint_tokenizer, check_vocabulary, load_model,

@@ -14,7 +14,7 @@ import torch
 
 from megatron.checkpoint.formats.detect import read_client_state
 from megatron.checkpoint.formats.locate import checkpoint_directory
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.parameter_names import VOCABULARY_ROWS, WORD_EMBEDDINGS
 from megatron.checkpoint.formats.checkpoint import Checkpoint
 from megatron.checkpoint.formats.reader import read_checkpoint

@@ -12,10 +12,11 @@ PLACEHOLDER = "<...>"
 # Where the errors come from (paths from the repository root) and which section of docs/troubleshooting.md covers
 # them; the first matching prefix wins. A source file that matches none fails the documentation test.
 SECTIONS = (
-    ("Megatron-DeepSpeed/megatron/checkpoint/trainer/save_dir_lock.py", "a-second-run-on-the-same-save"),
+    ("Megatron-DeepSpeed/megatron/files/save_dir_lock.py", "a-second-run-on-the-same-save"),
     ("Megatron-DeepSpeed/megatron/checkpoint/trust.py", "a-checkpoint-file-is-refused"),
     ("Megatron-DeepSpeed/megatron/checkpoint/manifest.py", "a-checkpoint-file-is-refused"),
     ("Megatron-DeepSpeed/megatron/checkpoint/", "the-checkpoint-does-not-load"),
+    ("Megatron-DeepSpeed/megatron/hf/", "the-checkpoint-does-not-load"),
     ("Megatron-DeepSpeed/megatron/config/", "a-flag-is-refused-at-start"),
     ("Megatron-DeepSpeed/megatron/data/", "the-data-is-refused"),
     ("Megatron-DeepSpeed/megatron/tokenizer/", "the-data-is-refused"),

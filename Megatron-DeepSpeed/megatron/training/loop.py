@@ -22,7 +22,7 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from megatron import device
-from megatron.checkpoint.trainer import save_dir_lock as save_lock
+from megatron.files import save_dir_lock as save_lock
 from megatron.checkpoint.trainer.guard import check_checkpoint_directories
 from megatron.checkpoint.trainer.resume_plan import ResumePlan, resolve_schedule
 from megatron.checkpoint.trainer.load import load_checkpoint, load_options, padded_vocab_size, plan_load

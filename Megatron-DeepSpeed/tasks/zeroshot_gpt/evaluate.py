@@ -11,7 +11,7 @@ token (with --strict-lambada: last word) the model predicts greedily. Nothing is
 """
 import argparse
 
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.trust import trusting
 from megatron.config.flags import inference as inference_flags
 from megatron.config.flags.common import OneLineErrorParser

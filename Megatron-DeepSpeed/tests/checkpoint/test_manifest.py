@@ -12,7 +12,7 @@ from tests.checkpoint.reshape.test_conversions import hf_model
 from tests.helpers.training import COMMON, write_counting_dataset
 
 from megatron.checkpoint import manifest
-from megatron.checkpoint.hf.conversions import import_hf
+from megatron.hf.conversions import import_hf
 from megatron.checkpoint.trainer.guard import check_checkpoint_directories
 from megatron.checkpoint.file_names import MANIFEST_FILE
 from megatron.checkpoint.formats.reader import read_checkpoint

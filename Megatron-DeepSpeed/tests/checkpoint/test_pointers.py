@@ -13,7 +13,7 @@ from tests.helpers.distributed import run_on_ranks
 from tests.checkpoint.reshape.test_conversions import hf_model
 from tests.helpers.training import COMMON, ITERATIONS
 
-from megatron.checkpoint.hf.conversions import import_hf
+from megatron.hf.conversions import import_hf
 from megatron.checkpoint.formats.detect import read_client_state
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.checkpoint.trainer.guard import check_checkpoint_directories

@@ -10,11 +10,11 @@ import torch
 from tests.helpers.distributed import run_on_ranks
 from tests.helpers.training import COMMON, VOCAB, train, write_counting_dataset
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.directory import model_config_from_hf
+from megatron.hf import files as hf_files
+from megatron.hf.directory import model_config_from_hf
 from megatron.families import hf_tensors
 from megatron.families.gpt2 import hf_adapter as hf_gpt2
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.conversions import reshape
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import check_model_flags

@@ -2,7 +2,7 @@
 into one process while it loads, scores lm-eval's three request types on local tasks (tests/fixtures/lm_eval:
 YAML over a JSONL, no download) as the same model exported to Hugging Face scores them through lm-eval's own
 `hf` model. The model is a seeded random GPT-2 with a byte-level BPE tokenizer trained on the fixture's text,
-imported at TP 2 x PP 2 by the converter (checkpoint/hf), then exported."""
+imported at TP 2 x PP 2 by the converter (megatron/hf), then exported."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError
 from tests.helpers.paths import PACKAGE_ROOT

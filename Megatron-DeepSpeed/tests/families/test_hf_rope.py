@@ -12,10 +12,10 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
-from megatron.checkpoint.hf.directory import model_config_from_hf
-from megatron.checkpoint.hf.examine import examine
+from megatron.hf import files as hf_files
+from megatron.hf.conversions import export_hf, import_hf
+from megatron.hf.directory import model_config_from_hf
+from megatron.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.errors import InputError

@@ -6,8 +6,8 @@ from typing import Mapping
 
 import torch
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.hf import files as hf_files
+from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.inference.generation import generate_batch
 from megatron.inference.sampling import SamplingParams, prompt_generators

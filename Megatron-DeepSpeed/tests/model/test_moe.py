@@ -93,7 +93,7 @@ def test_experts_split_over_tensor_parallel_ranks_train_resume_and_convert_as_on
     halves = [load_file(str(tag_dir / f"layer_0_expert_3_mp_rank_{tp:02d}_model_states.pt"))[shard] for tp in (0, 1)]
     assert halves[0].shape == (64, 32) and not torch.equal(halves[0], halves[1])  # ffn 128 split by rows
     torch.testing.assert_close(read[shard], torch.cat(halves))
-    from megatron.checkpoint.hf.examine import examine  # what tools/inspect_checkpoint.py prints first
+    from megatron.hf.examine import examine  # what tools/inspect_checkpoint.py prints first
     header = examine(str(tmp_path / "tp2")).header[-1]
     assert header.endswith("--moe-expert-parallel-size 2 --enable-expert-tensor-parallelism")
     (tmp_path / "tp2" / "latest").write_text("global_step2")
@@ -306,7 +306,7 @@ def train_moe_whole(argv):
 
 @pytest.mark.full
 def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_and_the_pipeline_engine(data_prefix, tmp_path):
-    from megatron.checkpoint.hf.conversions import export_hf
+    from megatron.hf.conversions import export_hf
     from megatron.checkpoint.reshape.conversions import reshape
     from megatron.checkpoint.formats.reader import read_checkpoint
     from megatron.checkpoint.reshape.target_writer import TargetLayout
@@ -318,7 +318,7 @@ def test_moe_checkpoint_is_read_generated_from_and_evaluated_and_refused_by_hf_a
                                                     str(ITERATIONS)])[0]
     checkpoint = read_checkpoint(str(tmp_path / "ckpt"))
     assert checkpoint.model.keys() == trained.keys()
-    from megatron.checkpoint.hf.examine import examine  # what tools/inspect_checkpoint.py prints first
+    from megatron.hf.examine import examine  # what tools/inspect_checkpoint.py prints first
     assert "mixture of experts: --num-experts 4 --expert-interval 2 --mlp-type residual --topk 1 " \
            "--moe-expert-parallel-size 1" in examine(str(tmp_path / "ckpt")).header
     for name, tensor in trained.items():

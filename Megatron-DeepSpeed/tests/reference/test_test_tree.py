@@ -14,11 +14,11 @@ TESTS = os.path.join(PACKAGE_ROOT, "tests")
 # Library modules with logic that have no mirrored test yet (paths under megatron/). Their behaviour is tested, if
 # at all, through other modules' tests; each entry is work left, never a place to add a new module.
 WITHOUT_MIRRORED_TEST = frozenset({
-    # Moved or added by issue 42's items 1-5 and issues 43-44 (model families, checkpoint/hf and checkpoint/reshape,
+    # Moved or added by issue 42's items 1-5 and issues 43-44 (model families, hf/ and checkpoint/reshape,
     # fine-tuning data) without a test at the mirrored path yet: tested through tests/checkpoint/reshape/,
     # tests/families/<name>/ and tests/data/test_sft_*.py.
-    "checkpoint/client_state.py", "checkpoint/file_names.py", "checkpoint/hf/conversions.py",
-    "checkpoint/hf/directory.py", "checkpoint/hf/examine.py", "checkpoint/hf/files.py",
+    "checkpoint/client_state.py", "checkpoint/file_names.py", "hf/conversions.py",
+    "hf/directory.py", "hf/examine.py", "hf/files.py",
     "checkpoint/reshape/bf16_slices.py", "checkpoint/reshape/expert_zero_partitions.py",
     "checkpoint/reshape/target_writer.py", "checkpoint/reshape/universal_files.py", "data/sft_data.py",
     "data/sft_demo.py", "families/family.py", "families/gpt2/hf_adapter.py", "families/hf_tensors.py",

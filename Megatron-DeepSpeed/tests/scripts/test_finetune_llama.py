@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.checkpoint.hf.conversions import import_hf
+from megatron.hf.conversions import import_hf
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.data.sft_data import pad_id, renderer_for
 from megatron.data.sft_dataset import collect, iter_rows, padded_sample, read_examples

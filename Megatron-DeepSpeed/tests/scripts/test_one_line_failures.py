@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from tests.checkpoint.reshape.test_conversions import HF_VOCAB, hf_model
 
-from megatron.checkpoint.hf.conversions import import_hf
-from megatron.checkpoint.hf.examine import examine
+from megatron.hf.conversions import import_hf
+from megatron.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.token_range import check_token_ids

@@ -6,7 +6,7 @@ from typing import Mapping, Optional
 import torch
 
 from megatron.checkpoint.formats.detect import Layout
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.config.job import MoEConfig
 from megatron.config.model_config import ModelConfig
 

@@ -36,7 +36,7 @@ from megatron.checkpoint.file_names import (ARGS, EXPERT_FILE_PATTERN, ITERATION
                                             OPTIMIZER_SAVED, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
                                             megatron_rank_dir, model_states_file, optimizer_states_file)
 from megatron.checkpoint.parameter_names import positions_with_parameters
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError
 

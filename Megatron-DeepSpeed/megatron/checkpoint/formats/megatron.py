@@ -7,7 +7,7 @@ from megatron.checkpoint.file_names import MEGATRON_MODEL
 from megatron.checkpoint.formats.detect import Layout, megatron_rank_file
 from megatron.checkpoint.formats.weight_units import TensorShard, Units, all_mappable, assembled, names_in, piece_unit
 from megatron.checkpoint.parameter_names import LAYERS_PREFIX, flatten
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.tensor_records import FileSections
 
 

@@ -29,7 +29,7 @@ from typing import Callable, List, Mapping, Optional, Sequence
 import torch
 
 from megatron.checkpoint.file_names import MOMENTS
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.errors import InputError
 
 WRAPPED_STATE = "optimizer_state_dict"

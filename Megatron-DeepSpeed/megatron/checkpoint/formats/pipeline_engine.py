@@ -10,7 +10,7 @@ from megatron.checkpoint.formats.checkpoint import Checkpoint
 from megatron.checkpoint.formats.detect import PIPELINE, PIPELINE_FROM_ZERO, Layout, pipeline_positions
 from megatron.checkpoint.formats.weight_units import TensorShard, Units, assembled
 from megatron.checkpoint.parameter_names import OLD_TIED_PREFIX, TIED_PREFIX, name_at_position, old_position_name
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.torch_files import load_file
 from megatron.model.pipe import EMBEDDING_SPEC, final_norm_spec, layer_spec
 

@@ -11,7 +11,7 @@ from megatron.checkpoint.formats.detect import Layout
 from megatron.checkpoint.formats.weight_units import (TensorShard, Units, all_mappable, assembled, joined, names_in,
                                                       piece_unit)
 from megatron.checkpoint.parameter_names import expert_model_name, flatten, is_nested, nest
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.shards import join_shards, split_dim
 from megatron.checkpoint.tensor_records import FileSections
 

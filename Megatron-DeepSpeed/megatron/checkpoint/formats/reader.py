@@ -17,7 +17,7 @@ from megatron.checkpoint.formats.detect import (MEGATRON, PIPELINE, PIPELINE_FRO
                                                 weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.checkpoint.formats.weight_units import WHOLE, Progress, StreamedWeights, TensorShard, quiet, read_whole
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 
 # The weights of each kind of checkpoint (detect.weights_kind), as units: each format module's
 # units(tag_dir, layout, flags, kind, part).

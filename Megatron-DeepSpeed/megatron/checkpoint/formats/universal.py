@@ -13,7 +13,7 @@ from megatron.checkpoint.formats.checkpoint import Checkpoint, OptimizerState
 from megatron.checkpoint.formats.detect import Layout
 from megatron.checkpoint.formats.weight_units import Progress, TensorShard, Units
 from megatron.checkpoint.parameter_names import VOCABULARY_ROWS, model_name, stage_name
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.tensor_records import FileSections
 from megatron.checkpoint.torch_files import load_file
 

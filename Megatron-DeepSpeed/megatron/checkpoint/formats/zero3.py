@@ -14,7 +14,7 @@ from megatron.checkpoint.formats.partitions import adam_tensors, flat_range
 from megatron.checkpoint.formats.weight_units import (WHOLE, Progress, StreamedWeights, TensorShard, Units,
                                                       all_mappable, assembled, names_in, piece_unit)
 from megatron.checkpoint.parameter_names import current_name
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.tensor_records import FileSections
 from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError

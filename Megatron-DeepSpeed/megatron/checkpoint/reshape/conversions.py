@@ -1,5 +1,5 @@
 """Reshaping, as tools/convert_checkpoint.py offers it: a checkpoint written into another tensor / pipeline /
-expert-parallel layout, its whole output directory atomically (Hugging Face export and import: checkpoint/hf/)."""
+expert-parallel layout, its whole output directory atomically (Hugging Face export and import: hf/)."""
 import os
 from typing import Optional
 

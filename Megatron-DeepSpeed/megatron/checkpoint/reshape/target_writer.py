@@ -51,7 +51,7 @@ from megatron.checkpoint.file_names import (CONSUMED_TRAIN_SAMPLES, EXPERT_KEY_P
                                         layer_file, model_parallel_rank, model_states_file, optimizer_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.formats.mixed_precision_state import target_loss_scale, zero0_state
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.parameter_names import (EMBEDDING_PREFIX, OUTPUT_LAYER_WEIGHT, model_name, nest,
                                        positions_with_parameters, spec_position, stage_name, upstream_expert_key)
 from megatron.checkpoint.formats.checkpoint import OptimizerState

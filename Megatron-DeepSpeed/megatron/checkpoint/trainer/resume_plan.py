@@ -32,7 +32,7 @@ from megatron.checkpoint.file_names import (ARGS, LATEST_ITERATION_FILE, LATEST_
 from megatron.checkpoint.formats.detect import (UNIVERSAL_FILES, Layout, holds_optimizer_state, layout_of,
                                                 read_client_state, weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError

@@ -34,7 +34,7 @@ from megatron.checkpoint.file_names import (LATEST_ITERATION_FILE, LATEST_TAG_FI
                                             POINTER_LINK, UNIVERSAL_CHECKPOINT_INFO, model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.parameter_names import parameter_names
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.torch_files import load_file, replace
 from megatron.checkpoint.trainer.guard import latest_tag
 from megatron.checkpoint.trainer.nested_module import nested_state_dict

@@ -1,5 +1,5 @@
 """The Hugging Face adapter of GPT-2: the single-process GPTModel state dict <-> a transformers GPT2LMHeadModel
-directory, without importing transformers (the config is written here; files through checkpoint/hf/files.py).
+directory, without importing transformers (the config is written here; files through hf/files.py).
 
 Differences bridged: HF's Conv1D stores weights [in, out] (ours [out, in]); HF's fused c_attn rows
 are [all q | all k | all v] where ours are ordered per head (q, k, v of head 0, then head 1 ...); HF has no

@@ -221,7 +221,7 @@ def test_a_wrapper_state_of_another_model_is_refused_in_one_line(tmp_path):
 def random_adam_state(weights, loss_scale):
     """An OptimizerState of the full model `weights` with every tensor random (master weights unlike the weights)."""
     from megatron.checkpoint.formats.checkpoint import OptimizerState
-    from megatron.checkpoint.recorded_flags import RecordedFlags
+    from megatron.config.recorded_flags import RecordedFlags
     generator = torch.Generator().manual_seed(2)
     kinds = {kind: {name: torch.rand(tensor.shape, generator=generator) for name, tensor in weights.items()}
              for kind in ("fp32", "exp_avg", "exp_avg_sq")}

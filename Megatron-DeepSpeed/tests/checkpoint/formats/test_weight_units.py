@@ -17,7 +17,7 @@ from tools.fixtures.checkpoint_sources import write_megatron, write_zero0, write
 from megatron.checkpoint.parameter_names import spec_position
 from megatron.checkpoint.formats.checkpoint import OptimizerState
 from megatron.checkpoint.formats.optimizer_state import read_optimizer_state
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import StreamedWeights, Units, names_in
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint

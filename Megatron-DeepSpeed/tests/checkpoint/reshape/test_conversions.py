@@ -14,11 +14,11 @@ import torch
 
 from tests.helpers.paths import PACKAGE_ROOT
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
+from megatron.hf import files as hf_files
+from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.conversions import reshape
 from megatron.checkpoint.formats.detect import Layout
-from megatron.checkpoint.hf.examine import differences, examine
+from megatron.hf.examine import differences, examine
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.trainer.resume_plan import LoadOptions, plan_resume, resolve_schedule
 from megatron.checkpoint.shards import shard_of
@@ -122,7 +122,7 @@ def test_reshaped_copy_compares_equal_and_a_changed_one_does_not(imported, tmp_p
     assert inspect_main([imported, str(tmp_path / "tp1")]) == 0
     changed = dict(reshaped.model)
     changed["layers.1.mlp.dense_4h_to_h.bias"] = changed["layers.1.mlp.dense_4h_to_h.bias"] + 0.5
-    from megatron.checkpoint.hf.examine import Examined
+    from megatron.hf.examine import Examined
     diffs = differences(examine(imported), Examined([], changed, from_hf=False))
     assert diffs["layers.1.mlp.dense_4h_to_h.bias"] == pytest.approx(0.5)
     assert sum(diff > 0 for diff in diffs.values()) == 1

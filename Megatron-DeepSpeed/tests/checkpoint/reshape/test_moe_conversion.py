@@ -512,7 +512,7 @@ def test_reshaping_an_moe_checkpoint_with_its_adam_state_parses_each_expert_para
     from megatron.checkpoint.reshape.conversions import reshape
     from tools.fixtures.checkpoint_sources import write_zero0
     from megatron.checkpoint.formats.checkpoint import OptimizerState
-    from megatron.checkpoint.recorded_flags import RecordedFlags
+    from megatron.config.recorded_flags import RecordedFlags
     from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState
     from megatron.config.arguments import job_config
     from megatron.model.gpt_config import gpt_config

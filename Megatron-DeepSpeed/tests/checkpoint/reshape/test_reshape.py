@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from megatron.checkpoint.reshape.conversions import reshape
-from megatron.checkpoint.hf.examine import differences, examine
+from megatron.hf.examine import differences, examine
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from tests.helpers.distributed import run_on_ranks

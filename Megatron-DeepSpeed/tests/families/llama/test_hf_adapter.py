@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.directory import model_config_from_hf
+from megatron.hf import files as hf_files
+from megatron.hf.directory import model_config_from_hf
 from megatron.families.llama import hf_adapter as hf_llama
-from megatron.checkpoint.hf.conversions import export_hf, import_hf, tokenizer_files_of
-from megatron.checkpoint.hf.examine import examine
+from megatron.hf.conversions import export_hf, import_hf, tokenizer_files_of
+from megatron.hf.examine import examine
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.errors import InputError

@@ -10,15 +10,15 @@ import json
 import pytest
 import torch
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import export_hf, import_hf
-from megatron.checkpoint.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
 from megatron.families.llama import hf_adapter as llama
 from megatron.families.mistral import hf_adapter as mistral
 from megatron.families.registry import family_of_model
+from megatron.hf import files as hf_files
+from megatron.hf.conversions import export_hf, import_hf
+from megatron.hf.examine import examine
 from tests.families.llama.test_hf_adapter import our_model
 from tests.helpers.hf_imports import (TP2_AND_TP2PP2, assert_exported_back, assert_greedy_as_generate,
                                      assert_transformers_logits, config_json, exported_and_original, import_at,

@@ -7,8 +7,8 @@ same config; a tied one round-trips; sliding-window attention is refused in one 
 import pytest
 import torch
 
-from megatron.checkpoint.hf.conversions import import_hf
-from megatron.checkpoint.hf.examine import examine
+from megatron.hf.conversions import import_hf
+from megatron.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from megatron.checkpoint.hf import files as hf_files
-from megatron.checkpoint.hf.conversions import import_hf
-from megatron.checkpoint.hf.examine import examine
+from megatron.hf import files as hf_files
+from megatron.hf.conversions import import_hf
+from megatron.hf.examine import examine
 from megatron.checkpoint.reshape.target_writer import TargetLayout
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError

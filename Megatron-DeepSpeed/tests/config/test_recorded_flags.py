@@ -1,9 +1,13 @@
 """recorded_flags.RecordedFlags: a checkpoint's recorded flags read with the flag groups' own defaults for those it
 lacks, and the answers the checkpoint code asks of them."""
+import numpy
+import pytest
 import torch
 
-from megatron.checkpoint.recorded_flags import RecordedFlags
 from megatron.config.arguments import flag_defaults
+from megatron.config.job import PrecisionConfig
+from megatron.config.recorded_flags import RecordedFlags
+from megatron.errors import InputError
 
 
 def test_a_flag_the_checkpoint_lacks_takes_its_flag_groups_default():
@@ -48,3 +52,23 @@ def test_experts():
     assert moe.has_experts and moe.expert_parallel == 2 and moe.experts_split
     whole = moe.whole_model_moe
     assert whole.expert_parallel_size == 1 and not whole.expert_tensor_parallel
+
+
+def test_each_flag_is_read_as_the_type_the_job_config_declares():
+    flags = RecordedFlags.of({"clip_grad": 1, "num_layers": 2.0, "loss_scale": 128, "tensor_model_parallel_size": 2,
+                              "data_parallel_size": numpy.int64(4), "ds_sequence_parallel_size": 2})
+    assert type(flags.clip_grad) is float and flags.clip_grad == 1.0
+    assert type(flags.num_layers) is int and flags.num_layers == 2
+    assert flags.loss_scaler == {"dynamic_loss_scale": False, "cur_scale": 128.0}
+    assert type(flags.loss_scaler["cur_scale"]) is float
+    assert type(flags.data_parallel) is int and flags.zero_partitions == 8 and flags.model_parallel_ranks == 2
+    assert flags.section(PrecisionConfig) == PrecisionConfig(**{
+        **{name: flag_defaults()[name] for name in PrecisionConfig.__dataclass_fields__}, "loss_scale": 128.0})
+
+
+def test_a_recorded_value_of_another_type_is_refused_naming_its_flag():
+    with pytest.raises(InputError, match=r"--tensor-model-parallel-size is '2' in the checkpoint's recorded flags; "
+                                         r"it must be int"):
+        RecordedFlags.of({"tensor_model_parallel_size": "2"}).tensor_parallel
+    with pytest.raises(InputError, match=r"--clip-grad is 'x' in the checkpoint's recorded flags; it must be float"):
+        RecordedFlags.of({"clip_grad": "x"}).clip_grad

@@ -6,8 +6,8 @@ from typing import Dict, List, Mapping
 
 import torch
 
-from megatron.checkpoint.hf.directory import read_hf_model
-from megatron.checkpoint.hf.files import CONFIG_FILE, HF_CONFIG_KEPT
+from megatron.hf.directory import read_hf_model
+from megatron.hf.files import CONFIG_FILE, HF_CONFIG_KEPT
 from megatron.checkpoint.parameter_names import VOCABULARY_ROWS
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import Progress, quiet

@@ -1,7 +1,9 @@
 """The flags a checkpoint records (its client state's `args`), read as one typed view: each flag the checkpoint
 lacks (an older or upstream checkpoint) takes the default its flag group defines (config/arguments.flag_defaults),
 and the questions the checkpoint code asks of them (precision, the layout, the experts' split, the optimizer's
-hyperparameters, the tokenizer) are answered here, once, instead of by string lookups where they are needed."""
+hyperparameters, the tokenizer) are answered here, once, instead of by string lookups where they are needed.
+Each flag is read as the type the JobConfig's section (or ModelConfig) declares for it, so that type is written
+once; a recorded value of another type is an InputError naming the flag."""
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
@@ -12,9 +14,10 @@ import torch
 
 from megatron.config.arguments import flag_defaults
 from megatron.config.flags.moe import recorded_moe_config
-from megatron.config.job import MoEConfig
+from megatron.config.job import DataConfig, MoEConfig, OptimizerConfig, ParallelConfig, PrecisionConfig, TokenizerConfig
+from megatron.config.model_config import ModelConfig, typed_flag
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+SOURCE = "the checkpoint's recorded flags"
 
 
 @lru_cache(maxsize=1)
@@ -36,32 +39,43 @@ class RecordedFlags:
     def records(self, flag: str) -> bool:
         return flag in self.recorded
 
+    def typed(self, section: type, field: str, flag: Optional[str] = None):
+        """The recorded value of `flag` (`field` when the section names it alike) as `section.field` declares it."""
+        declared = section.__dataclass_fields__[field].type
+        value = self.values[flag or field]
+        return None if value is None else typed_flag(declared, flag or field, value, SOURCE)
+
+    def section(self, kind: type):
+        """The JobConfig section `kind` whose fields are named as their flags (precision, optimizer, tokenizer),
+        typed."""
+        return kind(**{field: self.typed(kind, field) for field in kind.__dataclass_fields__})
+
     # --- the model and the layout it was written at
 
     @property
     def num_layers(self) -> int:
-        return int(self.values["num_layers"])
+        return self.typed(ModelConfig, "num_layers")
 
     @property
     def tensor_parallel(self) -> int:
-        return int(self.values["tensor_model_parallel_size"])
+        return self.typed(ParallelConfig, "tensor", "tensor_model_parallel_size")
 
     @property
     def pipeline_parallel(self) -> int:
-        return int(self.values["pipeline_model_parallel_size"])
+        return self.typed(ParallelConfig, "pipeline", "pipeline_model_parallel_size")
 
     @property
     def data_parallel(self) -> int:
-        return int(self.values["data_parallel_size"])
+        return self.typed(ParallelConfig, "data", "data_parallel_size")
 
     @property
     def zero_partitions(self) -> int:
         """The ranks ZeRO partitioned the optimizer state over: data- x DeepSpeed-Ulysses sequence-parallel."""
-        return self.data_parallel * int(self.values["ds_sequence_parallel_size"])
+        return self.data_parallel * self.typed(ParallelConfig, "ds_sequence_parallel_size")
 
     @property
     def zero_stage(self) -> int:
-        return int(self.values["zero_stage"])
+        return self.typed(ParallelConfig, "zero_stage")
 
     @property
     def model_parallel_ranks(self) -> int:
@@ -71,12 +85,14 @@ class RecordedFlags:
     def pipeline_engine(self) -> bool:
         """DeepSpeed's pipeline engine (upstream's default) or its plain engine (upstream records
         ds_pipeline_enabled, this project --no-pipeline-parallel)."""
-        return bool(self.values.get("ds_pipeline_enabled", not self.values["no_pipeline_parallel"]))
+        if "ds_pipeline_enabled" in self.values:
+            return self.typed(ParallelConfig, "pipeline_engine", "ds_pipeline_enabled")
+        return not self.typed(ParallelConfig, "pipeline_engine", "no_pipeline_parallel")
 
     @property
     def untied(self) -> bool:
         """Whether the model has an output layer of its own (not the tied word embedding)."""
-        return bool(self.values["untie_embeddings_and_output_weights"])
+        return self.typed(ModelConfig, "untie_embeddings_and_output_weights")
 
     @property
     def padded_vocab_size(self) -> Optional[int]:
@@ -91,22 +107,22 @@ class RecordedFlags:
 
     @property
     def max_position_embeddings(self) -> int:
-        return int(self.values["max_position_embeddings"])
+        return self.typed(ModelConfig, "max_position_embeddings")
 
     @property
     def seq_length(self) -> int:
-        return int(self.values["seq_length"])
+        return self.typed(DataConfig, "seq_length")
 
     @property
     def seed(self) -> int:
-        return int(self.values["seed"])
+        return self.typed(DataConfig, "seed")
 
     # --- precision and the optimizer
 
     @property
     def precision(self) -> str:
         """fp16, bf16 or fp32."""
-        return "fp16" if self.values["fp16"] else "bf16" if self.values["bf16"] else "fp32"
+        return self.section(PrecisionConfig).name
 
     @property
     def bf16(self) -> bool:
@@ -115,28 +131,28 @@ class RecordedFlags:
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the weights were trained in."""
-        return _DTYPES[self.precision]
+        return self.section(PrecisionConfig).params_dtype
 
     @property
     def adam_param_groups(self) -> Tuple[dict, dict]:
         """AdamW's two parameter groups (decayed, not decayed) with these hyperparameters, without 'params'."""
-        values = self.values
-        common = {"lr": values["lr"] or 0.0, "betas": (values["adam_beta1"], values["adam_beta2"]),
-                  "eps": values["adam_eps"]}
-        return {**common, "weight_decay": values["weight_decay"]}, {**common, "weight_decay": 0.0}
+        adam = self.section(OptimizerConfig)
+        common = {"lr": adam.lr or 0.0, "betas": (adam.adam_beta1, adam.adam_beta2), "eps": adam.adam_eps}
+        return {**common, "weight_decay": adam.weight_decay}, {**common, "weight_decay": 0.0}
 
     @property
     def clip_grad(self) -> float:
-        return float(self.values["clip_grad"])
+        return self.section(OptimizerConfig).clip_grad
 
     @property
     def loss_scaler(self) -> dict:
         """DeepSpeed's loss scaler settings of these flags: a static scale, or the dynamic one's start and window
         (mixed_precision_state.target_loss_scale adds the steps)."""
-        if self.values["loss_scale"]:
-            return {"dynamic_loss_scale": False, "cur_scale": float(self.values["loss_scale"])}
-        return {"dynamic_loss_scale": True, "cur_scale": float(self.values["initial_loss_scale"]),
-                "scale_window": int(self.values["loss_scale_window"])}
+        scaling = self.section(PrecisionConfig)
+        if scaling.loss_scale:
+            return {"dynamic_loss_scale": False, "cur_scale": scaling.loss_scale}
+        return {"dynamic_loss_scale": True, "cur_scale": scaling.initial_loss_scale,
+                "scale_window": scaling.loss_scale_window}
 
     # --- mixture of experts
 
@@ -146,11 +162,11 @@ class RecordedFlags:
 
     @property
     def has_experts(self) -> bool:
-        return max(self.values["num_experts"] or [1]) > 1
+        return self.moe.enabled
 
     @property
     def expert_parallel(self) -> int:
-        return int(self.values["moe_expert_parallel_size"] or 1)
+        return self.typed(MoEConfig, "expert_parallel_size", "moe_expert_parallel_size") or 1
 
     @property
     def experts_split(self) -> bool:
@@ -168,19 +184,20 @@ class RecordedFlags:
     @property
     def moe_param_group(self) -> bool:
         """--create-moe-param-group: the experts' parameters in DeepSpeed's MoE optimizer groups."""
-        return bool(self.values["create_moe_param_group"])
+        return self.typed(MoEConfig, "create_param_group", "create_moe_param_group")
 
     # --- the tokenizer
 
     @property
     def tokenizer_type(self) -> str:
-        return str(self.values["tokenizer_type"])
+        return self.section(TokenizerConfig).tokenizer_type
 
     @property
     def tokenizer_files(self) -> dict:
         """The tokenizer flags build_tokenizer takes besides its type."""
-        return {flag: self.values[flag] for flag in ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")}
+        tokenizer = dataclasses.asdict(self.section(TokenizerConfig))
+        return {flag: tokenizer[flag] for flag in ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")}
 
     @property
     def make_vocab_size_divisible_by(self) -> int:
-        return int(self.values["make_vocab_size_divisible_by"])
+        return self.section(TokenizerConfig).make_vocab_size_divisible_by

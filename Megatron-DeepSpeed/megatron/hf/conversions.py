@@ -9,8 +9,8 @@ from typing import Mapping, Optional
 from megatron.checkpoint.formats.checkpoint import Checkpoint
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import Progress, quiet
-from megatron.checkpoint.hf import directory as hf, files as hf_files
-from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.hf import directory as hf, files as hf_files
+from megatron.config.recorded_flags import RecordedFlags
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, check_target, write_checkpoint
 from megatron.errors import InputError
 from megatron.families.hf_tensors import DTYPE_KEYS, dtype_keys, dtype_name

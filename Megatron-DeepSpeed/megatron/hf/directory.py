@@ -8,7 +8,7 @@ from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.hf.files import CONFIG_FILE, open_weights, read_config_json
+from megatron.hf.files import CONFIG_FILE, open_weights, read_config_json
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
 from megatron.families.adapter import HFAdapter

@@ -11,11 +11,11 @@ import sys
 import pytest
 from tests.training.test_run_failures import ROOT, assert_one_line_error, run_pretrain
 
-from megatron.checkpoint.trainer import save_dir_lock as save_lock
+from megatron.files import save_dir_lock as save_lock
 
 pytestmark = pytest.mark.full  # several processes
 
-HOLDER = ("import sys; from megatron.checkpoint.trainer import save_dir_lock; save_dir_lock.hold(sys.argv[1]); "
+HOLDER = ("import sys; from megatron.files import save_dir_lock; save_dir_lock.hold(sys.argv[1]); "
           "print('held', flush=True); sys.stdin.read()")
 
 
