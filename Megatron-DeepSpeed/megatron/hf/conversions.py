@@ -11,7 +11,7 @@ from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import Progress, quiet
 from megatron.hf import directory as hf, files as hf_files
 from megatron.config.recorded_flags import RecordedFlags
-from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, check_target, write_checkpoint
+from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
 from megatron.errors import InputError
 from megatron.families.hf_tensors import DTYPE_KEYS, dtype_keys, dtype_name
 from megatron.families.registry import family_asked_for, family_of_model
@@ -129,17 +129,6 @@ def imported_args(hf_model: hf.HFModel, padded_vocab_size: int, make_vocab_size_
             "imported_from": f"transformers {hf_model.adapter.ARCHITECTURE} ({directory})"}
 
 
-def check_tokenizer_fits(hf_model: hf.HFModel) -> None:
-    """A tokenizer.json beside the model must give no id the embedding lacks a row for (fewer tokens than rows is
-    a padded vocabulary, as DeepSeek-Coder's: fine)."""
-    path = os.path.join(hf_model.directory, TOKENIZER_FILE)
-    tokens = HFTokenizer(hf_model.directory).vocab_size if os.path.isfile(path) else 0
-    if tokens > hf_model.vocab_size:
-        raise InputError(f"{path} has {tokens} tokens, more than the model's "
-                         f"vocab_size {hf_model.vocab_size} in its config.json: ids from {hf_model.vocab_size} on "
-                         "would have no embedding row; put the tokenizer saved with this model beside it")
-
-
 def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_divisible_by: int = 128,
               force: bool = False, progress: Progress = quiet) -> GPTConfig:
     """Write a local transformers directory of a family (families/registry.py) as a checkpoint (iteration 0,
@@ -147,13 +136,11 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     read one at a time; resume it with `--load save_dir --finetune`."""
     check_output_directory("--save", save_dir, force, {"--from-hf": hf_dir})
     hf_model = hf.read_hf_model(hf_dir)
-    check_tokenizer_fits(hf_model)
     padded = vocab_size_with_padding(hf_model.vocab_size, make_vocab_size_divisible_by, target.tensor)
     config = gpt_config(hf_model.model_config, padded)
-    check_target(config, target)
     progress(f"reading {hf_dir}")
-    args = imported_args(hf_model, padded, make_vocab_size_divisible_by)
-    state = TrainingState(iteration=0, consumed_train_samples=0, args=args)
-    write_directory_atomically(save_dir, lambda directory: write_checkpoint(
-        directory, hf_model.weights(padded), config, state, target, None, progress), force=force)
+    state = TrainingState(iteration=0, consumed_train_samples=0,
+                          args=imported_args(hf_model, padded, make_vocab_size_divisible_by))
+    write_directory_atomically(save_dir, lambda directory: write_checkpoint(  # it checks the target first
+        directory, hf_model.weights(config), config, state, target, None, progress), force=force)
     return config

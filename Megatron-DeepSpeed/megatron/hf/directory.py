@@ -4,7 +4,7 @@ tensor accounted for, the output layer tied or not as its tensors say."""
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, Mapping, Optional, Tuple
+from typing import Dict, Iterator, Mapping, Tuple
 
 import torch
 
@@ -14,8 +14,8 @@ from megatron.errors import InputError
 from megatron.families.adapter import HFAdapter
 from megatron.families.gpt2 import hf_adapter as hf_gpt2
 from megatron.families.registry import family_of_hf_config
-from megatron.model.gpt import GPTModel
-from megatron.model.gpt_config import gpt_config
+from megatron.model.gpt import GPTConfig, GPTModel
+from megatron.tokenizer.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
 
 _log = logging.getLogger(__name__)
 
@@ -42,18 +42,16 @@ class HFModel:
     def vocab_size(self) -> int:
         return int(self.config["vocab_size"])
 
-    def weights(self, padded_vocab_size: Optional[int] = None) -> Mapping[str, torch.Tensor]:
-        """The weights under our names, converted when asked, the vocabulary rows zero-padded to
-        `padded_vocab_size` (default: none)."""
-        config = gpt_config(self.model_config, padded_vocab_size or self.vocab_size)
-        checked = ShapeCheckedWeights(open_weights(self.directory), self.expected_shapes(),
+    def weights(self, config: GPTConfig) -> Mapping[str, torch.Tensor]:
+        """The weights under our names for `config` (this model's gpt_config, its vocabulary rows zero-padded to
+        config.vocab_size), converted when asked."""
+        checked = ShapeCheckedWeights(open_weights(self.directory), self.expected_shapes(config),
                                       os.path.join(self.directory, CONFIG_FILE))
         return self.adapter.from_hf_state_dict(checked, config)
 
-    def expected_shapes(self) -> Dict[str, Tuple[int, ...]]:
-        """Each Hugging Face tensor's shape as config.json gives it: the adapter's export of this model built on
-        the meta device (no memory)."""
-        config = gpt_config(self.model_config, self.vocab_size)
+    def expected_shapes(self, config: GPTConfig) -> Dict[str, Tuple[int, ...]]:
+        """Each Hugging Face tensor's shape as config.json gives it: the adapter's export of this model (`config`)
+        built on the meta device (no memory), padded vocabulary rows dropped."""
         with torch.device("meta"):
             state = GPTModel(config).state_dict()
         return {name: tuple(tensor.shape) for name, tensor in self.adapter.to_hf_tensors(state, config,
@@ -102,7 +100,7 @@ class ShapeCheckedWeights(Mapping):
 
 
 def read_hf_model(directory: str) -> HFModel:
-    """Read `directory`'s config.json: which architecture, which model."""
+    """Read `directory`'s config.json (which architecture, which model) and check the tokenizer beside it."""
     config = read_config_json(directory)
     path = os.path.join(directory, CONFIG_FILE)
     adapter = family_of_hf_config(config, path).adapter
@@ -111,8 +109,20 @@ def read_hf_model(directory: str) -> HFModel:
         raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
                          f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
     model_config_from_hf(adapter, config, path)  # config.json checked before any weights are opened
+    check_tokenizer_fits(directory, vocab_size)
     config = tied_as_the_tensors_say(config, adapter, directory)
     return HFModel(directory, config, adapter, model_config_from_hf(adapter, config, path))
+
+
+def check_tokenizer_fits(directory: str, vocab_size: int) -> None:
+    """A tokenizer.json beside the model must give no id the embedding lacks a row for (fewer tokens than rows is
+    a padded vocabulary, as DeepSeek-Coder's: fine)."""
+    path = os.path.join(directory, TOKENIZER_FILE)
+    tokens = HFTokenizer(directory).vocab_size if os.path.isfile(path) else 0
+    if tokens > vocab_size:
+        raise InputError(f"{path} has {tokens} tokens, more than the model's vocab_size {vocab_size} in its "
+                         f"config.json: ids from {vocab_size} on would have no embedding row; put the tokenizer "
+                         "saved with this model beside it")
 
 
 def tied_as_the_tensors_say(config: dict, adapter: HFAdapter, directory: str) -> dict:

@@ -12,6 +12,7 @@ from megatron.checkpoint.parameter_names import VOCABULARY_ROWS
 from megatron.checkpoint.formats.reader import read_checkpoint
 from megatron.checkpoint.formats.weight_units import Progress, quiet
 from megatron.config.model_config import ARCHITECTURE_FLAGS
+from megatron.model.gpt_config import gpt_config
 
 KEY_FLAGS = (*ARCHITECTURE_FLAGS, "seq_length", "padded_vocab_size", "tokenizer_type", "tokenizer_model", "fp16",
              "bf16", "micro_batch_size", "global_batch_size", "lr", "seed", "imported_from", HF_CONFIG_KEPT)
@@ -30,7 +31,7 @@ def examine(path: str, progress: Progress = quiet) -> Examined:
         model = read_hf_model(path)
         header = [f"Hugging Face {model.adapter.ARCHITECTURE} model {path}", f"vocabulary: {model.vocab_size}",
                   *model.adapter.describe(model.config), "flags: " + flag_line(model.model_config.to_flags())]
-        return Examined(header, model.weights(), from_hf=True)
+        return Examined(header, model.weights(gpt_config(model.model_config, model.vocab_size)), from_hf=True)
     checkpoint = read_checkpoint(path, progress=progress)
     header = [f"checkpoint {checkpoint.directory}", f"iteration: {checkpoint.iteration}",
               f"consumed train samples: {checkpoint.consumed_train_samples}",
