@@ -423,11 +423,11 @@ class Job:
 
 def run_job(command, environment, log_path) -> Job:
     """Run the job: every line to the log, and to the terminal until the first rank fails
-    (megatron/reports/job_output.py). torchrun runs in a session of its own, so a signal reaches the job through
-    this process only, once: SIGTERM, SIGINT (Ctrl-C, or `kill -INT` of this process alone) and SIGHUP are passed
-    on to torchrun, which passes them to the ranks (SIGTERM with --exit-signal-handler saves a checkpoint first);
-    an interrupted job then ends this process as Ctrl-C does. torchrun ends when this process ends, even by
-    SIGKILL, and its ranks with it (megatron/launched_rank.py)."""
+    (megatron/reports/job_output.py). torchrun runs in a process group of its own, so a signal reaches the job
+    through this process only, once: SIGTERM, SIGINT (Ctrl-C, or `kill -INT` of this process alone) and SIGHUP
+    are passed on to torchrun, which passes them to the ranks (SIGTERM with --exit-signal-handler saves a
+    checkpoint first); an interrupted job then ends this process as Ctrl-C does. torchrun ends when this process
+    ends, even by SIGKILL, and its ranks with it (megatron/launched_rank.py)."""
     job, interrupted = Job(0, FirstFailure()), []
 
     def pass_on(signum, frame):

@@ -298,7 +298,7 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       schedule={flag: flags.recorded.get(flag) for flag in SCHEDULE_FLAGS},
                       trusted=options.trust_checkpoint,
                       zero_stage=adopted_stage,
-                      tokens=state.get(TOKENS) if not (options.finetune or options.reset_iteration or release) else None,
+                      tokens=None if options.finetune or options.reset_iteration or release else state.get(TOKENS),
                       seq_length=flags.recorded.get("seq_length"))
 
 

@@ -106,7 +106,8 @@ def test_the_pointers_are_plain_files_replacing_the_link_layout_which_still_resu
     for iteration in (10, 20):
         (tmp_path / f"global_step{iteration}").mkdir()
         publish_latest(str(tmp_path), f"global_step{iteration}")
-        for name, text in (("latest", f"global_step{iteration}"), ("latest_checkpointed_iteration.txt", str(iteration))):
+        written = {"latest": f"global_step{iteration}", "latest_checkpointed_iteration.txt": str(iteration)}
+        for name, text in written.items():
             assert not os.path.islink(tmp_path / name) and (tmp_path / name).read_text() == text
     assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".")) == [".latest_notes"]
 
