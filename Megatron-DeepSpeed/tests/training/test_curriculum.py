@@ -322,3 +322,8 @@ def test_tp2_pp2_grows_its_sequences_like_one_process_and_resumes_the_curriculum
     assert [record.learning_rate for record in records] == pytest.approx(
         [record.learning_rate for record in parse_log(runs[-1].stdout).iterations[2:]], rel=1e-6)
     assert resumed[0].losses == parallel.losses[2:]
+    # Resumed without the section, its sequences would jump to 128: the trainer refuses, naming the section.
+    without = flags[:flags.index("--deepspeed_config")]  # curriculum_flags puts the JSON last
+    with pytest.raises(AssertionError, match=r"its 2 iterations consumed 1152 tokens, fewer than their 16 samples x "
+                                             r"--seq-length 128: it trained under a sequence-length curriculum"):
+        run_on_ranks(train, 4, [*without, *layout, "--load", str(save)])
