@@ -85,7 +85,7 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path):
 
 
 def link_layout(directory, iteration):
-    """A directory as saves before 2026-12 left it: both pointers links through `.latest` -> `.latest.global_stepN/`."""
+    """A directory as older saves left it: both pointers links through `.latest` -> `.latest.global_stepN/`."""
     write_step(directory, iteration)
     pointers = directory / f".latest.global_step{iteration}"
     pointers.mkdir()
