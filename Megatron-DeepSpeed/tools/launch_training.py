@@ -423,21 +423,25 @@ class Job:
 
 def run_job(command, environment, log_path) -> Job:
     """Run the job: every line to the log, and to the terminal until the first rank fails
-    (megatron/reports/job_output.py). SIGTERM is passed on to torchrun, which passes it to the ranks (see
-    --exit-signal-handler). Ctrl-C reaches every process of the terminal at once, so here it only waits for
-    them to end, and then ends this one too. torchrun ends when this process ends, even by SIGKILL, and its ranks
-with it (megatron/launched_rank.py)."""
+    (megatron/reports/job_output.py). torchrun runs in a process group of its own, so a signal reaches the job
+    through this process only, once: SIGTERM, SIGINT (Ctrl-C, or `kill -INT` of this process alone) and SIGHUP
+    are passed on to torchrun, which passes them to the ranks (SIGTERM with --exit-signal-handler saves a
+    checkpoint first); an interrupted job then ends this process as Ctrl-C does. torchrun ends when this process
+    ends, even by SIGKILL, and its ranks with it (megatron/launched_rank.py)."""
     job, interrupted = Job(0, FirstFailure()), []
 
-    def pass_on_sigterm(signum, frame):
-        job.terminated = True
-        process.send_signal(signal.SIGTERM)
+    def pass_on(signum, frame):
+        if signum == signal.SIGTERM:
+            job.terminated = True
+        else:
+            interrupted.append(signum)
+        process.send_signal(signum)
 
     with open(log_path, "w") as log, subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
                                                       stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                                      preexec_fn=end_with_parent) as process:
-        signal.signal(signal.SIGTERM, pass_on_sigterm)
-        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+                                                      start_new_session=True, preexec_fn=end_with_parent) as process:
+        for passed_on in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(passed_on, pass_on)
         for line in process.stdout:
             log.write(line)
             if job.failure.show(line):

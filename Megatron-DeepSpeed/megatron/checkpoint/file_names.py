@@ -21,8 +21,10 @@ LATEST_TAG_FILE = "latest"  # DeepSpeed's: the tag (global_stepN) of the newest 
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"  # Megatron's: that checkpoint's iteration
 LATEST_UNIVERSAL_FILE = "latest_universal"
 RELEASE = "release"  # Megatron: latest_checkpointed_iteration.txt's word for a release checkpoint
-POINTER_LINK = ".latest"  # both pointer files link through it (checkpoint/trainer/save.py)
-POINTER_DIR_PREFIX = ".latest."
+# Saves before the pointers were plain files linked both through `.latest` -> `.latest.global_stepN/`; such
+# directories still resume, and the next save removes these (checkpoint/trainer/save.py)
+OLD_POINTER_LINK = ".latest"
+OLD_POINTER_DIR_PREFIX = ".latest."
 # An iteration number as a pointer file may write it: ASCII digits only (str.isdigit takes '²', int() refuses
 # thousands of digits), short enough to be an iteration.
 ITERATION_PATTERN = re.compile(r"[0-9]{1,18}")

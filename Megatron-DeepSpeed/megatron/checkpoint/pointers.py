@@ -2,8 +2,8 @@
 file (`latest`, `latest_universal`, `latest_checkpointed_iteration.txt`) and the one rule for a name that a
 pointer or a manifest gives.
 
-A pointer file is read only when it resolves to a regular file inside the checkpoint directory (the trainer's
-own pointers are links into `.latest.global_stepN/`, which stay inside), never blocking (a FIFO is refused
+A pointer file is read only when it resolves to a regular file inside the checkpoint directory (the trainer
+writes plain files; its older saves' links into `.latest.global_stepN/` stay inside), never blocking (a FIFO is refused
 before it is opened) and at most POINTER_BYTES of it. A name it or a manifest gives must resolve, links
 included, to a path inside the directory it is relative to. Every refusal is one InputError line that quotes at
 most a short prefix of what the file holds.

@@ -508,18 +508,34 @@ def figures_of_step(trainer: Trainer, state: TrainState, loss, grad_norm, batch_
     return figures
 
 
-def resumed_curriculum(config: JobConfig, state: TrainState, recorded_tokens: Optional[int] = None
-                       ) -> tuple[Optional[SequenceLengthCurriculum], int]:
+def resumed_curriculum(config: JobConfig, state: TrainState, recorded_tokens: Optional[int] = None,
+                       recorded_seq_length: Optional[int] = None) -> tuple[Optional[SequenceLengthCurriculum], int]:
     """The job's sequence-length curriculum (None without one) caught up with the iterations `state` says were
-    trained, and the tokens those consumed. Under a curriculum, a checkpoint's `recorded_tokens` other than those
-    says that the curriculum changed since it was saved: its sequence length and token count would go back, so
-    it is refused (without one, a resume may change --seq-length)."""
+    trained, and the tokens those consumed. A checkpoint's `recorded_tokens` say whether it trained under a
+    curriculum: fewer than its samples x its `recorded_seq_length`. Resumed under another curriculum, without the
+    one it had, or with one it never had, its sequence length and token count would jump, so each is refused in
+    one line (without a curriculum on either side, a resume may change --seq-length)."""
+    samples, load = state.consumed_train_samples, config.checkpoint.load
+    full_length = None if recorded_tokens is None or not recorded_seq_length else samples * recorded_seq_length
     if config.curriculum is None:
-        return None, state.consumed_train_samples * config.data.seq_length
+        if full_length is not None and recorded_tokens < full_length:
+            raise InputError(f"--load {load}: its {state.iteration} iterations consumed {recorded_tokens} tokens, "
+                             f"fewer than their {samples} samples x --seq-length {recorded_seq_length}: it trained "
+                             "under a sequence-length curriculum (the curriculum_learning section of "
+                             "--deepspeed_config) and this run has none, so its sequences would jump to full length; "
+                             "resume with the section it trained with (past its last step it trains at full length), "
+                             "or start a new schedule from its weights with --finetune")
+        return None, samples * config.data.seq_length
     curriculum = SequenceLengthCurriculum(config.curriculum)
     tokens = curriculum.replay(state.iteration, config.batch.schedule.batch_size)
+    if recorded_tokens is not None and recorded_tokens != tokens and recorded_tokens == full_length:
+        raise InputError(f"--load {load}: its {state.iteration} iterations consumed {recorded_tokens} tokens, all "
+                         f"{samples} samples at --seq-length {recorded_seq_length}: it trained without a "
+                         "sequence-length curriculum, and this run's (the curriculum_learning section of "
+                         f"--deepspeed_config) would cut its sequences back, counting {tokens} tokens for them; "
+                         "drop the section to resume it, or start a new schedule from its weights with --finetune")
     if recorded_tokens is not None and recorded_tokens != tokens:
-        raise InputError(f"--load {config.checkpoint.load}: its {state.iteration} iterations consumed "
+        raise InputError(f"--load {load}: its {state.iteration} iterations consumed "
                          f"{recorded_tokens} tokens, but this run's sequence-length curriculum (the curriculum_learning "
                          f"section of --deepspeed_config) gives {tokens} for them: the curriculum "
                          "changed since the checkpoint was saved; resume with the section it trained with, or start "
@@ -646,8 +662,9 @@ def run_training(trainer: Trainer, watchdog: Watchdog, exits: ExitRequests) -> T
     config, engine, parallel, clipping = trainer.config, trainer.engine, trainer.parallel, trainer.clipping
     batch, logging_config, checkpoint = config.batch, config.logging, config.checkpoint
     state = _resume(trainer, watchdog)
+    resume = trainer.resume
     curriculum, state.consumed_train_tokens = resumed_curriculum(
-        config, state, trainer.resume.tokens if trainer.resume is not None else None)
+        config, state, *((resume.tokens, resume.seq_length) if resume is not None else ()))
     with watchdog.phase("building the datasets"):
         train_batches, valid = build_batches(trainer, state)
     with releasing(train_batches, valid):

@@ -206,3 +206,38 @@ def test_a_run_ended_by_sigterm_without_the_exit_signal_handler_is_recorded_as_t
     assert how_it_ended(Job(-15, FirstFailure(), terminated=True), parsed, succeeded=False) == (
         "terminated (SIGTERM; with --exit-signal-handler a run saves a checkpoint before it stops)")
     assert how_it_ended(Job(1, FirstFailure()), parsed, succeeded=False) == "failed: exit status 1"
+
+
+@pytest.mark.full  # a real launcher, torchrun and one rank
+def test_sigint_to_the_launcher_alone_stops_the_job_as_ctrl_c_does(tmp_path):
+    """`kill -INT` of launch_training.py's pid (not its process group) was only noted and the run went on: the
+    launcher passes it on to torchrun, which passes it to the rank; all end, and the launcher says so in one line."""
+    import json
+    import signal
+    import time
+    from tests.test_launcher_death import children_of, running, wait_until_ended
+
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, os.path.join(TOOLS, "launch_training.py"), "--run=performance",
+                                 "--nproc=1", "--train_iters=100000", f"--output_dir={run_dir}", "--log-interval", "1",
+                                 "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"],
+                                cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # no terminal's Ctrl-C reaches its group
+    job = []
+    try:
+        log = run_dir / "train.log"
+        while " iteration " not in (log.read_text() if log.exists() else ""):
+            assert launcher.poll() is None, launcher.stderr.read()
+            time.sleep(0.5)
+        job = children_of(launcher.pid)
+        job += [rank for torchrun in job for rank in children_of(torchrun)]
+        assert len(job) == 2  # torchrun and its rank
+        os.kill(launcher.pid, signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)  # before the fix: still training, 100000 iterations to go
+        assert launcher.returncode == 130 and stderr.splitlines() == ["error: interrupted (Ctrl-C)"]
+        assert wait_until_ended(job) == []
+        assert json.loads((run_dir / "run.json").read_text())["ended"] == "interrupted (Ctrl-C)"
+    finally:
+        launcher.kill()  # torchrun and its rank end with it (launched_rank.end_with_parent)
+        for pid in filter(running, job):
+            os.kill(pid, signal.SIGKILL)

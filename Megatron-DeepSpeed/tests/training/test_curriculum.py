@@ -179,6 +179,32 @@ def test_a_resume_under_another_curriculum_is_refused_instead_of_going_back(tmp_
         resumed_curriculum(job(*load, tmp_path=tmp_path, section=slower), state, tokens)
 
 
+def test_a_resume_that_adds_or_drops_the_curriculum_is_refused_naming_the_section(tmp_path):
+    """2 iterations of 8 samples: under LINEAR 8 x 64 + 8 x 96 = 1280 tokens, 2048 at the full --seq-length 128.
+    Without the section its sequences would jump to full length (also once the curriculum ended: that section
+    trains at full length then); with one it never had they would be cut back."""
+    load = ("--load", str(tmp_path / "ck"))
+    curriculum, plain = job(*load, tmp_path=tmp_path), job(*load, tmp_path=tmp_path, section={"enabled": False})
+    state = TrainState(iteration=2, consumed_train_samples=16)
+    assert resumed_curriculum(curriculum, state, 1280, 128)[1] == 1280  # the section it trained with
+    with pytest.raises(InputError) as dropped:
+        resumed_curriculum(plain, state, 1280, 128)
+    assert str(dropped.value) == (
+        f"--load {tmp_path / 'ck'}: its 2 iterations consumed 1280 tokens, fewer than their 16 samples x "
+        "--seq-length 128: it trained under a sequence-length curriculum (the curriculum_learning section of "
+        "--deepspeed_config) and this run has none, so its sequences would jump to full length; resume with the "
+        "section it trained with (past its last step it trains at full length), or start a new schedule from its "
+        "weights with --finetune")
+    with pytest.raises(InputError, match=r": its 2 iterations consumed 2048 tokens, all 16 samples at --seq-length "
+                                         r"128: it trained without a sequence-length curriculum, and this run's .* "
+                                         r"would cut its sequences back, counting 1280 tokens for them; drop the "
+                                         r"section to resume it"):
+        resumed_curriculum(curriculum, state, 2048, 128)
+    # Without a curriculum on either side --seq-length may change; a checkpoint that records none is not judged.
+    assert resumed_curriculum(plain, state, 1024, 64) == (None, 2048)
+    assert resumed_curriculum(plain, state, 1280, None) == (None, 2048)
+
+
 def test_a_compiled_run_under_a_curriculum_says_once_that_it_compiles_per_length(tmp_path):
     """DeepSpeed's fixed_linear 64 -> 128 in 3 steps of 32: lengths 64, 96, 128 over 6 iterations."""
     assert compiled_curriculum_note(job(tmp_path=tmp_path), 6) is None
@@ -296,3 +322,8 @@ def test_tp2_pp2_grows_its_sequences_like_one_process_and_resumes_the_curriculum
     assert [record.learning_rate for record in records] == pytest.approx(
         [record.learning_rate for record in parse_log(runs[-1].stdout).iterations[2:]], rel=1e-6)
     assert resumed[0].losses == parallel.losses[2:]
+    # Resumed without the section, its sequences would jump to 128: the trainer refuses, naming the section.
+    without = flags[:flags.index("--deepspeed_config")]  # curriculum_flags puts the JSON last
+    with pytest.raises(AssertionError, match=r"its 2 iterations consumed 1152 tokens, fewer than their 16 samples x "
+                                             r"--seq-length 128: it trained under a sequence-length curriculum"):
+        run_on_ranks(train, 4, [*without, *layout, "--load", str(save)])

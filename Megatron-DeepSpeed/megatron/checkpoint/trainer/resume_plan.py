@@ -81,6 +81,7 @@ class ResumePlan:
     # the ZeRO stage at which the optimizer state loads, which a run that chose none takes (None: the run's own)
     zero_stage: Optional[int] = None
     tokens: Optional[int] = None  # the training tokens the checkpoint consumed (None: progress not restored)
+    seq_length: Optional[int] = None  # the --seq-length it recorded (a curriculum's tokens are fewer than samples x it)
 
 
 def _weights_copy_in_applies(state: Mapping, run: Layout) -> bool:
@@ -297,7 +298,8 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
                       schedule={flag: flags.recorded.get(flag) for flag in SCHEDULE_FLAGS},
                       trusted=options.trust_checkpoint,
                       zero_stage=adopted_stage,
-                      tokens=state.get(TOKENS) if not (options.finetune or options.reset_iteration or release) else None)
+                      tokens=None if options.finetune or options.reset_iteration or release else state.get(TOKENS),
+                      seq_length=flags.recorded.get("seq_length"))
 
 
 def resolve_schedule(run_flags: Mapping[str, object], plan: ResumePlan, options: LoadOptions) -> dict:

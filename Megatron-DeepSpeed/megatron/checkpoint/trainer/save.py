@@ -7,11 +7,13 @@ from rank 0 before the other ranks are known to have finished; here it moves onl
 are written (DeepSpeed's closing barrier) and flushed to disk by every rank (so a power cut cannot leave
 `latest` naming data still in the page cache).
 
-Two files cannot be replaced in one step, so both pointer files are links through one: `latest` ->
-`.latest/latest` and `latest_checkpointed_iteration.txt` -> `.latest/latest_checkpointed_iteration.txt`,
-where `.latest` links to a small directory `.latest.global_stepN/` holding the two files. Publishing a
-checkpoint renames one new `.latest` link over the old one: a reader of either file sees the previous
-checkpoint or the new one, and the two files always name the same one.
+Both pointer files are plain text files, as upstream's, so a copy of the directory (`cp -r run/* dst/`) and
+DeepSpeed's own loader read them. Each is written to a temporary beside it and renamed over the old one, the
+iteration file first and `latest` second, only once the checkpoint is complete: a kill at any moment leaves each
+naming a complete checkpoint, and one between the two renames leaves the iteration file one checkpoint ahead of
+`latest`, which every reader here follows (the next save writes both again). Directories saved when the two were
+links through `.latest` -> `.latest.global_stepN/` still resume; their next save replaces the links with files
+and removes the rest, with the temporaries a killed save left.
 
 A save that fails (full disk, read-only or vanished file system) removes its partial files, leaves `latest`
 on the previous complete checkpoint, and raises a RunError saying which path failed, why, and how much space
@@ -21,7 +23,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 from contextlib import nullcontext, suppress
 from typing import Any, Mapping, Optional
 
@@ -30,8 +31,9 @@ import torch
 
 from megatron import device
 from megatron.checkpoint.client_state import build_client_state, recorded_args, universal_info
-from megatron.checkpoint.file_names import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OPTIMIZER_SAVED, POINTER_DIR_PREFIX,
-                                            POINTER_LINK, UNIVERSAL_CHECKPOINT_INFO, model_states_file)
+from megatron.checkpoint.file_names import (LATEST_ITERATION_FILE, LATEST_TAG_FILE, OLD_POINTER_DIR_PREFIX,
+                                            OLD_POINTER_LINK, OPTIMIZER_SAVED, UNIVERSAL_CHECKPOINT_INFO,
+                                            model_states_file)
 from megatron.checkpoint.manifest import write_manifest
 from megatron.checkpoint.parameter_names import parameter_names
 from megatron.config.recorded_flags import RecordedFlags
@@ -40,6 +42,7 @@ from megatron.checkpoint.trainer.guard import latest_tag
 from megatron.checkpoint.trainer.nested_module import nested_state_dict
 from megatron.config.model_config import ModelConfig
 from megatron.errors import RunError
+from megatron.files.atomic import write_text_atomically
 from megatron.files.storage import directory_bytes, fsync_directory, fsync_tree, megabytes, write_failure_cause
 
 _log = logging.getLogger(__name__)
@@ -60,42 +63,26 @@ def _rng_state() -> dict:
             "device": device.accelerator().get_rng_state()}
 
 
-
-def _replace_symlink(path: str, target: str) -> None:
-    """Make `path` a link to `target`, atomically (a new link renamed over whatever was there)."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    os.symlink(target, temporary)
-    os.replace(temporary, path)
-
-
 def publish_latest(save_dir: str, tag: str) -> None:
-    """Point `latest` and `latest_checkpointed_iteration.txt` at checkpoint `tag`, together (module docstring)."""
-    pointer_name = POINTER_DIR_PREFIX + tag
-    staging = tempfile.mkdtemp(dir=save_dir, prefix=pointer_name + ".", suffix=".tmp")
-    try:
-        for name, text in ((LATEST_TAG_FILE, tag), (LATEST_ITERATION_FILE, tag.removeprefix("global_step"))):
-            with open(os.path.join(staging, name), "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.chmod(staging, 0o755)
-        fsync_directory(staging)
-        shutil.rmtree(os.path.join(save_dir, pointer_name), ignore_errors=True)  # left by an interrupted publish
-        os.rename(staging, os.path.join(save_dir, pointer_name))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _replace_symlink(os.path.join(save_dir, POINTER_LINK), pointer_name)
-    for name in (LATEST_TAG_FILE, LATEST_ITERATION_FILE):
-        path, target = os.path.join(save_dir, name), os.path.join(POINTER_LINK, name)
-        if not (os.path.islink(path) and os.readlink(path) == target):
-            _replace_symlink(path, target)
+    """Point `latest_checkpointed_iteration.txt`, then `latest`, at checkpoint `tag` (module docstring)."""
+    write_text_atomically(os.path.join(save_dir, LATEST_ITERATION_FILE), tag.removeprefix("global_step"))
+    write_text_atomically(os.path.join(save_dir, LATEST_TAG_FILE), tag)
     fsync_directory(save_dir)
+    _remove_pointer_leftovers(save_dir)
+
+
+def _remove_pointer_leftovers(save_dir: str) -> None:
+    """The link layout's `.latest` and `.latest.global_stepN/`, and what a save killed while it wrote a pointer
+    left (files/atomic.py's temporaries `.latest.*.tmp`, `.latest_checkpointed_iteration.txt.*.tmp`)."""
     for name in os.listdir(save_dir):
-        if name.startswith(POINTER_DIR_PREFIX) and name != pointer_name:
-            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+        path = os.path.join(save_dir, name)
+        if not (name == OLD_POINTER_LINK or name.startswith(OLD_POINTER_DIR_PREFIX)
+                or (name.startswith(f".{LATEST_ITERATION_FILE}.") and name.endswith(".tmp"))):
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
 
 
 def _remove_recovery_scripts(save_dir: str) -> None:

@@ -241,11 +241,12 @@ def _check_ulysses(values: Mapping, pipeline_engine: bool) -> None:
         raise InputError(f"{flag} runs on DeepSpeed's plain engine, as upstream's sequence-parallel scripts do; "
                          "add --no-pipeline-parallel")
     heads, groups = values["num_attention_heads"], values["num_key_value_heads"] or values["num_attention_heads"]
-    require_divisible("--num-attention-heads", heads, flag, sp, "each sequence-parallel rank attends with whole "
+    size = "--ds-sequence-parallel-size"  # require_divisible adds the value: not `flag`, which holds it already
+    require_divisible("--num-attention-heads", heads, size, sp, "each sequence-parallel rank attends with whole "
                       "heads; choose a size that divides the head count")
-    require_divisible("--num-key-value-heads", groups, flag, sp, "each sequence-parallel rank needs whole "
+    require_divisible("--num-key-value-heads", groups, size, sp, "each sequence-parallel rank needs whole "
                       "key/value heads; choose a size that divides them")
-    require_divisible("--seq-length", values["seq_length"], flag, sp, "each rank holds an equal chunk of every "
+    require_divisible("--seq-length", values["seq_length"], size, sp, "each rank holds an equal chunk of every "
                       "sequence; choose a length that is a multiple of the size")
     if values["num_experts"] and max(values["num_experts"]) > 1:
         raise InputError(f"{flag} with --num-experts {values['num_experts']}: mixture-of-experts layers are not "

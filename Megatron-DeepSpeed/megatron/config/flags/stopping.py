@@ -12,7 +12,8 @@ def add_flags(parser) -> None:
                        help="Stop a diverged run (exit 1) after this many iterations in a row whose loss or "
                             "gradient norm is not finite; their updates are skipped.")
     group.add_argument("--exit-signal-handler", action="store_true",
-                       help="On SIGTERM (or SIGINT), save a checkpoint after the current iteration and exit 0.")
+                       help="On SIGTERM, save a checkpoint after the current iteration and exit 0 (SIGINT, as Ctrl-C "
+                            "sends, stops at once without one).")
     group.add_argument("--exit-duration-in-mins", type=number_above(0, float),
                        help="Save a checkpoint and exit 0 once the run has lasted this many minutes.")
     add_timeout_flag(group)

@@ -175,6 +175,7 @@ def test_resume_plan_of_a_reshaped_checkpoint(imported):
 
 def test_schedule_flags_must_match_unless_told(imported):
     plan = plan_resume(imported, RUN, LoadOptions(), "fp32", MODEL_FLAGS)
+    assert (plan.tokens, plan.seq_length) == (0, 16)  # what the loop judges a curriculum by (training/loop.py)
     plan = type(plan)(**{**plan.__dict__, "schedule": {**plan.schedule, "lr": 0.01}})
     run = {"lr": 0.02}
     with pytest.raises(InputError, match=r"--lr 0.02 \(checkpoint: 0.01\).*--override-lr-scheduler"):

@@ -1,6 +1,7 @@
 """Start-up checks of --load / --save, the `latest` pair, and the words of a failed write: on real files."""
 import errno
 import os
+import subprocess
 
 import pytest
 import torch
@@ -11,13 +12,19 @@ from megatron.errors import InputError
 from megatron.files.storage import free_bytes, megabytes, write_failure_cause
 
 
-def make_checkpoint(directory, iteration):
-    """A directory as a save at `iteration` leaves it: the step's client state, and `latest`."""
+def write_step(directory, iteration):
+    """The step directory a save at `iteration` writes: its client state."""
     step = directory / f"global_step{iteration}"
     step.mkdir(parents=True)
     args = {"num_layers": 2, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
             "data_parallel_size": 1, "zero_stage": 0, "no_pipeline_parallel": True}
     torch.save({"args": args, "iteration": iteration, "module": {}}, step / "mp_rank_00_model_states.pt")
+    return step
+
+
+def make_checkpoint(directory, iteration):
+    """A directory as a save at `iteration` leaves it: the step, and `latest`."""
+    step = write_step(directory, iteration)
     publish_latest(str(directory), step.name)
     return step
 
@@ -77,20 +84,43 @@ def test_a_truncated_checkpoint_file_is_named(tmp_path):
         check_checkpoint_directories(str(tmp_path), str(tmp_path))
 
 
-def test_latest_and_its_iteration_file_name_the_same_checkpoint(tmp_path):
-    (tmp_path / "latest").write_text("global_step5")  # an older layout's plain files are replaced
-    (tmp_path / "latest_checkpointed_iteration.txt").write_text("5")
+def link_layout(directory, iteration):
+    """A directory as older saves left it: both pointers links through `.latest` -> `.latest.global_stepN/`."""
+    write_step(directory, iteration)
+    pointers = directory / f".latest.global_step{iteration}"
+    pointers.mkdir()
+    (pointers / "latest").write_text(f"global_step{iteration}")
+    (pointers / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    os.symlink(pointers.name, directory / ".latest")
+    for name in ("latest", "latest_checkpointed_iteration.txt"):
+        os.symlink(os.path.join(".latest", name), directory / name)
+
+
+def test_the_pointers_are_plain_files_replacing_the_link_layout_which_still_resumes(tmp_path):
+    link_layout(tmp_path, 5)
+    assert latest_tag(str(tmp_path)) == "global_step5"  # an older save's links are read as they were
+    assert check_checkpoint_directories(str(tmp_path), str(tmp_path)) == str(tmp_path)
+    (tmp_path / ".latest.7f3a.tmp").write_text("global_step")  # what a save killed mid-write leaves
+    (tmp_path / ".latest_checkpointed_iteration.txt.9c1e.tmp").write_text("")
+    (tmp_path / ".latest_notes").write_text("a user's")  # not the project's: kept
     for iteration in (10, 20):
         (tmp_path / f"global_step{iteration}").mkdir()
         publish_latest(str(tmp_path), f"global_step{iteration}")
-        assert (tmp_path / "latest").read_text() == f"global_step{iteration}"
-        assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
-    # Both are links through the one link that a save replaces in a single rename.
-    assert os.readlink(tmp_path / "latest") == os.path.join(".latest", "latest")
-    assert os.readlink(tmp_path / "latest_checkpointed_iteration.txt") == os.path.join(
-        ".latest", "latest_checkpointed_iteration.txt")
-    assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".latest")) == [
-        ".latest", ".latest.global_step20"]
+        written = {"latest": f"global_step{iteration}", "latest_checkpointed_iteration.txt": str(iteration)}
+        for name, text in written.items():
+            assert not os.path.islink(tmp_path / name) and (tmp_path / name).read_text() == text
+    assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".")) == [".latest_notes"]
+
+
+def test_a_copy_of_the_runs_visible_files_resumes(tmp_path):
+    """`cp -r run/* dst/` leaves hidden files behind: with `latest` a link to `.latest/latest` it dangled."""
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    make_checkpoint(run, 10)
+    copy.mkdir()
+    subprocess.run(f"cp -r {run}/* {copy}/", shell=True, check=True)
+    assert latest_tag(str(copy)) == "global_step10"
+    assert check_checkpoint_directories(str(copy), str(copy)) == str(copy)
+    assert (copy / "latest_checkpointed_iteration.txt").read_text() == "10"
 
 
 @pytest.mark.parametrize("code, words", [

@@ -100,6 +100,21 @@ def test_layout_refusals(changed, message):
     assert refusal(parallelism.features, {**resolved(), **changed}).startswith(message)
 
 
+@pytest.mark.parametrize("changed, message", [
+    ({"ds_sequence_parallel_size": 3}, "--num-attention-heads 2 is not divisible by --ds-sequence-parallel-size 3; "
+     "each sequence-parallel rank attends with whole heads; choose a size that divides the head count"),
+    ({"ds_sequence_parallel_size": 2, "num_attention_heads": 4, "num_key_value_heads": 1},
+     "--num-key-value-heads 1 is not divisible by --ds-sequence-parallel-size 2; each sequence-parallel rank needs "
+     "whole key/value heads; choose a size that divides them"),
+    ({"ds_sequence_parallel_size": 2, "seq_length": 15}, "--seq-length 15 is not divisible by "
+     "--ds-sequence-parallel-size 2; each rank holds an equal chunk of every sequence; choose a length that is a "
+     "multiple of the size"),
+])
+def test_a_ulysses_size_that_divides_nothing_names_its_value_once(changed, message):
+    """Reported as "--ds-sequence-parallel-size 3 3": the size was given with its value, and the rule added it."""
+    assert refusal(parallelism.features, {**resolved(), "no_pipeline_parallel": True, **changed}) == message
+
+
 def test_sequence_parallel_is_off_at_one_tensor_parallel_rank():
     assert parallelism.features({**resolved(), "sequence_parallel": True}) == {"sequence_parallel": False,
                                                                                "ds_pipeline_enabled": True}
