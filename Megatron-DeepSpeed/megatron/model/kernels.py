@@ -11,6 +11,8 @@ Kernel contracts:
   queries being the last of them. Every implementation honours every field of the spec, or refuses it in one line.
   Under grouped-query attention key/value come repeated to the query's heads, unless the kernel has
   `takes_grouped_kv` True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
+  `repeats_grouped_kv` is the one place that reads it: the model (gpt.py, ulysses.py) and the layout planner's
+  activation count (planning/memory.py) both ask it.
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
@@ -102,6 +104,12 @@ COMPILED_LOSS_DEVICES = frozenset({"cuda"})
 def rotate_half_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def repeats_grouped_kv(attention: Callable) -> bool:
+    """Whether grouped-query key/value heads are repeated to the query heads before `attention` is called: the
+    repeated copies are kept for backward, so the planner counts them exactly where the model makes them."""
+    return not getattr(attention, "takes_grouped_kv", False)
 
 
 def interleaved_swiglu(inner: torch.Tensor) -> torch.Tensor:

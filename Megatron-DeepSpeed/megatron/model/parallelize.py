@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
+from megatron.model.kernels import repeats_grouped_kv
 from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, shard_parameter
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext,
@@ -43,10 +44,12 @@ from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowPar
 
 class RNGForkedAttention:
     """An attention kernel run inside the model-parallel random stream: attention-probability dropout acts on
-    this rank's heads only, so its masks must differ from the other ranks'."""
+    this rank's heads only, so its masks must differ from the other ranks'. It takes grouped key/value heads
+    where its kernel does, so tensor parallelism repeats none the kernel would not."""
 
     def __init__(self, kernel, rng_tracker: RNGStatesTracker):
         self.kernel, self.rng_tracker = kernel, rng_tracker
+        self.takes_grouped_kv = not repeats_grouped_kv(kernel)
 
     def __call__(self, query, key, value, spec):
         with self.rng_tracker.fork():
