@@ -48,6 +48,14 @@ def args_of(state: Mapping[str, Any]) -> dict:
     return dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
 
 
+def halves_gate_and_up(state: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint says its SwiGLU dense_h_to_4h rows are each tensor-parallel rank's [gate; up] halves,
+    as upstream Megatron-DeepSpeed main writes them: its universal_checkpoint_info lists them among DeepSpeed's
+    PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 (main's gpt_model.py). Ours, interleaved [ffn, (gate, up)] and so a
+    plain dim-0 split, never do (universal_info)."""
+    return bool((state.get(UNIVERSAL_CHECKPOINT_INFO) or {}).get(ds.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0))
+
+
 def recorded_consumed_samples(state: Mapping[str, Any]) -> int:
     if CONSUMED_TRAIN_SAMPLES in state:  # earlier versions of this project
         return int(state[CONSUMED_TRAIN_SAMPLES])

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 from megatron.checkpoint import manifest
-from megatron.checkpoint.client_state import args_of
+from megatron.checkpoint.client_state import args_of, halves_gate_and_up
 from megatron.checkpoint.file_names import (ARGS, EXPERT_FILE_PATTERN, ITERATION, MEGATRON_FILE, MEGATRON_MODEL,
                                             OPTIMIZER_SAVED, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
                                             megatron_rank_dir, model_states_file, optimizer_states_file)
@@ -118,9 +118,24 @@ def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True, opt
         raise InputError(f"{path} carries no trainer state (iteration, args) but {found}: it was not written by "
                          "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
     state = {**state, ARGS: args_of(state)}
+    require_interleaved_gate_and_up(tag_dir, state)
     if verify and whole and not verified:
         check_layout_files(tag_dir, state, optimizer)
     return state
+
+
+def require_interleaved_gate_and_up(tag_dir: str, state: Mapping[str, object]) -> None:
+    """Refuse a --swiglu checkpoint whose gate/up rows are not this trainer's interleaved [ffn, (gate, up)]: upstream
+    main's (each tensor-parallel rank's [gate; up] halves, which its client state declares) and Megatron's layout
+    (Megatron-LM's and upstream's converters cut them so too). Read as ours, gate and up would be silently mixed."""
+    if not state[ARGS].get("swiglu"):
+        return
+    if halves_gate_and_up(state) or is_megatron_directory(tag_dir):
+        raise InputError(f"{tag_dir} is a --swiglu checkpoint whose dense_h_to_4h rows are each tensor-parallel rank's "
+                         "[gate; up] halves (upstream Megatron-DeepSpeed main's and Megatron's layout), which this "
+                         "trainer does not read: its rows are [ffn, (gate, up)] interleaved. Convert through Hugging "
+                         "Face: upstream's tools/hf2megads_weight_converter.py --to-hf-ckpt, then "
+                         "tools/convert_checkpoint.py --from-hf (docs/upstream-compatibility.md)")
 
 
 def weights_kind(tag_dir: str, state: Mapping[str, object], layout: Layout) -> str:

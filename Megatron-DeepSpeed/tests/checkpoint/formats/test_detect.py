@@ -81,3 +81,33 @@ def test_the_layer_files_a_pipeline_kind_needs(tmp_path, kind, first):
     files = detect.layout_files(state, tag_dir)
     layers = sorted(int(name[len("layer_"):].split("-")[0]) for name in files if name.startswith("layer_"))
     assert layers[0] == first and len(layers) == CONFIG.num_layers + 2
+
+
+def test_swiglu_checkpoints_whose_gate_and_up_are_per_rank_halves_are_refused(tmp_path):
+    """Ours ([ffn, (gate, up)] interleaved) reads; upstream main's, whose client state lists dense_h_to_4h among
+    DeepSpeed's PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0, and Megatron's layout are refused in one line rather than
+    read with gate and up mixed."""
+    from deepspeed.checkpoint import constants as ds
+    from megatron.checkpoint.file_names import MANIFEST_FILE, model_states_file
+    from megatron.checkpoint.torch_files import load_file, replace
+    from megatron.errors import InputError
+
+    config = GPTConfig(**{**vars(CONFIG), "swiglu": True})
+    flags = {**FLAGS, "swiglu": True}
+    write_checkpoint(str(tmp_path / "ours"), GPTModel(config).state_dict(), config, TrainingState(3, 24, flags),
+                     TargetLayout(1, 1, pipeline_engine=False))
+    assert kind_of(str(tmp_path / "ours")) == detect.PLAIN
+    upstream = tmp_path / "upstream"
+    shutil.copytree(tmp_path / "ours", upstream)
+    tag_dir = checkpoint_directory(str(upstream))
+    os.remove(os.path.join(tag_dir, MANIFEST_FILE))  # upstream writes none
+    path = os.path.join(tag_dir, model_states_file(0, 0))
+    state = load_file(path, mmap=False)
+    state["universal_checkpoint_info"][ds.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0] = [r"layers\.\d+\.mlp\.dense_h_to_4h"]
+    replace(path, state)
+    with pytest.raises(InputError, match=r"\[gate; up\] halves .*hf2megads_weight_converter.py --to-hf-ckpt"):
+        kind_of(str(upstream))
+    write_megatron(str(tmp_path / "megatron"), GPTModel(config).state_dict(), flags, tensor=1, pipeline=1,
+                   iteration=3)
+    with pytest.raises(InputError, match="Megatron's layout"):
+        kind_of(str(tmp_path / "megatron"))
