@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from megatron.config.arguments import parse_args, validate_args
+from megatron.device_probe import DeviceFacts
 from megatron.model.kernels import repeats_grouped_kv, select_kernels
 from megatron.planning.memory import FRAGMENTATION, MemoryEstimate, estimate_memory
 from megatron.planning.shape import from_flags
@@ -26,3 +27,12 @@ def planned_memory(argv: Sequence[str], world_size: int, device_name: str,
     settings = replace(settings, loss_chunk_bytes=kernels.loss_chunk_bytes,
                        kv_repeated=repeats_grouped_kv(attention or kernels.attention))
     return estimate_memory(shape, layout, settings, fragmentation=fragmentation)
+
+
+def with_kernel_answers(facts: DeviceFacts, adaptor_kernels: Optional[object]) -> DeviceFacts:
+    """`facts` with whether the attention kernel the trainer picks on this device (with `adaptor_kernels`, an
+    adaptor's, as the trainer is given them) gets grouped K/V repeated, for the launcher's memory estimate. Asked
+    in the launcher's device child: naming an NPU's chip opens a device."""
+    if facts.count == 0:
+        return facts
+    return replace(facts, kv_repeated=repeats_grouped_kv(select_kernels(facts.name, adaptor_kernels).attention))
