@@ -295,7 +295,8 @@ class SelfAttention(nn.Module):
 
 class MLP(nn.Module):
     """GeLU MLP, or with swiglu SiLU(gate) * up: then dense_h_to_4h holds both branches, its output features
-    ordered [ffn, (gate, up)], so a tensor-parallel rank's contiguous slice holds matching gate and up units."""
+    [gate; up] halves as upstream Megatron-DeepSpeed's (a tensor-parallel rank holds [gate_r; up_r]: the plan splits
+    each half), which the kernel takes as they come."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()

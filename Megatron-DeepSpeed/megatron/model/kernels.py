@@ -18,7 +18,8 @@ Kernel contracts:
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
   [batch or 1, 1, seq, dim] (model/rotary.py: a row per row of position ids): rotate_half(x) is (-second half,
   first half) of the last dim.
-- swiglu(inner) -> SiLU(gate) * up, where inner's last dim interleaves them: [..., ffn, (gate, up)] flattened.
+- swiglu(inner) -> SiLU(gate) * up, where inner's last dim holds them as halves: [..., (gate, up)], gate first (a
+  tensor-parallel rank's [gate_r; up_r], upstream Megatron-DeepSpeed's layout).
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
@@ -112,8 +113,8 @@ def repeats_grouped_kv(attention: Callable) -> bool:
     return not getattr(attention, "takes_grouped_kv", False)
 
 
-def interleaved_swiglu(inner: torch.Tensor) -> torch.Tensor:
-    gate, up = inner.unflatten(-1, (-1, 2)).unbind(-1)
+def halves_swiglu(inner: torch.Tensor) -> torch.Tensor:
+    gate, up = inner.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -124,12 +125,12 @@ class Kernels:
     adam: Callable
     rms_norm: type = torch.nn.RMSNorm
     rotary_mul: Callable = None  # None: rotate_half_mul (set in __post_init__, as the functions come below)
-    swiglu: Callable = None  # None: interleaved_swiglu
+    swiglu: Callable = None  # None: halves_swiglu
     loss_chunk_bytes: int = CHUNK_BYTES
     loss_kernels: ChunkKernels = EAGER_CHUNK_KERNELS
 
     def __post_init__(self):
-        for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", interleaved_swiglu)):
+        for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", halves_swiglu)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, portable)
 

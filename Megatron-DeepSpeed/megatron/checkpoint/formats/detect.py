@@ -37,6 +37,7 @@ from megatron.checkpoint.file_names import (ARGS, EXPERT_FILE_PATTERN, ITERATION
                                             megatron_rank_dir, model_states_file, optimizer_states_file)
 from megatron.checkpoint.parameter_names import positions_with_parameters
 from megatron.checkpoint.recorded_flags import RecordedFlags
+from megatron.checkpoint.shards import HALVES, INTERLEAVED
 from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError
 
@@ -118,24 +119,20 @@ def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True, opt
         raise InputError(f"{path} carries no trainer state (iteration, args) but {found}: it was not written by "
                          "pretrain_gpt.py, upstream Megatron-DeepSpeed or Megatron")
     state = {**state, ARGS: args_of(state)}
-    require_interleaved_gate_and_up(tag_dir, state)
     if verify and whole and not verified:
         check_layout_files(tag_dir, state, optimizer)
     return state
 
 
-def require_interleaved_gate_and_up(tag_dir: str, state: Mapping[str, object]) -> None:
-    """Refuse a --swiglu checkpoint whose gate/up rows are not this trainer's interleaved [ffn, (gate, up)]: upstream
-    main's (each tensor-parallel rank's [gate; up] halves, which its client state declares) and Megatron's layout
-    (Megatron-LM's and upstream's converters cut them so too). Read as ours, gate and up would be silently mixed."""
+def gate_up_rows(tag_dir: str, state: Mapping[str, object]) -> Optional[str]:
+    """How the --swiglu checkpoint in `tag_dir` (client state `state`) holds dense_h_to_4h's rows: HALVES, each
+    tensor-parallel rank's [gate_r; up_r], where its client state declares them to DeepSpeed as
+    PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 (upstream main's and ours since) or in Megatron's layout (Megatron-LM's and
+    upstream's converters cut them so); otherwise INTERLEAVED, [ffn, (gate, up)] (this project's before). None
+    without --swiglu."""
     if not state[ARGS].get("swiglu"):
-        return
-    if halves_gate_and_up(state) or is_megatron_directory(tag_dir):
-        raise InputError(f"{tag_dir} is a --swiglu checkpoint whose dense_h_to_4h rows are each tensor-parallel rank's "
-                         "[gate; up] halves (upstream Megatron-DeepSpeed main's and Megatron's layout), which this "
-                         "trainer does not read: its rows are [ffn, (gate, up)] interleaved. Convert through Hugging "
-                         "Face: upstream's tools/hf2megads_weight_converter.py --to-hf-ckpt, then "
-                         "tools/convert_checkpoint.py --from-hf (docs/upstream-compatibility.md)")
+        return None
+    return HALVES if halves_gate_and_up(state) or is_megatron_directory(tag_dir) else INTERLEAVED
 
 
 def weights_kind(tag_dir: str, state: Mapping[str, object], layout: Layout) -> str:
