@@ -204,7 +204,8 @@ def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: 
     activation recomputation rewinds it. Its states belong in checkpoints next to torch's. With
     sequence_parallel, whoever trains the module must sum the marked gradients
     (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step). `experts`: split the MoE layers'
-    experts too (GPT_EXPERT_TENSOR_PARALLEL_PLAN).
+    experts too (GPT_EXPERT_TENSOR_PARALLEL_PLAN). SwiGLU MLPs, which the module itself shows (gated), have
+    their [gate; up] rows split half by half.
     """
     context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
     return parallelize_module(module, gpt_plan(experts, gated(module)), context, path)
