@@ -26,8 +26,8 @@ x / sqrt(mean(x^2) + eps) * gamma over gamma's trailing dims (also Qwen3's per-h
 [batch, heads, seq, head_dim] view, gamma [head_dim]; the operator takes non-contiguous input);
 `npu_rotary_mul(self, r1, r2, rotary_mode='half')` is x * r1 + rotate_half(x) * r2 in its half mode, x BSND with r1 / r2 1S1D, or BS1D where the position ids differ between rows, as called
 here (BNSD with 11SD / B1SD also documented); `npu_swiglu(self, dim)` halves `self` along `dim` into A, B
-and returns swish(A) * B, so the trainer's interleaved [ffn, (gate, up)] is viewed as [..., ffn, 2] and halved
-along that last dim of 2 (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
+and returns swish(A) * B, which is the trainer's layout as it comes: each tensor-parallel rank's dense_h_to_4h
+output is its [gate_r; up_r] halves (upstream Megatron-DeepSpeed's), halved along the last dim (no copy). Each is used on the same Atlas A2 chips as the fused attention (npu_swiglu's
 documentation lists only those; the other two list more, which are left portable until they are tried).
 """
 import math
@@ -124,15 +124,15 @@ class RotaryMul:
         return self._rotary_mul(x_bsnd, cos_1s1d, sin_1s1d, rotary_mode="half").transpose(1, 2)
 
 
-class InterleavedSwiGLU:
-    """kernels.swiglu by torch_npu.npu_swiglu: [..., ffn, (gate, up)] halved along its last dim of 2."""
+class SwiGLU:
+    """kernels.swiglu by torch_npu.npu_swiglu: the [..., (gate, up)] halves of the last dim, as the kernel takes them."""
     kernel_name = "torch_npu.npu_swiglu"
 
     def __init__(self, swiglu: Callable):
         self._swiglu = swiglu
 
     def __call__(self, inner):
-        return self._swiglu(inner.unflatten(-1, (-1, 2)), dim=-1).squeeze(-1)
+        return self._swiglu(inner, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -166,5 +166,5 @@ def npu_kernels(torch_npu: ModuleType, chip_name: str) -> NpuKernels:
     rms_norm, rotary_mul, swiglu = (getattr(torch_npu, name, None)
                                     for name in ("npu_rms_norm", "npu_rotary_mul", "npu_swiglu"))
     return NpuKernels(FusionAttention(fusion_attention), rms_norm=rms_norm and npu_rms_norm_class(rms_norm),
-                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and InterleavedSwiGLU(swiglu),
+                      rotary_mul=rotary_mul and RotaryMul(rotary_mul), swiglu=swiglu and SwiGLU(swiglu),
                       fused_adamw=generation.fused_adamw)

@@ -10,7 +10,7 @@ from npu_fusion_attention_stand_in import NpuFusionAttentionStandIn
 from npu_llama_kernels_stand_in import SCHEMAS, npu_rms_norm, npu_rotary_mul, npu_swiglu
 from npu_schemas import schema_parameters, signature_parameters
 
-from deepspeed_npu.fused_kernels import npu_kernels
+from deepspeed_npu.fused_kernels import SwiGLU, npu_kernels
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.model.kernels import PORTABLE_KERNELS, select_kernels
 
@@ -124,3 +124,19 @@ def test_rotary_reaches_the_operator_in_bsnd_with_1s1d_tables():
     output = RotaryMul(recording)(query, cos, sin)
     torch.testing.assert_close(output, rotate_half_mul(query, cos, sin))
     assert seen == [((2, 5, 3, 8), (1, 5, 1, 8))]
+
+
+def test_swiglu_reaches_the_operator_as_the_projection_made_it():
+    """The MLP's dense_h_to_4h output is its rank's [gate_r; up_r] halves (upstream's order), which npu_swiglu
+    halves along the last dim itself: the tensor goes in as it is, no view or copy (no halves of one element)."""
+    calls = []
+
+    def operator(tensor, dim=-1):
+        calls.append((tensor, dim))
+        return npu_swiglu(tensor, dim)
+
+    swiglu = SwiGLU(operator)
+    inner = torch.randn(2, 3, 8)
+    gate, up = inner.chunk(2, dim=-1)
+    torch.testing.assert_close(swiglu(inner), torch.nn.functional.silu(gate) * up)
+    assert len(calls) == 1 and calls[0][0] is inner and calls[0][1] == -1

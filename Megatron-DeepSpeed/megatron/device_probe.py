@@ -18,6 +18,7 @@ class DeviceFacts:
     bf16: bool  # the device's own bf16 answer
     fp16_overflow_visible: bool  # an fp16 overflow shows as inf/NaN (False on NPUs in saturation mode)
     total_memory: Optional[int]  # bytes of one device; None on the CPU
+    kv_repeated: bool = True  # grouped-query K/V repeated for the trainer's attention kernel here (its memory estimate)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
@@ -229,14 +229,16 @@ def model_shape(pretrain_flags: list[str], world_size: int, device_name: str) ->
     return shape, flags, tokenizer.vocab_size
 
 
-def check_memory(flags, vocab_size: int, capacity: Optional[int], skip: bool) -> None:
+def check_memory(flags, vocab_size: int, capacity: Optional[int], skip: bool, kv_repeated: bool = True) -> None:
     """Print the layout planner's memory estimate for this job's layout; refuse it when it cannot fit a device
-    of `capacity` bytes (None: unknown, as on the CPU) unless `skip`."""
+    of `capacity` bytes (None: unknown, as on the CPU) unless `skip`. `kv_repeated`: the device's attention kernel
+    gets grouped K/V repeated (DeviceFacts.kv_repeated)."""
     from megatron.planning.memory import estimate_memory
     from megatron.planning.search import describe, require_fit
     from megatron.planning.shape import from_flags
 
-    memory = estimate_memory(*from_flags(flags, vocab_size))
+    shape, layout, settings = from_flags(flags, vocab_size)
+    memory = estimate_memory(shape, layout, replace(settings, kv_repeated=kv_repeated))
     print(f"Memory estimate (tools/plan_layout.py): {describe(memory)}"
           + ("" if capacity is None else f"; a device has {capacity / (1 << 30):.1f} GiB"), flush=True)
     if capacity is not None and not skip:
@@ -309,7 +311,7 @@ def main(argv=None):
     if device_name == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     shape, pretrain_flags, vocab_size = model_shape(flags + passthrough, world_size, device_name)
-    check_memory(pretrain_flags, vocab_size, facts.total_memory, args.skip_memory_check)
+    check_memory(pretrain_flags, vocab_size, facts.total_memory, args.skip_memory_check, facts.kv_repeated)
     run_info = {"model_size": model_size, "device": device_name, "machine": machine_description(device_name, nproc),
                 "run": args.run, "nproc_per_node": nproc, "nnodes": args.nnodes, "world_size": world_size,
                 **shape, "command": shlex.join(command), "start_time": time.time()}

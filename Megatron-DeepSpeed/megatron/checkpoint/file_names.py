@@ -50,6 +50,7 @@ CHECKPOINT_VERSION_VALUE = 3.0  # fused QKV rows ordered [heads, (q, k, v), head
 ITERATION = "iteration"
 TOKENS = "tokens"  # consumed training tokens
 CONSUMED_TRAIN_SAMPLES = "consumed_train_samples"  # a field of `args`, as upstream keeps it
+GATE_UP_ROWS = "swiglu_gate_up_rows"  # a field of `args` we add: how a --swiglu model's dense_h_to_4h rows are held
 RANDOM_RNG_STATE = "random_rng_state"
 NP_RNG_STATE = "np_rng_state"
 TORCH_RNG_STATE = "torch_rng_state"

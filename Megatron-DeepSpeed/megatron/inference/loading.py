@@ -124,8 +124,8 @@ def load_model(load_dir: str, *, tokenizer_vocab_size: int, parallel_state, kern
             model = apply_tensor_parallel(model, parallel_state, rng_tracker=tracker)
         return model.to(device).eval(), checkpoint
     if not shard_local:
-        weights = {name: shard.clone() for name, shard in shard_state_dict(weights, tp_rank,
-                                                                            tensor_parallel_size).items()}
+        weights = {name: shard.clone() for name, shard in shard_state_dict(weights, tp_rank, tensor_parallel_size,
+                                                                            config.swiglu).items()}
     prepare = piece_sharder(parallel_state, False, tracker)
     return _loaded(lambda: GPTModel(config, prepare), weights, dtype).to(device).eval(), checkpoint
 

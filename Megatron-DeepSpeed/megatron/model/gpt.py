@@ -34,7 +34,7 @@ from megatron.errors import InputError, require_divisible
 from megatron.families.rope_scaling import RopeScaling
 from megatron.model.attention_spec import AttentionSpec
 from megatron.model.cross_entropy import ChunkKernels, cross_entropy
-from megatron.model.kernels import PORTABLE_KERNELS, Kernels
+from megatron.model.kernels import PORTABLE_KERNELS, Kernels, repeats_grouped_kv
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.unfused_attention import UnfusedAttention
 
@@ -277,7 +277,7 @@ class SelfAttention(nn.Module):
             query, key = self.rotary(query, position_ids), self.rotary(key, position_ids)
         if kv_cache is not None:
             key, value = kv_cache.extend(key, value)
-        if self.queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
+        if self.queries_per_group > 1 and repeats_grouped_kv(self.attend):
             # each key/value head serves its group's query heads (a kernel that takes them grouped pairs them itself)
             key, value = (t.repeat_interleave(self.queries_per_group, dim=1) for t in (key, value))
         if self.recompute_core and torch.is_grad_enabled():
@@ -295,7 +295,8 @@ class SelfAttention(nn.Module):
 
 class MLP(nn.Module):
     """GeLU MLP, or with swiglu SiLU(gate) * up: then dense_h_to_4h holds both branches, its output features
-    ordered [ffn, (gate, up)], so a tensor-parallel rank's contiguous slice holds matching gate and up units."""
+    [gate; up] halves as upstream Megatron-DeepSpeed's (a tensor-parallel rank holds [gate_r; up_r]: the plan splits
+    each half), which the kernel takes as they come."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()

@@ -11,12 +11,15 @@ Kernel contracts:
   queries being the last of them. Every implementation honours every field of the spec, or refuses it in one line.
   Under grouped-query attention key/value come repeated to the query's heads, unless the kernel has
   `takes_grouped_kv` True: then they keep their own (fewer) heads, each serving a block of consecutive query heads.
+  `repeats_grouped_kv` is the one place that reads it: the model (gpt.py, ulysses.py) and the layout planner's
+  activation count (planning/memory.py) both ask it.
 - layer_norm, rms_norm: module classes built as layer_norm(hidden_size, eps=epsilon) (--normalization picks one);
   an RMSNorm has a `weight` and no `bias`, and torch.nn.RMSNorm's `normalized_shape` and `eps`.
 - rotary_mul(x, cos, sin) -> x * cos + rotate_half(x) * sin, x [batch, heads, seq, dim] and cos / sin
   [batch or 1, 1, seq, dim] (model/rotary.py: a row per row of position ids): rotate_half(x) is (-second half,
   first half) of the last dim.
-- swiglu(inner) -> SiLU(gate) * up, where inner's last dim interleaves them: [..., ffn, (gate, up)] flattened.
+- swiglu(inner) -> SiLU(gate) * up, where inner's last dim holds them as halves: [..., (gate, up)], gate first (a
+  tensor-parallel rank's [gate_r; up_r], upstream Megatron-DeepSpeed's layout).
 - adam: called as adam(params, lr=..., betas=..., eps=..., weight_decay=...) like torch.optim.AdamW
   (decoupled weight decay, as Megatron's Adam), returning a torch.optim.Optimizer.
 - loss_chunk_bytes: the fp32 temporaries per row chunk of the loss (model/cross_entropy.py): on a CPU a few MiB,
@@ -104,8 +107,14 @@ def rotate_half_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
-def interleaved_swiglu(inner: torch.Tensor) -> torch.Tensor:
-    gate, up = inner.unflatten(-1, (-1, 2)).unbind(-1)
+def repeats_grouped_kv(attention: Callable) -> bool:
+    """Whether grouped-query key/value heads are repeated to the query heads before `attention` is called: the
+    repeated copies are kept for backward, so the planner counts them exactly where the model makes them."""
+    return not getattr(attention, "takes_grouped_kv", False)
+
+
+def halves_swiglu(inner: torch.Tensor) -> torch.Tensor:
+    gate, up = inner.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -116,12 +125,12 @@ class Kernels:
     adam: Callable
     rms_norm: type = torch.nn.RMSNorm
     rotary_mul: Callable = None  # None: rotate_half_mul (set in __post_init__, as the functions come below)
-    swiglu: Callable = None  # None: interleaved_swiglu
+    swiglu: Callable = None  # None: halves_swiglu
     loss_chunk_bytes: int = CHUNK_BYTES
     loss_kernels: ChunkKernels = EAGER_CHUNK_KERNELS
 
     def __post_init__(self):
-        for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", interleaved_swiglu)):
+        for name, portable in (("rotary_mul", rotate_half_mul), ("swiglu", halves_swiglu)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, portable)
 

@@ -11,7 +11,8 @@ weights, so the result computes what the single-process model computes.
                                  runs in the model-parallel random stream (each rank's heads drop out differently)
   self_attention.q_norm / k_norm whole on every rank, applied to its heads: gradients summed over the ranks in
                                  each backward pass (--qk-layernorm)
-  query_key_value, dense_h_to_4h column-parallel (output features split)
+  query_key_value, dense_h_to_4h column-parallel (output features split; a SwiGLU MLP's dense_h_to_4h,
+                                 [gate; up], split half by half: a rank holds [gate_r; up_r], upstream's order)
   self_attention.dense, dense_4h_to_h row-parallel (input features split; output all-reduced or reduce-scattered)
   lm_head, loss                  vocab-split logits (an untied head's own weight split by vocabulary rows) and
                                  vocab-parallel cross entropy (full logits never exist)
@@ -33,20 +34,23 @@ from typing import Optional
 import torch
 from torch import nn
 
-from megatron.model.gpt import GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
+from megatron.model.gpt import MLP, GPTModel, LanguageModelLoss, LMHead, SelfAttention, keep_whole
+from megatron.model.kernels import repeats_grouped_kv
 from megatron.tensor_parallel import RNGStatesTracker, column_parallel_linear, shard_parameter
 from megatron.tensor_parallel.plan import (ColumnParallel, ParallelStyle, RowParallel, SequenceChunkingDropout,
                                            SequenceParallel, SequenceParallelDropout, ShardingContext,
-                                           SharedOverHeads, VocabParallel, parallelize_module, partition_dim,
+                                           SharedOverHeads, Split, VocabParallel, parallelize_module, partition_dim,
                                            require_divisible_by_tp)
 
 
 class RNGForkedAttention:
     """An attention kernel run inside the model-parallel random stream: attention-probability dropout acts on
-    this rank's heads only, so its masks must differ from the other ranks'."""
+    this rank's heads only, so its masks must differ from the other ranks'. It takes grouped key/value heads
+    where its kernel does, so tensor parallelism repeats none the kernel would not."""
 
     def __init__(self, kernel, rng_tracker: RNGStatesTracker):
         self.kernel, self.rng_tracker = kernel, rng_tracker
+        self.takes_grouped_kv = not repeats_grouped_kv(kernel)
 
     def __call__(self, query, key, value, spec):
         with self.rng_tracker.fork():
@@ -87,7 +91,7 @@ class HeadParallelAttention(ParallelStyle):
 
 class VocabParallelHead(ParallelStyle):
     expected_type = LMHead
-    partition_dims = {"weight": 0}  # an untied head's own weight
+    partition_dims = {"weight": Split(0)}  # an untied head's own weight
 
     def apply(self, module, context):
         return VocabParallelLMHead(context.group, context.sequence_parallel, module.weight)
@@ -167,13 +171,28 @@ GPT_EXPERT_TENSOR_PARALLEL_PLAN = MappingProxyType({
 })
 
 
-def tensor_parallel_partition_dim(name: str, experts: bool = False) -> Optional[int]:
-    """For a parameter's full name in GPTModel (e.g. 'layers.3.self_attention.dense.weight'), the dim along which
-    tensor parallelism splits it over the ranks, or None where every rank holds all of it. Splitting a full
-    checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of) and joining them back
-    (torch.cat along the same dim) both follow this rule. `experts`: the model's experts are split too
-    (--enable-expert-tensor-parallelism)."""
-    return partition_dim(GPT_EXPERT_TENSOR_PARALLEL_PLAN if experts else GPT_TENSOR_PARALLEL_PLAN, name)
+def gpt_plan(experts: bool = False, swiglu: bool = False):
+    """The GPT plan: with `experts` the experts split too (GPT_EXPERT_TENSOR_PARALLEL_PLAN); with `swiglu` every
+    MLP's dense_h_to_4h holds [gate; up] and is split half by half (Split blocks 2)."""
+    plan = GPT_EXPERT_TENSOR_PARALLEL_PLAN if experts else GPT_TENSOR_PARALLEL_PLAN
+    if not swiglu:
+        return plan
+    return MappingProxyType({pattern: type(style)(style.what, style.fix, blocks=2)
+                             if pattern.endswith(".dense_h_to_4h") else style for pattern, style in plan.items()})
+
+
+def tensor_parallel_partition_dim(name: str, experts: bool = False, swiglu: bool = False) -> Optional[Split]:
+    """For a parameter's full name in GPTModel (e.g. 'layers.3.self_attention.dense.weight'), how tensor
+    parallelism splits it over the ranks (its Split: the dim, and the blocks cut separately), or None where every
+    rank holds all of it. Splitting a full checkpoint into tensor-parallel shards (megatron.tensor_parallel.shard_of)
+    and joining them back both follow this rule. `experts`: the model's experts are split too
+    (--enable-expert-tensor-parallelism); `swiglu`: the model's MLPs are SwiGLU's (--swiglu)."""
+    return partition_dim(gpt_plan(experts, swiglu), name)
+
+
+def gated(module: nn.Module) -> bool:
+    """Whether `module` (a model or a piece of one) has SwiGLU MLPs, whose dense_h_to_4h the plan splits by halves."""
+    return any(isinstance(sub, MLP) and sub.swiglu is not None for sub in module.modules())
 
 
 def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: bool = False, *,
@@ -185,11 +204,11 @@ def apply_tensor_parallel(module: nn.Module, parallel_state, sequence_parallel: 
     activation recomputation rewinds it. Its states belong in checkpoints next to torch's. With
     sequence_parallel, whoever trains the module must sum the marked gradients
     (megatron.tensor_parallel.sum_sequence_parallel_gradients_each_step). `experts`: split the MoE layers'
-    experts too (GPT_EXPERT_TENSOR_PARALLEL_PLAN).
+    experts too (GPT_EXPERT_TENSOR_PARALLEL_PLAN). SwiGLU MLPs, which the module itself shows (gated), have
+    their [gate; up] rows split half by half.
     """
     context = ShardingContext(parallel_state.get_tensor_model_parallel_group(), sequence_parallel, rng_tracker)
-    plan = GPT_EXPERT_TENSOR_PARALLEL_PLAN if experts else GPT_TENSOR_PARALLEL_PLAN
-    return parallelize_module(module, plan, context, path)
+    return parallelize_module(module, gpt_plan(experts, gated(module)), context, path)
 
 
 def piece_sharder(parallel_state, sequence_parallel: bool, rng_tracker: RNGStatesTracker):

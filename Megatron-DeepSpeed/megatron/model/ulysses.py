@@ -22,6 +22,7 @@ from deepspeed.sequence.layer import DistributedAttention
 
 from megatron.model.cross_entropy import cross_entropy
 from megatron.model.gpt import LanguageModelLoss, SelfAttention, TransformerLayer
+from megatron.model.kernels import repeats_grouped_kv
 from megatron.tensor_parallel.mappings import reduce_from_tensor_parallel_region
 
 # Our heads tensors are [batch, heads, seq, head_dim]; DeepSpeed's all-to-all takes [batch, seq, heads, head_dim]
@@ -39,7 +40,7 @@ class _LocalCore:
 
     def __call__(self, query, key, value, spec):
         queries_per_group = query.shape[HEADS_DIM] // key.shape[HEADS_DIM]
-        if queries_per_group > 1 and not getattr(self.attend, "takes_grouped_kv", False):
+        if queries_per_group > 1 and repeats_grouped_kv(self.attend):
             key, value = (t.repeat_interleave(queries_per_group, dim=HEADS_DIM) for t in (key, value))
         context = self.attend(*(t.transpose(1, 2) for t in (query, key, value)), spec)
         return context.transpose(1, 2)

@@ -31,8 +31,10 @@ layer and micro-batch of b sequences of s tokens, hidden h, tensor-parallel t:
                         the Llama variants change both parts as autograd keeps them in model/gpt.py (measured on a
                         layer, tests/planning/test_layout_planner.py): torch's RMSNorm keeps its input and result in fp32 (4
                         half-precision values per norm, 2 in fp32) where LayerNorm keeps its input; attention keeps
-                        the rotated q and k and, with grouped-query attention, K and V repeated to every head (the
-                        fused QKV output only where q, k or v is still a view of it); SwiGLU keeps its 2f-wide
+                        the rotated q and k and, with grouped-query attention, K and V repeated to every head
+                        unless the attention kernel takes them grouped (TrainingSettings.kv_repeated: the
+                        kernel's own answer, model/kernels.py) (the fused QKV output only where q, k or v is
+                        still a view of it); SwiGLU keeps its 2f-wide
                         gate|up, SiLU(gate) and their product (4f, GeLU's 2f);
                         plus two 1-byte dropout masks per layer when dropout is on; Megatron's unfused
                         attention adds its a s^2 b / t scores
@@ -129,7 +131,7 @@ def layer_activation_bytes(shape: ModelShape, layout: Layout, settings: Training
     term is 1/SP of it: a rank holds s/SP tokens, and inside attention the whole sequence of 1/SP of the heads."""
     t, sbh = layout.tensor, local_tokens(shape, layout) * shape.hidden_size
     replicated = replicated_values(shape, settings) / (t if layout.sequence_parallel else 1)
-    values = sbh * (replicated + split_values(shape) / t)
+    values = sbh * (replicated + split_values(shape, settings.kv_repeated) / t)
     masks = 2 * sbh / (t if layout.sequence_parallel else 1) if settings.hidden_dropout > 0 else 0
     scores = 0 if settings.fused_attention or layout.selective_recompute else (
         shape.num_attention_heads * shape.seq_length ** 2 * layout.micro_batch / (t * layout.ulysses)
@@ -154,11 +156,13 @@ def replicated_values(shape: ModelShape, settings: TrainingSettings) -> float:
     return 2 * norm + 2
 
 
-def split_values(shape: ModelShape) -> float:
+def split_values(shape: ModelShape, kv_repeated: bool) -> float:
     """Values per s b h a layer keeps split over the tensor-parallel ranks: what attention reads (q, k, v) and
-    its output, then the MLP's (GPT-2: 3 + 1 + 8 = 12)."""
+    its output, then the MLP's (GPT-2: 3 + 1 + 8 = 12). `kv_repeated`: the attention kernel is handed grouped K/V
+    repeated to the query heads (TrainingSettings.kv_repeated)."""
     key_value = shape.key_value_heads / shape.num_attention_heads
-    rotary, repeated = shape.use_rotary_position_embeddings, shape.key_value_heads < shape.num_attention_heads
+    rotary = shape.use_rotary_position_embeddings
+    repeated = kv_repeated and shape.key_value_heads < shape.num_attention_heads
     views_of_qkv = not rotary or not repeated  # q, k or v read straight from the fused projection's output
     attention = ((1 + 2 * key_value) * views_of_qkv + rotary  # the QKV output, the rotated q
                  + (2 if repeated else key_value * rotary)  # repeated k and v, or the rotated k

@@ -109,6 +109,8 @@ class TrainingSettings:
     pipeline_engine: bool = True  # DeepSpeed's pipeline engine even at PP 1 (the trainer's default)
     zero_reduce_bucket_size: Optional[int] = None  # elements; None: the trainer's, the rank's parameters up to 5e8
     loss_chunk_bytes: int = ACCELERATOR_LOSS_CHUNK_BYTES  # the device's (model/kernels.py): a CPU's is smaller
+    kv_repeated: bool = True  # grouped K/V repeated to the query heads (model/kernels.py's repeats_grouped_kv of the
+    # run's attention kernel); False where the kernel takes them grouped (Ascend A2's fusion attention)
 
     @property
     def dtype_bytes(self) -> int:

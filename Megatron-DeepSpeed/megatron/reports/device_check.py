@@ -128,13 +128,15 @@ def max_relative_gap(curve: Sequence[float], reference: Sequence[float]) -> floa
 
 
 def speed_row(shape, settings: str, flags: Sequence[str], iterations: int,
-              train: Callable[[Sequence[str]], str], devices: int = 1) -> SpeedRow:
-    """One grid cell on `devices` devices, trained by `train` (argv -> log). A run that fails (out of device memory, a kernel the
+              train: Callable[[Sequence[str]], str], devices: int = 1,
+              attention: Optional[Callable] = None) -> SpeedRow:
+    """One grid cell on `devices` devices, trained by `train` (argv -> log) with `attention` (None: the device's
+    own kernel; the planner's estimate follows it). A run that fails (out of device memory, a kernel the
     device lacks) becomes a row that says why, so one bad setting does not cost the rest of the report."""
     name, layers, hidden, heads, seq = shape
     argv = [*shape_flags(layers, hidden, heads, seq), *SHAPE_FLAGS.get(name, ()), *flags, "--train-iters",
             str(iterations)]
-    planned = planned_memory(argv, devices, device.device_name(), fragmentation=0.0).total / GIB
+    planned = planned_memory(argv, devices, device.device_name(), fragmentation=0.0, attention=attention).total / GIB
     try:
         log = parse_log(train(argv))
     except TrainingFailed as failure:
@@ -309,10 +311,11 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
     if "speed" in checks:
         for shape in speed_shapes:
             train = functools.partial(train_in_fresh_process, keep=keep_log)
-            shape_rows = [speed_row(shape, label, flags, iterations, train)
+            shape_rows = [speed_row(shape, label, flags, iterations, train, attention=attention)
                           for label, flags in speed_grid(shape[0], on_accelerator, shape[4], log_interval,
                                                          compile_missing is None, bf16)]
-            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log, bf16)
+            shape_rows += layout_speed_rows(shape, nproc, on_accelerator, iterations, log_interval, keep_log, bf16,
+                                            attention)
             rows += sorted(shape_rows, key=lambda row: -row.samples_per_second)
         say(speed_table(rows, allocator_peaks=on_accelerator))
     return rows
@@ -320,9 +323,10 @@ def report(on_accelerator: bool, pretrain: Callable, iterations: int, say: Calla
 
 def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int,
                       log_interval: int = SPEED_LOG_INTERVAL,
-                      keep_log: Optional[Callable[[str], None]] = None, bf16: bool = True) -> List[SpeedRow]:
+                      keep_log: Optional[Callable[[str], None]] = None, bf16: bool = True,
+                      attention: Optional[Callable] = None) -> List[SpeedRow]:
     """The shape's first grid cell at each layout `nproc` devices allow (samples/s of the whole job; memory and
-    the planner's estimate per device)."""
+    the planner's estimate per device, training with `attention` as speed_row)."""
     label, flags = speed_grid(shape[0], on_accelerator, shape[4], log_interval, bf16=bf16)[0]
     rows = []
     for layout in node_layouts(nproc):
@@ -332,7 +336,7 @@ def layout_speed_rows(shape, nproc: int, on_accelerator: bool, iterations: int,
         cell_flags = [*engine, *layout.flags(), "--global-batch-size", str(global_batch)]
         rows.append(speed_row(shape, f"{label}, {layout.name} on {layout.devices} devices", cell_flags, iterations,
                               functools.partial(train_in_fresh_process, nproc=layout.devices, keep=keep_log),
-                              layout.devices))
+                              layout.devices, attention))
     return rows
 
 

@@ -20,17 +20,22 @@ from megatron.tensor_parallel.random import MODEL_PARALLEL_RNG, RNGStatesTracker
 from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
 
 
-def shard_of(full: torch.Tensor, dim: int, rank: int, world_size: int, what: str = "size") -> torch.Tensor:
-    """Rank `rank`'s equal slice of `full` along `dim`, of `world_size` slices (a view)."""
-    require_divisible(what, full.shape[dim], "--tensor-model-parallel-size", world_size,
+def shard_of(full: torch.Tensor, dim: int, rank: int, world_size: int, what: str = "size",
+             blocks: int = 1) -> torch.Tensor:
+    """Rank `rank`'s equal slice of `full` along `dim`, of `world_size` slices (a view). With `blocks` > 1, `dim`
+    holds that many equal consecutive blocks, each sliced so: the rank's slices of every block, in block order (a
+    SwiGLU MLP's [gate; up] rows give rank r [gate_r; up_r], as upstream Megatron-DeepSpeed cuts them)."""
+    blocked = full.unflatten(dim, (blocks, -1))
+    require_divisible(what, blocked.shape[dim + 1], "--tensor-model-parallel-size", world_size,
                       "choose a tensor-parallel size that divides it")
-    size = full.shape[dim] // world_size
-    return full.narrow(dim, rank * size, size)
+    size = blocked.shape[dim + 1] // world_size
+    return blocked.narrow(dim + 1, rank * size, size).flatten(dim, dim + 1)
 
 
-def shard_parameter(full: torch.Tensor, dim: int, group, what: str) -> nn.Parameter:
-    """This rank's equal slice of `full` along `dim`, as a parameter marked tensor-parallel."""
-    shard = shard_of(full.detach(), dim, dist.get_rank(group), dist.get_world_size(group), what)
+def shard_parameter(full: torch.Tensor, dim: int, group, what: str, blocks: int = 1) -> nn.Parameter:
+    """This rank's equal slice of `full` along `dim` (of each of its `blocks`: shard_of), as a parameter marked
+    tensor-parallel."""
+    shard = shard_of(full.detach(), dim, dist.get_rank(group), dist.get_world_size(group), what, blocks)
     parameter = nn.Parameter(shard.clone())
     parameter.tensor_model_parallel = True
     parameter.partition_dim = dim
@@ -51,11 +56,13 @@ def column_parallel_linear(hidden, weight, bias, group, sequence_parallel: bool)
 class ColumnParallelLinear(nn.Module):
     """Linear layer whose output features are split across TP ranks; output stays split (e.g. whole heads)."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], group, sequence_parallel: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], group, sequence_parallel: bool = False,
+                 blocks: int = 1):
+        """`blocks`: the output features are that many blocks, each split over the ranks (shard_of)."""
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.weight = shard_parameter(weight, 0, group, "output features")
-        self.bias = None if bias is None else shard_parameter(bias, 0, group, "output features")
+        self.weight = shard_parameter(weight, 0, group, "output features", blocks)
+        self.bias = None if bias is None else shard_parameter(bias, 0, group, "output features", blocks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return column_parallel_linear(hidden, self.weight, self.bias, self.group, self.sequence_parallel)

@@ -3,13 +3,14 @@
 A plan is a mapping {path pattern: style}. Patterns are dotted module paths as named_modules() spells them, in
 which `*` stands for any one component (a layer index): "layers.*.self_attention.dense"; "" is the root. A style
 says what the module at such a path becomes (`apply`), checks first that it can be split (`check`), and names
-which of its parameters are split across tensor-parallel ranks and along which dim (`partition_dims`): that is
-all that joining shards into full weights, or splitting full weights into shards, needs to know.
+which of its parameters are split across tensor-parallel ranks and how (`partition_dims`: a Split, along which
+dim and in how many blocks): that is all that joining shards into full weights, or splitting full weights into
+shards, needs to know.
 """
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,14 @@ from megatron.tensor_parallel.layers import (ColumnParallelLinear, RNGForkedDrop
 from megatron.tensor_parallel.mappings import scatter_to_sequence_parallel_region, summed_over_ranks
 from megatron.tensor_parallel.random import RNGStatesTracker
 from megatron.tensor_parallel.sequence_parallel_grads import mark_sequence_parallel
+
+
+class Split(NamedTuple):
+    """How a parameter is split over the tensor-parallel ranks: along `dim`, which holds `blocks` equal consecutive
+    blocks, each cut into one slice per rank (layers.shard_of). A SwiGLU MLP's dense_h_to_4h is 2 blocks, [gate;
+    up]: rank r holds [gate_r; up_r], upstream Megatron-DeepSpeed's order."""
+    dim: int
+    blocks: int = 1
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,9 @@ def require_divisible_by_tp(value: int, world_size: int, what: str, fix: str) ->
 
 class ParallelStyle:
     """How one module takes part in tensor parallelism. Subclasses set `expected_type` (what the plan expects to
-    find at the path) and `partition_dims` ({parameter name in the module: dim split over the ranks})."""
+    find at the path) and `partition_dims` ({parameter name in the module: its Split over the ranks})."""
     expected_type = nn.Module
-    partition_dims: Mapping[str, int] = {}
+    partition_dims: Mapping[str, Split] = {}
 
     def check(self, module: nn.Module, path: str, world_size: int) -> None:
         """Raise before anything is changed if `module` cannot take this style."""
@@ -53,25 +62,28 @@ class ParallelStyle:
 
 
 class ColumnParallel(ParallelStyle):
-    """nn.Linear -> ColumnParallelLinear: output features (weight rows, bias) split over the ranks."""
+    """nn.Linear -> ColumnParallelLinear: output features (weight rows, bias) split over the ranks, each of their
+    `blocks` separately (Split)."""
     expected_type = nn.Linear
-    partition_dims = {"weight": 0, "bias": 0}
 
-    def __init__(self, what: str = "output features", fix: str = "choose a tensor-parallel size that divides it"):
-        self.what, self.fix = what, fix
+    def __init__(self, what: str = "output features", fix: str = "choose a tensor-parallel size that divides it",
+                 blocks: int = 1):
+        self.what, self.fix, self.blocks = what, fix, blocks
+        self.partition_dims = {"weight": Split(0, blocks), "bias": Split(0, blocks)}
 
     def check(self, module, path, world_size):
         super().check(module, path, world_size)
-        require_divisible_by_tp(module.out_features, world_size, self.what, self.fix)
+        require_divisible_by_tp(module.out_features // self.blocks, world_size, self.what, self.fix)
 
     def apply(self, module, context):
-        return ColumnParallelLinear(module.weight, module.bias, context.group, context.sequence_parallel)
+        return ColumnParallelLinear(module.weight, module.bias, context.group, context.sequence_parallel,
+                                    self.blocks)
 
 
 class RowParallel(ParallelStyle):
     """nn.Linear -> RowParallelLinear: input features (weight columns) split; the bias stays whole."""
     expected_type = nn.Linear
-    partition_dims = {"weight": 1}
+    partition_dims = {"weight": Split(1)}
 
     def __init__(self, what: str = "input features", fix: str = "choose a tensor-parallel size that divides it"):
         self.what, self.fix = what, fix
@@ -87,7 +99,7 @@ class RowParallel(ParallelStyle):
 class VocabParallel(ParallelStyle):
     """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split over the ranks."""
     expected_type = nn.Embedding
-    partition_dims = {"weight": 0}
+    partition_dims = {"weight": Split(0)}
 
     def check(self, module, path, world_size):
         super().check(module, path, world_size)
@@ -161,8 +173,8 @@ def style_for(plan: Mapping[str, ParallelStyle], path: str) -> Optional[Parallel
     return None
 
 
-def partition_dim(plan: Mapping[str, ParallelStyle], parameter_name: str) -> Optional[int]:
-    """The dim along which `plan` splits the parameter of this full name, or None where it stays whole."""
+def partition_dim(plan: Mapping[str, ParallelStyle], parameter_name: str) -> Optional[Split]:
+    """How `plan` splits the parameter of this full name, or None where it stays whole."""
     module_path, _, name = parameter_name.rpartition(".")
     style = style_for(plan, module_path)
     return None if style is None else style.partition_dims.get(name)
@@ -190,14 +202,20 @@ def parallelize_module(module: nn.Module, plan: Mapping[str, ParallelStyle], con
     return replaced_root
 
 
-def join_shards(tensor: torch.Tensor, dim: Optional[int], group) -> torch.Tensor:
-    """The full tensor from every rank's shard along `dim` (a collective over `group`); a copy of `tensor` where
-    it is not split (dim None)."""
+def join_shards(tensor: torch.Tensor, split: Optional[Split], group) -> torch.Tensor:
+    """The full tensor from every rank's shard as `split` cut it (a collective over `group`); a copy of `tensor`
+    where it is not split (None)."""
     local = tensor.detach().contiguous()
     world_size = dist.get_world_size(group)
-    if dim is None or world_size == 1:
+    if split is None or world_size == 1:
         return local.clone()
     shards = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(shards, local, group=group)
-    return torch.cat(shards, dim=dim)
+    return joined(shards, split)
+
+
+def joined(shards, split: Split) -> torch.Tensor:
+    """The full tensor of the ranks' `shards` (in rank order) as `split` cut it."""
+    blocked = [shard.unflatten(split.dim, (split.blocks, -1)) for shard in shards]
+    return torch.cat(blocked, dim=split.dim + 1).flatten(split.dim, split.dim + 1)
 

@@ -291,6 +291,36 @@ def test_attention_kernel_passed_in_is_used_by_the_model():
     assert calls == [(2, 4, 12, 8)] * 2  # [batch, heads, seq, head_dim], once per layer
 
 
+class GroupedKVKernel:
+    """SDPA taking grouped K/V as they come (its enable_gqa pairs query head h with K/V head h // Q), recording
+    the K/V heads it is handed."""
+    takes_grouped_kv = True
+
+    def __init__(self):
+        self.key_heads = []
+
+    def __call__(self, query, key, value, spec):
+        self.key_heads.append(key.shape[1])
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("tensor_parallel_wrapper", [False, True])
+def test_a_kernel_that_takes_grouped_kv_gets_them_unrepeated_and_the_same_logits(tensor_parallel_wrapper):
+    """Also through the tensor-parallel plan's RNGForkedAttention, which must not hide the kernel's answer."""
+    from megatron.model.parallelize import RNGForkedAttention
+    from megatron.tensor_parallel import tensor_parallel_rng_tracker
+
+    grouped = GroupedKVKernel()
+    model = small_model(num_key_value_heads=2, kernels=replace(kernels.PORTABLE_KERNELS, attention=grouped))
+    if tensor_parallel_wrapper:
+        for layer in model.layers:
+            layer.self_attention.attend = RNGForkedAttention(layer.self_attention.attend,
+                                                             tensor_parallel_rng_tracker(3, 0))
+    tokens = random_tokens(96)
+    torch.testing.assert_close(model(tokens), small_model(num_key_value_heads=2)(tokens))
+    assert grouped.key_heads == [2, 2]
+
+
 def test_sdpa_attention_matches_softmax_by_hand():
     generator = torch.Generator().manual_seed(3)
     query, key, value = (torch.randn(1, 2, 4, 8, generator=generator) for _ in range(3))

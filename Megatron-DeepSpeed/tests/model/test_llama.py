@@ -44,7 +44,8 @@ def llama_config(**overrides) -> GPTConfig:
 
 def hf_weights(model: GPTModel) -> dict:
     """`model`'s weights under LlamaForCausalLM's names: the grouped QKV rows [groups, (queries, key, value),
-    head_dim] and the interleaved gate|up rows [ffn, (gate, up)] cut into transformers' separate projections."""
+    head_dim] and the [gate; up] halves (upstream Megatron-DeepSpeed's TP-1 rows) cut into transformers' separate
+    projections."""
     config = model.config
     groups, head_dim, hidden = config.num_key_value_heads, config.head_dim, config.hidden_size
     weights = {"model.embed_tokens.weight": model.embedding.word_embeddings.weight,
@@ -52,13 +53,13 @@ def hf_weights(model: GPTModel) -> dict:
     for index, layer in enumerate(model.layers):
         ours, theirs = layer, f"model.layers.{index}."
         qkv = ours.self_attention.query_key_value.weight.view(groups, -1, head_dim, hidden)
-        gate_up = ours.mlp.dense_h_to_4h.weight.view(config.ffn_hidden_size, 2, hidden)
+        gate_up = ours.mlp.dense_h_to_4h.weight.view(2, config.ffn_hidden_size, hidden)
         weights.update({
             theirs + "self_attn.q_proj.weight": qkv[:, :-2].reshape(-1, hidden),
             theirs + "self_attn.k_proj.weight": qkv[:, -2].reshape(-1, hidden),
             theirs + "self_attn.v_proj.weight": qkv[:, -1].reshape(-1, hidden),
             theirs + "self_attn.o_proj.weight": ours.self_attention.dense.weight,
-            theirs + "mlp.gate_proj.weight": gate_up[:, 0], theirs + "mlp.up_proj.weight": gate_up[:, 1],
+            theirs + "mlp.gate_proj.weight": gate_up[0], theirs + "mlp.up_proj.weight": gate_up[1],
             theirs + "mlp.down_proj.weight": ours.mlp.dense_4h_to_h.weight,
             theirs + "input_layernorm.weight": ours.input_layernorm.weight,
             theirs + "post_attention_layernorm.weight": ours.post_attention_layernorm.weight})
@@ -262,7 +263,7 @@ def test_llama_3d_checkpoint_resumes_exactly_and_reshaped_continues_on_one_proce
     assert resumed_losses == straight_losses[SAVED_AT:]
     for name, tensor in resumed_weights.items():
         torch.testing.assert_close(tensor, straight_weights[name], rtol=0, atol=0, msg=name)
-    # Grouped QKV rows, interleaved gate|up rows, the untied head's vocabulary rows and their Adam state joined
+    # Grouped QKV rows, per-rank [gate_r; up_r] rows, the untied head's vocabulary rows and their Adam state joined
     # from TP 2 x PP 2 into one process.
     copy = str(tmp_path / "tp1pp1")
     reshape(save, copy, TargetLayout(1, 1), iteration=SAVED_AT)

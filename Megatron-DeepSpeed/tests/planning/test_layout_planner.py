@@ -160,6 +160,21 @@ def test_from_flags_reads_a_pretrain_command_line():
     assert settings.dtype == "bf16" and layout == Layout(2, 2, 2, 1, 8, True, True)
 
 
+def test_a_command_lines_plan_follows_the_attention_kernel_it_trains_with():
+    """Grouped-query Llama flags: the planner counts repeated K/V for the device's own kernel and none for one that
+    takes them grouped (the Ascend fusion attention's `takes_grouped_kv`); the rest of the plan is the same."""
+    from megatron.config.arguments import parse_args, validate_args
+    from megatron.planning.command_line import planned_memory
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--num-key-value-heads", "2",
+            "--seq-length", "128", "--micro-batch-size", "2", "--lr", "1e-4", "--train-iters", "10", "--swiglu",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "200", "--mock-data", "--bf16"]
+    repeated, grouped = (planned_memory(argv, 1, "cpu", attention=attention)
+                         for attention in (None, GroupedKVAttention()))
+    assert repeated.weights == grouped.weights and repeated.activations != grouped.activations
+    shape, layout, settings = from_flags(validate_args(parse_args(argv), 1, "cpu"), 200)
+    assert grouped.activations == estimate_memory(shape, layout, replace(settings, kv_repeated=False)).activations
+
+
 def test_the_launchers_estimate_counts_the_zero_stage_the_run_will_use():
     """The issue's 680M GPT at TP 2 over one data-parallel rank (fp32): the default stage there is ZeRO 0, which
     the estimate counts without ZeRO 1's flat fp32 copies; --zero-stage 1 counts them."""
@@ -395,19 +410,32 @@ def test_moe_layer_activations_match_what_autograd_keeps(mlp_type, topk, experts
     assert estimate == pytest.approx(measured, rel=0.05)
 
 
-@pytest.mark.parametrize("shape", [SHAPE, LLAMA_SHAPE, ModelShape(**{**vars(LLAMA_SHAPE), "num_key_value_heads": 4})],
-                         ids=["gpt2", "llama", "llama-without-gqa"])
-def test_a_layers_activations_match_what_autograd_keeps(shape):
+class GroupedKVAttention:
+    """An attention kernel that takes grouped K/V unrepeated, as the Ascend fusion attention does (SDPA's
+    enable_gqa keeps them so for backward): the model then makes no repeat, and the planner counts none."""
+    takes_grouped_kv = True
+
+    def __call__(self, query, key, value, spec):
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("shape, attention", [
+    (SHAPE, None), (LLAMA_SHAPE, None), (ModelShape(**{**vars(LLAMA_SHAPE), "num_key_value_heads": 4}), None),
+    (LLAMA_SHAPE, GroupedKVAttention())], ids=["gpt2", "llama", "llama-without-gqa", "llama-kernel-takes-grouped-kv"])
+def test_a_layers_activations_match_what_autograd_keeps(shape, attention):
     """bf16, one transformer layer (fused attention, no dropout): the planner's kept values within 5% of what
-    autograd saves (SDPA's small log-sum-exp, the norms' per-token statistics and the rotary angles are left out)."""
+    autograd saves (SDPA's small log-sum-exp, the norms' per-token statistics and the rotary angles are left out).
+    The K/V repeats are counted by the kernel's own answer (kernels.repeats_grouped_kv)."""
     from megatron.model.gpt import TransformerLayer
+    from megatron.model.kernels import PORTABLE_KERNELS, repeats_grouped_kv
 
     shape = ModelShape(**{**vars(shape), "hidden_size": 64, "ffn_hidden_size": 2 * shape.ffn, "seq_length": 128,
                           "max_position_embeddings": 128})
-    config = gpt_config(1, shape)
+    kernels = PORTABLE_KERNELS if attention is None else replace(PORTABLE_KERNELS, attention=attention)
+    config = replace(gpt_config(1, shape), kernels=kernels)
     layer = TransformerLayer(config).to(torch.bfloat16)
     measured = saved_activation_bytes(layer, torch.randn(2, 128, 64, dtype=torch.bfloat16, requires_grad=True))
-    settings = TrainingSettings(8, dtype="bf16", hidden_dropout=0.0)
+    settings = TrainingSettings(8, dtype="bf16", hidden_dropout=0.0, kv_repeated=repeats_grouped_kv(kernels.attention))
     estimate = layer_activation_bytes(shape, Layout(1, 1, 1, 0, 2, False, False), settings)
     assert estimate == pytest.approx(measured, rel=0.05)
 

@@ -135,6 +135,29 @@ def test_the_launcher_asks_its_devices_in_a_child_and_holds_none(monkeypatch, ca
     assert untouchable.asked == []
 
 
+def test_the_launchers_memory_estimate_follows_the_attention_kernel_the_device_child_reports(capsys):
+    """The child reports whether the trainer's attention kernel there gets grouped K/V repeated (an adaptor's that
+    takes them grouped, as the Ascend fusion attention does: no); the launcher's estimate counts accordingly."""
+    from megatron.config.arguments import parse_args, validate_args
+    from megatron.device_probe import CPU_FACTS
+    from megatron.planning.command_line import with_kernel_answers
+
+    on_npu = DeviceFacts("npu", 8, True, True, 64 << 30)
+    grouped = SimpleNamespace(attention=SimpleNamespace(takes_grouped_kv=True))
+    assert with_kernel_answers(on_npu, grouped).kv_repeated is False
+    assert with_kernel_answers(on_npu, None).kv_repeated is True  # PyTorch's SDPA is handed them repeated
+    assert with_kernel_answers(CPU_FACTS, grouped) == CPU_FACTS
+    flags = validate_args(parse_args(["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+                                      "--num-key-value-heads", "8", "--seq-length", "4096", "--micro-batch-size", "1",
+                                      "--swiglu", "--bf16", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                      "32000", "--mock-data", "--lr", "1e-4", "--train-iters", "10"]), 8, "npu")
+    estimates = []
+    for kv_repeated in (True, False):
+        check_memory(flags, 32000, None, skip=False, kv_repeated=kv_repeated)
+        estimates.append(capsys.readouterr().out)
+    assert estimates[0] != estimates[1]
+
+
 def validated_tiny_flags():
     from megatron.config.arguments import parse_args, validate_args
     return validate_args(parse_args(["--model-size", "tiny", "--tokenizer-type", "NullTokenizer", "--vocab-size",

@@ -22,6 +22,8 @@ class Checkpoint:
     model: Mapping[str, torch.Tensor]  # full tensors (or a TensorShard's) under GPTModel's names, training dtype
     has_optimizer_state: bool  # False: saved with --no-save-optim, or converted with --weights-only
     old: bool = False  # written by an earlier version of this project (pipeline pieces numbered from 0)
+    gate_up: Optional[str] = None  # --swiglu: how the files hold dense_h_to_4h's rows (detect.gate_up_rows); the
+    # model and the Adam state as read are in the model's [gate; up] halves whatever it is
 
     @property
     def model_config(self) -> ModelConfig:

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
 from megatron.checkpoint import manifest
-from megatron.checkpoint.client_state import args_of
+from megatron.checkpoint.client_state import args_of, halves_gate_and_up
 from megatron.checkpoint.file_names import (ARGS, EXPERT_FILE_PATTERN, ITERATION, MEGATRON_FILE, MEGATRON_MODEL,
                                             OPTIMIZER_SAVED, UNIVERSAL_DIR, UNIVERSAL_MARK, layer_file,
                                             megatron_rank_dir, model_states_file, optimizer_states_file)
 from megatron.checkpoint.parameter_names import positions_with_parameters
 from megatron.config.recorded_flags import RecordedFlags
+from megatron.checkpoint.shards import HALVES, INTERLEAVED
 from megatron.checkpoint.torch_files import load_file
 from megatron.errors import InputError
 
@@ -121,6 +122,17 @@ def read_client_state(tag_dir: str, verify: bool = True, whole: bool = True, opt
     if verify and whole and not verified:
         check_layout_files(tag_dir, state, optimizer)
     return state
+
+
+def gate_up_rows(tag_dir: str, state: Mapping[str, object]) -> Optional[str]:
+    """How the --swiglu checkpoint in `tag_dir` (client state `state`) holds dense_h_to_4h's rows: HALVES, each
+    tensor-parallel rank's [gate_r; up_r], where its client state declares them to DeepSpeed as
+    PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 (upstream main's and ours since) or in Megatron's layout (Megatron-LM's and
+    upstream's converters cut them so); otherwise INTERLEAVED, [ffn, (gate, up)] (this project's before). None
+    without --swiglu."""
+    if not state[ARGS].get("swiglu"):
+        return None
+    return HALVES if halves_gate_and_up(state) or is_megatron_directory(tag_dir) else INTERLEAVED
 
 
 def weights_kind(tag_dir: str, state: Mapping[str, object], layout: Layout) -> str:

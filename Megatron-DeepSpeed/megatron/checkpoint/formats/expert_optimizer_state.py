@@ -202,15 +202,15 @@ def rank_groups(model: Mapping[str, torch.Tensor], param_groups: Sequence[Mappin
 
 def rank_optimizer(model: Mapping[str, torch.Tensor], optimizer, expert_groups: bool, expert_parallel_rank: int,
                    expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False,
-                   loss_scale: Optional[Mapping] = None) -> dict:
+                   loss_scale: Optional[Mapping] = None, swiglu: bool = False) -> dict:
     """{'optimizer': ...} as DeepSpeed reads it from one target rank's expp_rank file, from `optimizer` (an
     optimizer_state.OptimizerState of the full model): torch's AdamW state_dict, or with `loss_scale` (an
     fp16/bf16 target, mixed_precision_state.target_loss_scale) FP16_UnfusedOptimizer's form
     (mixed_precision_state.zero0_state). Groups as rank_groups makes them; moments and master weights are this
     tensor-parallel rank's shards, cut as its weights are (`split_experts`: the experts and PR-MoE's dense MLP
-    too)."""
+    too; `swiglu`: SwiGLU MLPs)."""
     def shard(kind: str, name: str) -> torch.Tensor:
-        return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts)
+        return shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size, split_experts, swiglu)
     groups = rank_groups(model, optimizer.param_groups, expert_groups, expert_parallel_rank, expert_parallel_size)
     return {"optimizer": mixed.zero0_state(groups, shard, optimizer.step, loss_scale)}
 

@@ -41,7 +41,7 @@ from megatron.checkpoint.formats.checkpoint import Checkpoint, OptimizerState, w
 from megatron.checkpoint.formats.weight_units import (Progress, StreamedWeights, Units, all_mappable, names_in,
                                                       piece_unit, quiet)
 from megatron.checkpoint.parameter_names import model_name
-from megatron.checkpoint.shards import join_shards
+from megatron.checkpoint.shards import HALVES, in_halves, join_shards
 from megatron.checkpoint.tensor_records import FileSections
 from megatron.errors import InputError
 
@@ -120,7 +120,9 @@ def _deepspeed_units(checkpoint: Checkpoint, ranks: _RankFiles, kind: str) -> Un
         result = {}
         for name in names:
             if name in located:
-                result[name] = join_shards(name, [tensors[located[name][1]] for tensors in per_tp])
+                joined = join_shards(name, [tensors[located[name][1]] for tensors in per_tp],
+                                     swiglu=checkpoint.gate_up == HALVES)
+                result[name] = in_halves(name, joined, checkpoint.gate_up)
             else:  # never stepped: Adam starts it at zero
                 result[name] = torch.zeros_like(checkpoint.model[name], dtype=torch.float32)
         return result

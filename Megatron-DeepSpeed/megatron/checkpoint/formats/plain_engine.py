@@ -12,7 +12,7 @@ from megatron.checkpoint.formats.weight_units import (TensorShard, Units, all_ma
                                                       piece_unit)
 from megatron.checkpoint.parameter_names import expert_model_name, flatten, is_nested, nest
 from megatron.config.recorded_flags import RecordedFlags
-from megatron.checkpoint.shards import join_shards, split_dim
+from megatron.checkpoint.shards import split_dim
 from megatron.checkpoint.tensor_records import FileSections
 
 
@@ -37,13 +37,13 @@ def _plain_engine_units(tag_dir: str, layout: Layout, num_layers: int, part: Ten
     def read(unit: Hashable) -> dict:
         names = names_in(of, unit)
         shards = {tp: modules.take(tp, names) for tp in paths if tp in sources or with_experts.intersection(names)}
-        return {name: join_shards(name, [shards[tp][name] for tp in ranks], experts=True) if name in with_experts
+        return {name: part.joined_experts(name, [shards[tp][name] for tp in ranks]) if name in with_experts
                 else assembled(part, {tp: shards[tp] for tp in sources}, layout.tensor, name, name)
                 for name in names}
     return Units(of, read)
 
 
-def _expert_units(tag_dir: str, split: bool) -> Units:
+def _expert_units(tag_dir: str, split: bool, part: TensorShard) -> Units:
     """Every expert of an MoE checkpoint, under the single-process model's names, from the expert files of all
     model-parallel ranks, one expert at a time. Whole experts: one file each (a tensor-parallel rank holds the same
     experts as another, then with the same values, or other experts; the lowest rank's file is read). `split`
@@ -65,12 +65,12 @@ def _expert_units(tag_dir: str, split: bool) -> Units:
     def read(unit: Hashable) -> dict:
         paths, names = unit if split else (unit,), names_in(of, unit)
         states = [sections.take(path, [keys[name] for name in names]) for path in paths]
-        return {name: join_shards(name, [state[keys[name]] for state in states], experts=True) if split
-                else states[0][keys[name]] for name in names}
+        return {name: part.joined_experts(name, [state[keys[name]] for state in states]) if split
+                else part.in_halves(name, states[0][keys[name]]) for name in names}
     return Units(of, read)
 
 
 def units(tag_dir: str, layout: Layout, flags: RecordedFlags, _kind: str, part: TensorShard) -> Units:
     """The module's weights joined with the expert files' (at TP > 1 split as the flags recorded)."""
     split = flags.experts_split and layout.tensor > 1
-    return joined(_plain_engine_units(tag_dir, layout, flags.num_layers, part, split), _expert_units(tag_dir, split))
+    return joined(_plain_engine_units(tag_dir, layout, flags.num_layers, part, split), _expert_units(tag_dir, split, part))

@@ -5,6 +5,7 @@ megatron, universal, zero3), and read_checkpoint reads the units the kind calls 
 cut straight into one target rank's shards (weight_units.TensorShard) reading only the files and ranges it
 overlaps; the result is keyed by the single-process GPTModel's parameter names, the tied word embedding once.
 """
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Optional
 
@@ -13,8 +14,8 @@ from megatron.checkpoint.file_names import ARGS, ITERATION
 from megatron.checkpoint.formats import megatron, pipeline_engine, plain_engine, universal, zero3
 from megatron.checkpoint.formats.checkpoint import Checkpoint
 from megatron.checkpoint.formats.detect import (MEGATRON, PIPELINE, PIPELINE_FROM_ZERO, PLAIN, UNIVERSAL_FILES,
-                                                ZERO3, holds_optimizer_state, layout_of, read_client_state,
-                                                weights_kind)
+                                                ZERO3, gate_up_rows, holds_optimizer_state, layout_of,
+                                                read_client_state, weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.checkpoint.formats.weight_units import WHOLE, Progress, StreamedWeights, TensorShard, quiet, read_whole
 from megatron.config.recorded_flags import RecordedFlags
@@ -44,10 +45,12 @@ def read_checkpoint(load_dir: str, iteration: Optional[int] = None, progress: Pr
     state = read_client_state(tag_dir, whole=part == WHOLE, optimizer=optimizer)
     layout, flags = layout_of(state, tag_dir), RecordedFlags.of(state[ARGS])
     kind = weights_kind(tag_dir, state, layout)
+    part = replace(part, gate_up=gate_up_rows(tag_dir, state))
     units = WEIGHT_UNITS[kind](tag_dir, layout, flags, kind, part)
     model = StreamedWeights(units) if streamed else read_whole(units, progress)
     padded_vocab_size = model["embedding.word_embeddings.weight"].shape[0] * part.size  # rows are split
     return Checkpoint(directory=tag_dir, iteration=int(state[ITERATION]),
                       consumed_train_samples=recorded_consumed_samples(state), args=flags.recorded,
                       layout=layout, padded_vocab_size=padded_vocab_size, model=MappingProxyType(model),
-                      has_optimizer_state=holds_optimizer_state(tag_dir, state), old=not is_current(state))
+                      has_optimizer_state=holds_optimizer_state(tag_dir, state), old=not is_current(state),
+                      gate_up=part.gate_up)

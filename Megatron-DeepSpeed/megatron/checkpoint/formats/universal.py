@@ -14,6 +14,7 @@ from megatron.checkpoint.formats.detect import Layout
 from megatron.checkpoint.formats.weight_units import Progress, TensorShard, Units
 from megatron.checkpoint.parameter_names import VOCABULARY_ROWS, model_name, stage_name
 from megatron.config.recorded_flags import RecordedFlags
+from megatron.checkpoint.shards import in_halves
 from megatron.checkpoint.tensor_records import FileSections
 from megatron.checkpoint.torch_files import load_file
 
@@ -56,7 +57,7 @@ class _UniversalKind(abc.Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._checkpoint.model:
             raise KeyError(name)
-        tensor = self._files.take(name, ["param"])["param"]
+        tensor = in_halves(name, self._files.take(name, ["param"])["param"], self._checkpoint.gate_up)
         # ds_to_universal strips the vocabulary padding; the other tensors are whole
         return padded_rows(tensor, self._checkpoint.padded_vocab_size) if name in VOCABULARY_ROWS else tensor
 

@@ -10,7 +10,7 @@ import torch
 
 from megatron.checkpoint import manifest
 from megatron.checkpoint.parameter_names import spec_position
-from megatron.checkpoint.shards import overlapping_ranks, shard_from_shards
+from megatron.checkpoint.shards import HALVES, in_halves, join_shards, overlapping_ranks, shard_from_shards
 
 Progress = Callable[[str], None]
 
@@ -26,15 +26,27 @@ class TensorShard:
     a generation or evaluation job holds its shard, never the whole model."""
     rank: int = 0
     size: int = 1
+    gate_up: Optional[str] = None  # a --swiglu source's dense_h_to_4h rows (shards.HALVES or INTERLEAVED): set by
+    # read_checkpoint from the checkpoint itself (detect.gate_up_rows)
 
     def sources(self, source_size: int) -> List[int]:
         return overlapping_ranks(source_size, self.rank, self.size)
 
     def assemble(self, name: str, shards: Dict[int, torch.Tensor], source_size: int) -> torch.Tensor:
         """A shard comes as its own copy, so each file's memory map can close after its piece and the pages
-        read count once; whole tensors stay as read (views into the maps where nothing was joined)."""
-        part = shard_from_shards(name, shards, source_size, self.rank, self.size)
+        read count once; whole tensors stay as read (views into the maps where nothing was joined). SwiGLU rows
+        come as the model's [gate; up] halves whatever the source held (shards.in_halves)."""
+        part = shard_from_shards(name, shards, source_size, self.rank, self.size, swiglu=self.gate_up == HALVES)
+        part = self.in_halves(name, part)
         return part if self.size == 1 else part.clone()
+
+    def in_halves(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return in_halves(name, tensor, self.gate_up)
+
+    def joined_experts(self, name: str, shards: List[torch.Tensor]) -> torch.Tensor:
+        """The whole tensor of an MoE expert's parameter (or PR-MoE's dense MLP's) split under
+        --enable-expert-tensor-parallelism, from every rank's shard."""
+        return self.in_halves(name, join_shards(name, shards, experts=True, swiglu=self.gate_up == HALVES))
 
 
 WHOLE = TensorShard()

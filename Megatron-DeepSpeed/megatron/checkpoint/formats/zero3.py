@@ -2,7 +2,7 @@
 (zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt), Adam's moments kept in the same flat layout, every parameter
 split on its own (zero3_placement); the model-states files hold the client state and param_shapes (detect.ZERO3)."""
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -132,7 +132,8 @@ def optimizer_state(checkpoint: Checkpoint, progress: Progress) -> OptimizerStat
     progress("ZeRO-3 optimizer state: read as each parameter is written")
     layout, flags = checkpoint.layout, checkpoint.flags
     files = zero3_files(checkpoint.directory, layout, flags, range(layout.tensor))
-    kinds = {kind: StreamedWeights(zero3_units(checkpoint.directory, layout, flags, WHOLE, kind, files=files))
+    whole = replace(WHOLE, gate_up=checkpoint.gate_up)
+    kinds = {kind: StreamedWeights(zero3_units(checkpoint.directory, layout, flags, whole, kind, files=files))
              for kind in ("fp32", *MOMENTS)}
     adam = files.sections.contents((0, 0))["optimizer_state_dict"]["optimizer_state_dict"]
     step = int(files.sections.scalar((0, 0), adam["state"][0]["step"]))

@@ -60,9 +60,10 @@ def partition(names: List[str], tensor: Callable[[str], torch.Tensor], numel: Ma
 
 
 def rank_partitions(model: Mapping[str, torch.Tensor], optimizer, data_parallel_rank: int, data_parallel_size: int,
-                    expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False) -> dict:
+                    expert_parallel_size: int, tp_rank: int, tp_size: int, split_experts: bool = False,
+                    swiglu: bool = False) -> dict:
     """The contents of data-parallel rank `data_parallel_rank`'s ZeRO file of tensor-parallel rank `tp_rank`,
-    from `optimizer` (an optimizer_state.OptimizerState of the full model)."""
+    from `optimizer` (an optimizer_state.OptimizerState of the full model; `swiglu`: SwiGLU MLPs)."""
     groups = rank_groups(model, optimizer.param_groups, True, data_parallel_rank % expert_parallel_size,
                          expert_parallel_size)
     step = torch.tensor(float(optimizer.step))
@@ -71,11 +72,11 @@ def rank_partitions(model: Mapping[str, torch.Tensor], optimizer, data_parallel_
         count, index = ((data_parallel_size // expert_parallel_size, data_parallel_rank // expert_parallel_size)
                         if hyper.get("moe") else (data_parallel_size, data_parallel_rank))
         numel = {name: shard_of(name, torch.empty(model[name].shape, device="meta"), tp_rank, tp_size,
-                                split_experts).numel() for name in members}
+                                split_experts, swiglu).numel() for name in members}
 
         def cut(kind: str) -> tuple:
             return partition(members, lambda name: shard_of(name, optimizer.tensors(kind)[name], tp_rank, tp_size,
-                                                            split_experts), numel, index, count)
+                                                            split_experts, swiglu), numel, index, count)
         master, padding = cut("fp32")
         state[number] = {"step": step.clone(), **{kind: cut(kind)[0] for kind in MOMENTS}}
         torch_groups.append({**hyper, "params": [number]})

@@ -210,6 +210,7 @@ class _Writing:
     experts: Dict[Tuple[int, int], List[str]]  # experts_by_file's
     dense: List[str]  # the names not in expert files
     split_experts: bool  # each rank's files hold its shards of the experts
+    swiglu: bool  # SwiGLU MLPs: dense_h_to_4h's [gate; up] split half by half
     client_args: argparse.Namespace  # the client state's `args`
     info: dict  # universal_checkpoint_info
     universal: UniversalFiles
@@ -227,7 +228,7 @@ class _Writing:
         lies in its source file is a view of that file's memory map, which it would keep open."""
         tensors = {}
         for key, name in keys.items():
-            shard = shard_of(name, self.model[name], tp, self.target.tensor, experts_too)
+            shard = shard_of(name, self.model[name], tp, self.target.tensor, experts_too, self.swiglu)
             tensors[key] = shard.clone() if held else shard
             self.universal.write([name])
         return tensors if held else own_storages(tensors)
@@ -249,14 +250,15 @@ def _prepare(out_dir: str, model: Mapping[str, torch.Tensor], config: GPTConfig,
     client_args = recorded_args({key: value for key, value in flags.items() if key != CONSUMED_TRAIN_SAMPLES},
                                 state.consumed_train_samples, config.vocab_size, recorded.tokenizer_vocab_size)
     info = universal_info(names, config.num_layers, target.pipeline_engine,
-                          recorded.tokenizer_vocab_size or config.vocab_size, config.vocab_size, split_experts)
+                          recorded.tokenizer_vocab_size or config.vocab_size, config.vocab_size, split_experts,
+                          config.swiglu)
     tag_dir = os.path.join(out_dir, f"global_step{state.iteration}")
     universal = UniversalFiles(tag_dir, model, optimizer, config.num_layers, target.pipeline_engine, split_experts,
-                               progress)
+                               config.swiglu, progress)
     loss_scale = None if optimizer is None else target_loss_scale(
         precision, state.args, state.iteration, optimizer.loss_scale, RecordedFlags.of(state.args).precision)
     return _Writing(tag_dir, model, config.num_layers, target, state, optimizer, progress, precision, experts,
-                    [name for name in names if name not in in_expert_files], split_experts, client_args, info,
+                    [name for name in names if name not in in_expert_files], split_experts, config.swiglu, client_args, info,
                     universal, loss_scale)
 
 
@@ -281,7 +283,7 @@ def _dense_zero0_optimizer(writing: _Writing, stage_names: List[str], mp_rank: i
 
     def shard(kind: str, name: str) -> torch.Tensor:
         full_name = model_name(name, num_layers)
-        return shard_of(full_name, optimizer.tensors(kind)[full_name], tp, tp_size)
+        return shard_of(full_name, optimizer.tensors(kind)[full_name], tp, tp_size, swiglu=writing.swiglu)
     if not writing.sliced:
         return zero0_state(groups, shard, optimizer.step, writing.loss_scale)
     for dp in range(writing.target.data):
@@ -302,10 +304,12 @@ def _write_expert_files(writing: _Writing, mp_rank: int, tp: int) -> None:
     moe_param_group = RecordedFlags.of(writing.state.args).moe_param_group
     for rank in range(target.expert):
         save(os.path.join(writing.tag_dir, expert_optimizer_file(rank, mp_rank)), rank_optimizer(
-            writing.model, optimizer, moe_param_group, rank, target.expert, tp, tp_size, split, writing.loss_scale))
+            writing.model, optimizer, moe_param_group, rank, target.expert, tp, tp_size, split, writing.loss_scale,
+            writing.swiglu))
     for dp in range(target.data or 0):
         save(os.path.join(writing.tag_dir, optimizer_states_file(mp_rank, dp, writing.precision == "bf16")),
-             rank_partitions(writing.model, optimizer, dp, target.data, target.expert, tp, tp_size, split))
+             rank_partitions(writing.model, optimizer, dp, target.data, target.expert, tp, tp_size, split,
+                             writing.swiglu))
 
 
 def _write_model_parallel_rank(writing: _Writing, stage_names: List[str], pp: int, tp: int) -> None:

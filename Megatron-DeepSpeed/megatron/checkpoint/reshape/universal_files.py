@@ -7,6 +7,7 @@ import os
 from typing import Dict, Iterable, Mapping, Optional
 
 import torch
+from deepspeed.checkpoint.constants import CAT_DIM, PARAM_N_SUB_PARAMS
 
 from megatron.checkpoint.file_names import UNIVERSAL_DIR
 from megatron.checkpoint.parameter_names import stage_name
@@ -21,10 +22,11 @@ class UniversalFiles:
     parameter at a time in the order the writer asks for them; finish() writes the rest and the shared state."""
 
     def __init__(self, tag_dir: str, model: Mapping[str, torch.Tensor], optimizer: Optional[OptimizerState],
-                 num_layers: int, pipeline_engine: bool, split_experts: bool, progress: Progress):
+                 num_layers: int, pipeline_engine: bool, split_experts: bool, swiglu: bool, progress: Progress):
         self._folder = os.path.join(tag_dir, UNIVERSAL_DIR)
         self._model, self._optimizer, self._progress = model, optimizer, progress
         self._num_layers, self._pipeline_engine, self._split_experts = num_layers, pipeline_engine, split_experts
+        self._swiglu = swiglu
         self._shapes: Dict[str, torch.Size] = {}  # the parameters written, with their full shapes
 
     def write(self, names: Iterable[str]) -> None:
@@ -42,14 +44,17 @@ class UniversalFiles:
         self._progress(f"writing per-parameter state {len(self._shapes) + 1}/{len(self._model)}: {name}")
         engine_name = stage_name(name, self._num_layers) if self._pipeline_engine else name
         folder = os.path.join(self._folder, engine_name)
-        cat_dim = split_dim(name, self._split_experts) or 0
+        split = split_dim(name, self._split_experts, self._swiglu)
+        # How DeepSpeed's universal loader cuts it per rank: a SwiGLU MLP's halves separately (sub-parameters).
+        cut = {CAT_DIM: 0 if split is None else split.dim, **({PARAM_N_SUB_PARAMS: split.blocks}
+                                                              if split is not None and split.blocks > 1 else {})}
         optimizer = self._optimizer
         kinds = {"fp32": self._model[name].float() if optimizer is None else optimizer.fp32[name]}
         if optimizer is not None:
             kinds.update(exp_avg=optimizer.exp_avg[name], exp_avg_sq=optimizer.exp_avg_sq[name])
             save(os.path.join(folder, "step.pt"), torch.tensor(float(optimizer.step)))
         for kind, tensor in kinds.items():
-            save(os.path.join(folder, f"{kind}.pt"), {"param": tensor.contiguous(), "cat_dim": cat_dim})
+            save(os.path.join(folder, f"{kind}.pt"), {"param": tensor.contiguous(), **cut})
         self._shapes[name] = kinds["fp32"].shape
 
     def finish(self, clip_grad: float) -> None:

@@ -29,10 +29,11 @@ from typing import Mapping, Optional, Tuple
 from megatron.checkpoint.client_state import has_rng, is_current
 from megatron.checkpoint.file_names import (ARGS, LATEST_ITERATION_FILE, LATEST_TAG_FILE, LATEST_UNIVERSAL_FILE,
                                             OPTIMIZER_DATA_PARALLEL_SIZE, OPTIMIZER_PRECISION, RELEASE, TOKENS)
-from megatron.checkpoint.formats.detect import (UNIVERSAL_FILES, Layout, holds_optimizer_state, layout_of,
-                                                read_client_state, weights_kind)
+from megatron.checkpoint.formats.detect import (UNIVERSAL_FILES, Layout, gate_up_rows, holds_optimizer_state,
+                                                layout_of, read_client_state, weights_kind)
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.config.recorded_flags import RecordedFlags
+from megatron.checkpoint.shards import INTERLEAVED
 from megatron.checkpoint.trust import trusting
 from megatron.config.model_config import ARCHITECTURE_FLAGS
 from megatron.errors import InputError
@@ -249,10 +250,14 @@ def plan_resume(load_dir: Optional[str], run: Layout, options: LoadOptions, prec
         state = read_client_state(tag_dir, verify=False)  # guard.py verified it at start-up
     layout = layout_of(state, tag_dir)
     weights_only = options.finetune or options.no_load_optim
-    foreign = layout.megatron or (not is_current(state) and (layout.pipeline_engine or layout.universal))
+    interleaved = gate_up_rows(tag_dir, state) == INTERLEAVED  # read through the reader, which puts them in halves
+    foreign = layout.megatron or interleaved or (not is_current(state) and (layout.pipeline_engine or
+                                                                            layout.universal))
     if foreign and not weights_only:
         what = (f"a Megatron-layout checkpoint ({os.path.basename(tag_dir)}/mp_rank_*/model_optim_rng.pt), without "
-                "optimizer state" if layout.megatron else "a checkpoint an earlier version of this project wrote "
+                "optimizer state" if layout.megatron else "a --swiglu checkpoint whose dense_h_to_4h rows are "
+                "[ffn, (gate, up)] interleaved (this project's layout before it took upstream's per-rank [gate; up] "
+                "halves)" if interleaved else "a checkpoint an earlier version of this project wrote "
                 "(pipeline pieces numbered from layer_00)")
         raise _unloadable(load_dir, what, layout)
     if foreign and run.zero_stage == 3:

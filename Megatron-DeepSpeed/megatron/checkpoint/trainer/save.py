@@ -128,7 +128,7 @@ def save_checkpoint(engine, save_dir: str, flags: Mapping[str, Any], iteration: 
     pipeline_engine = run.pipeline_engine
     names = parameter_names(ModelConfig.from_flags(flags, "the run's flags"))
     info = universal_info(names, run.num_layers, pipeline_engine, tokenizer_vocab_size or padded_vocab_size,
-                          padded_vocab_size)
+                          padded_vocab_size, swiglu=bool(flags.get("swiglu")))
     state = build_client_state(args, iteration, _rng_state() if save_rng else None,
                                rng_tracker.get_states() if save_rng else None, info, consumed_train_tokens)
     state[OPTIMIZER_SAVED] = save_optimizer

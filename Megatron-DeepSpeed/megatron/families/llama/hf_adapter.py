@@ -7,7 +7,7 @@ The one mapping, per layer (G key/value heads, Q = heads / G queries per group, 
     self_attention.query_key_value   [G, (q_1 .. q_Q, k, v), d]   ->  self_attn.q_proj [G * Q * d] (group-major),
                                                                        self_attn.k_proj [G * d], v_proj [G * d]
     self_attention.dense                                          ->  self_attn.o_proj
-    mlp.dense_h_to_4h                [F, (gate, up)] interleaved  ->  mlp.gate_proj [F], mlp.up_proj [F]
+    mlp.dense_h_to_4h                [gate; up] halves            ->  mlp.gate_proj [F], mlp.up_proj [F]
     mlp.dense_4h_to_h                                             ->  mlp.down_proj
     input_layernorm / post_attention_layernorm                   ->  the same names
   and embedding.word_embeddings -> model.embed_tokens, final_layernorm -> model.norm, lm_head -> lm_head (absent
@@ -82,13 +82,13 @@ def qkv_from_hf(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gro
 
 
 def gate_up_to_hf(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Our interleaved gate|up rows [F, (gate, up)] as transformers' gate_proj and up_proj."""
-    pairs = tensor.reshape(-1, 2, *tensor.shape[1:])
-    return tuple(pairs[:, i].clone(memory_format=torch.contiguous_format) for i in range(2))
+    """Our [gate; up] rows (the whole model's: upstream Megatron-DeepSpeed's TP-1 layout) as transformers'
+    gate_proj and up_proj."""
+    return tuple(half.contiguous() for half in tensor.chunk(2, dim=0))
 
 
 def gate_up_from_hf(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.stack((gate, up), dim=1).reshape(-1, *gate.shape[1:])
+    return torch.cat((gate, up), dim=0)
 
 
 def _parameters(model_config: BuiltModel) -> Tuple[str, ...]:

@@ -4,6 +4,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from tools.fixtures.checkpoint_sources import write_megatron, write_zero3
 from megatron.checkpoint.reshape.target_writer import TargetLayout, TrainingState, write_checkpoint
@@ -11,6 +12,7 @@ from megatron.checkpoint.file_names import UNIVERSAL_DIR, layer_file
 from megatron.checkpoint.formats import detect
 from megatron.checkpoint.formats.locate import checkpoint_directory
 from megatron.checkpoint.formats.reader import WEIGHT_UNITS, read_checkpoint
+from megatron.checkpoint.formats.weight_units import TensorShard
 from megatron.model.gpt import GPTConfig, GPTModel
 from tests.helpers.paths import FIXTURES
 
@@ -81,3 +83,61 @@ def test_the_layer_files_a_pipeline_kind_needs(tmp_path, kind, first):
     files = detect.layout_files(state, tag_dir)
     layers = sorted(int(name[len("layer_"):].split("-")[0]) for name in files if name.startswith("layer_"))
     assert layers[0] == first and len(layers) == CONFIG.num_layers + 2
+
+
+def test_swiglu_rows_read_as_halves_from_upstream_and_ours_and_older_interleaved_ones_converted_at_load(tmp_path):
+    """Ours now: each rank's [gate_r; up_r] (our args and DeepSpeed's universal info say so), as upstream main's
+    and Megatron's layout: read as they are. A checkpoint of this project from before (a plain split of
+    [ffn, (gate, up)] interleaved rows, neither mark) is told apart and its rows put in halves once, at load."""
+    from deepspeed.checkpoint import constants as ds
+    from megatron.checkpoint.file_names import GATE_UP_ROWS, MANIFEST_FILE, model_states_file
+    from megatron.checkpoint.parameter_names import flatten, nest
+    from megatron.checkpoint.shards import HALVES, INTERLEAVED
+    from megatron.checkpoint.torch_files import load_file, replace
+    from megatron.checkpoint.trainer.resume_plan import LoadOptions, plan_resume
+    from megatron.errors import InputError
+
+    config = GPTConfig(**{**vars(CONFIG), "swiglu": True})
+    weights = GPTModel(config).state_dict()
+    flags = {**FLAGS, "swiglu": True}
+    write_checkpoint(str(tmp_path / "ours"), weights, config, TrainingState(3, 24, flags),
+                     TargetLayout(2, 1, pipeline_engine=False))
+    write_megatron(str(tmp_path / "megatron"), weights, flags, tensor=2, pipeline=1, iteration=3)
+    rows = "layers.1.mlp.dense_h_to_4h.weight"
+    for source in ("ours", "megatron"):
+        tag_dir = checkpoint_directory(str(tmp_path / source))
+        assert detect.gate_up_rows(tag_dir, detect.read_client_state(tag_dir)) == HALVES
+        assert torch.equal(read_checkpoint(str(tmp_path / source)).model[rows], weights[rows]), source
+    state = detect.read_client_state(checkpoint_directory(str(tmp_path / "ours")))
+    gate, up = weights[rows].chunk(2)
+    first_rank = flatten(load_file(os.path.join(checkpoint_directory(str(tmp_path / "ours")),
+                                                model_states_file(0, 0)))["module"])[rows]
+    assert torch.equal(first_rank, torch.cat((gate.chunk(2)[0], up.chunk(2)[0])))  # upstream's [gate_0; up_0]
+    assert state["args"][GATE_UP_ROWS] == HALVES
+    assert state["universal_checkpoint_info"][ds.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0]
+
+    older = tmp_path / "older"
+    shutil.copytree(tmp_path / "ours", older)
+    tag_dir = checkpoint_directory(str(older))
+    os.remove(os.path.join(tag_dir, MANIFEST_FILE))
+    interleaved = torch.stack((gate, up), dim=1).flatten(0, 1)
+    for tp in range(2):
+        path = os.path.join(tag_dir, model_states_file(tp, 0))
+        contents = load_file(path, mmap=False)
+        module = flatten(contents["module"])
+        module[rows] = interleaved.chunk(2)[tp].clone()
+        args = vars(contents["args"])
+        del args[GATE_UP_ROWS]
+        del contents["universal_checkpoint_info"][ds.PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0]
+        replace(path, {**contents, "module": nest(module)})
+    assert detect.gate_up_rows(tag_dir, detect.read_client_state(tag_dir)) == INTERLEAVED
+    assert torch.equal(read_checkpoint(str(older)).model[rows], weights[rows])
+    for rank in range(2):
+        halves = read_checkpoint(str(older), part=TensorShard(rank, 2)).model[rows]
+        assert torch.equal(halves, torch.cat((gate.chunk(2)[rank], up.chunk(2)[rank]))), rank
+    # The trainer: DeepSpeed's engine would load its per-rank rows as they are, so it copies the weights in through
+    # the reader, or (with the optimizer state) says how to convert it once.
+    run, model_flags = detect.Layout(2, 1, 1, 0, False), read_checkpoint(str(older)).model_config.to_flags()
+    with pytest.raises(InputError, match=r"interleaved .*convert it once with\n.*convert_checkpoint.py --load"):
+        plan_resume(str(older), run, LoadOptions(), "fp32", model_flags)
+    assert plan_resume(str(older), run, LoadOptions(finetune=True), "fp32", model_flags).foreign

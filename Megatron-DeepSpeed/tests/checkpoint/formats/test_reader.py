@@ -123,7 +123,8 @@ def test_universal_info_joins_each_parameter_along_its_split_dimension(tmp_path,
         replicated = matches(ds.TP_REPLICATED_PARAMETER_PATTERNS, engine_name)
         row = matches(ds.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS, engine_name)
         vocabulary = matches(ds.VOCABULARY_PARAMETER_PATTERNS, engine_name)
-        assert (replicated, row) == (split_dim(name) is None, split_dim(name) == 1), name
+        split = split_dim(name)
+        assert (replicated, row) == (split is None, split is not None and split.dim == 1), name
         assert vocabulary == (name == "embedding.word_embeddings.weight"), name
         assert matches(ds.PIPELINE_REPLICATED_PARAMETER_PATTERNS, engine_name) == (
             pipeline_engine and name.startswith("embedding.")), name

@@ -384,3 +384,37 @@ def test_existing_output_needs_force(imported, tmp_path, capsys):
     output = capsys.readouterr()
     assert "reading piece" not in output.out and len(output.out.splitlines()) == 2
     assert output.err.count("reshaping: ") >= 2 and output.err.count("\n") == 1
+
+
+def test_a_swiglu_model_reshaped_from_tp1_to_tp2_and_back_computes_the_same_logits(tmp_path):
+    """SwiGLU's dense_h_to_4h rows are each rank's [gate_r; up_r] halves (upstream main's): reshaping TP 1 -> 2
+    regroups them (rank r holds upstream's [gate_r; up_r]), TP 2 -> 1 joins them back bit for bit, and each
+    checkpoint computes the first model's logits."""
+    from megatron.checkpoint.reshape.target_writer import TrainingState, write_checkpoint
+    model_config = ModelConfig(num_layers=2, hidden_size=16, num_attention_heads=4, max_position_embeddings=16,
+                               ffn_hidden_size=24, hidden_dropout=0.0, attention_dropout=0.0, normalization="rmsnorm",
+                               add_position_embedding=False, use_rotary_position_embeddings=True, swiglu=True,
+                               num_key_value_heads=2, untie_embeddings_and_output_weights=True)
+    config = gpt_config(model_config, 64)
+    torch.manual_seed(0)
+    model = GPTModel(config).eval()
+    flags = {**model_config.to_flags(), "seq_length": 16, "tokenizer_vocab_size": 64}
+    paths = {name: str(tmp_path / name) for name in ("tp1", "tp2", "back")}
+    write_checkpoint(paths["tp1"], model.state_dict(), config, TrainingState(3, 24, flags), TargetLayout(1, 1))
+    reshape(paths["tp1"], paths["tp2"], TargetLayout(2, 1))
+    reshape(paths["tp2"], paths["back"], TargetLayout(1, 1))
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    rows = "layers.1.mlp.dense_h_to_4h.weight"
+    gate, up = model.state_dict()[rows].chunk(2)
+    for rank in range(2):
+        assert torch.equal(read_checkpoint(paths["tp2"], part=TensorShard(rank, 2)).model[rows],
+                           torch.cat((gate.chunk(2)[rank], up.chunk(2)[rank])))
+    with torch.no_grad():
+        expected = model(tokens)
+        for name, path in paths.items():
+            weights = read_checkpoint(path).model
+            if name == "back":
+                assert all(torch.equal(weights[key], tensor) for key, tensor in model.state_dict().items())
+            copy = GPTModel(config).eval()
+            copy.load_state_dict(dict(weights))
+            torch.testing.assert_close(copy(tokens), expected, rtol=0, atol=0, msg=name)

@@ -79,10 +79,13 @@ def test_zero_checkpoint_at_dp2_continues_at_dp1(stage, resumed_stage, data_pref
     assert_continues(resumed, straight)
 
 
-def test_deepspeeds_universal_conversion_continues_at_another_layout(data_prefix, tmp_path):
+@pytest.mark.parametrize("model", [[], ["--swiglu", "--ffn-hidden-size", "48"]], ids=["gelu", "swiglu"])
+def test_deepspeeds_universal_conversion_continues_at_another_layout(data_prefix, tmp_path, model):
     """ds_to_universal joins each parameter's tensor-parallel slices as the checkpoint's universal_checkpoint_info
-    says; resumed with --universal-checkpoint (latest_universal) at another TP, PP and DP."""
-    vocab = ["--vocab-size", "255"]  # 256 tokens, no padding rows: ds_to_universal strips those (upstream's rule)
+    says (a SwiGLU MLP's [gate_r; up_r] rows as two sub-parameters, as upstream main declares them: joined
+    otherwise, TP 1 would read [gate_0; up_0; gate_1; up_1]); resumed with --universal-checkpoint
+    (latest_universal) at another TP, PP and DP."""
+    vocab = ["--vocab-size", "255", *model]  # 256 tokens, no padding rows: ds_to_universal strips those (upstream's)
     straight, _ = run(4, data_prefix, *vocab, "--tensor-model-parallel-size", "2", *saved(tmp_path))
     step = tmp_path / f"global_step{SAVED_AT}"
     subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(step),
