@@ -32,6 +32,7 @@ class HFAdapter(Protocol):
     MODEL_TYPE: str  # config.json's model_type
     ARCHITECTURE: str  # config.json's architectures entry (the transformers class)
     EMBEDDING: str  # the word embedding's tensor name (an lm_head equal to it is tied)
+    ALWAYS_TIED: bool  # the head is the word embedding by definition: a different stored lm_head is refused
 
     def holds(self, model: ModelFlags) -> bool:
         """Whether this architecture can hold `model` (an export picks the first family that does)."""

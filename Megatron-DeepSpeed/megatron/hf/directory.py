@@ -12,7 +12,6 @@ from megatron.hf.files import CONFIG_FILE, open_weights, read_config_json
 from megatron.config.model_config import ModelConfig
 from megatron.errors import InputError
 from megatron.families.adapter import HFAdapter
-from megatron.families.gpt2 import hf_adapter as hf_gpt2
 from megatron.families.registry import family_of_hf_config
 from megatron.model.gpt import GPTConfig, GPTModel
 from megatron.tokenizer.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
@@ -128,8 +127,8 @@ def check_tokenizer_fits(directory: str, vocab_size: int) -> None:
 def tied_as_the_tensors_say(config: dict, adapter: HFAdapter, directory: str) -> dict:
     """config.json with tie_word_embeddings as its tensors decide, as transformers does: a stored lm_head.weight
     equal to the word embedding is tied; a different one is the model's own head (a Llama then imports untied,
-    said in one line; GPT2LMHeadModel, tied by definition here, is refused)."""
-    if not config.get("tie_word_embeddings", adapter is hf_gpt2):
+    said in one line; an adapter's ALWAYS_TIED architecture, as GPT2LMHeadModel, refuses it)."""
+    if not config.get("tie_word_embeddings", adapter.ALWAYS_TIED):
         return config
     weights = open_weights(directory)
     if HEAD not in weights:
@@ -138,9 +137,10 @@ def tied_as_the_tensors_say(config: dict, adapter: HFAdapter, directory: str) ->
                       if name in weights), None)  # GPT2Model's names lack the prefix
     if embedding is None or torch.equal(weights[HEAD], weights[embedding]):
         return config
-    if adapter is hf_gpt2:
-        raise InputError(f"{directory} stores an {HEAD} different from its word embedding, but a GPT-2 model's "
-                         "head is the word embedding (tied): these weights are not a GPT2LMHeadModel's")
+    if adapter.ALWAYS_TIED:
+        raise InputError(f"{directory} stores an {HEAD} different from its word embedding, but a "
+                         f"{adapter.ARCHITECTURE}'s head is the word embedding (tied): these weights are not a "
+                         f"{adapter.ARCHITECTURE}'s")
     _log.info(f"{os.path.join(directory, CONFIG_FILE)} sets tie_word_embeddings, but the stored {HEAD} differs "
               "from the word embedding: imported untied, with its own output layer, as transformers loads it")
     return {**config, "tie_word_embeddings": False}

@@ -19,6 +19,7 @@ from megatron.families.hf_tensors import (MODEL_FLAGS_KEY, DerivedWeights, dtype
 MODEL_TYPE = "gpt2"
 ARCHITECTURE = "GPT2LMHeadModel"
 EMBEDDING = "transformer.wte.weight"
+ALWAYS_TIED = True
 ERF_GELU, TANH_GELUS = "gelu", ("gelu_new", "gelu_pytorch_tanh")
 
 # GPT2Config's keys for the model flags (megatron/config/model_config.py); the first key of a flag is the one read.

@@ -36,6 +36,7 @@ MODEL_TYPE = "llama"
 ARCHITECTURE = "LlamaForCausalLM"
 ACTIVATION = "silu"
 EMBEDDING = "model.embed_tokens.weight"
+ALWAYS_TIED = False
 
 # LlamaConfig's keys for the model flags.
 HF_KEYS = (("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),

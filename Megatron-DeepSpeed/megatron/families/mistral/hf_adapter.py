@@ -20,6 +20,7 @@ from megatron.families.llama import hf_adapter as llama
 MODEL_TYPE = "mistral"
 ARCHITECTURE = "MistralForCausalLM"
 EMBEDDING = llama.EMBEDDING
+ALWAYS_TIED = llama.ALWAYS_TIED
 MISTRAL_FLAGS = {**llama.LLAMA_FLAGS, "add_bias_linear": False}
 
 

@@ -19,6 +19,7 @@ from megatron.families.llama import hf_adapter as llama
 MODEL_TYPE = "qwen2"
 ARCHITECTURE = "Qwen2ForCausalLM"
 EMBEDDING = llama.EMBEDDING
+ALWAYS_TIED = llama.ALWAYS_TIED
 QWEN2_FLAGS = {**llama.LLAMA_FLAGS, "add_qkv_bias": True, "add_bias_linear": False}
 SLIDING = "sliding_attention"  # a layer type of Qwen2Config.layer_types
 MAX_WINDOW_LAYERS = 28  # Qwen2Config's default; no layer has a window here

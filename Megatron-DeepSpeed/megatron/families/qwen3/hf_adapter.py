@@ -19,6 +19,7 @@ from megatron.families.qwen2 import hf_adapter as qwen2
 MODEL_TYPE = "qwen3"
 ARCHITECTURE = "Qwen3ForCausalLM"
 EMBEDDING = llama.EMBEDDING
+ALWAYS_TIED = llama.ALWAYS_TIED
 QWEN3_FLAGS = {**llama.LLAMA_FLAGS, "add_bias_linear": False, "qk_layernorm": True}
 _NORMS = ("q_norm", "k_norm")
 

@@ -112,6 +112,20 @@ def test_hf_round_trip_through_a_tp2_pp2_checkpoint_is_identical(hf_dir, importe
 
 # --- reshaping and the examiner --------------------------------------------------------------------------------
 
+def test_a_gpt2_directory_storing_an_lm_head_of_its_own_is_refused_in_one_line(hf_dir, tmp_path):
+    """GPT2LMHeadModel's head is its word embedding (ALWAYS_TIED): a different stored lm_head is another model's."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "gpt2"
+    shutil.copytree(hf_dir, copy)
+    weights = load_file(str(copy / hf_files.WEIGHTS_FILE))
+    save_file({**weights, "lm_head.weight": weights["transformer.wte.weight"] + 1.0}, str(copy / hf_files.WEIGHTS_FILE))
+    with pytest.raises(InputError, match="stores an lm_head.weight different from its word embedding, but a "
+                                         "GPT2LMHeadModel's head is the word embedding"):
+        import_hf(str(copy), str(tmp_path / "ckpt"), TargetLayout(1, 1))
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_reshaped_copy_compares_equal_and_a_changed_one_does_not(imported, tmp_path):
     reshape(imported, str(tmp_path / "tp1"), TargetLayout(1, 1, pipeline_engine=False))
     reshaped = read_checkpoint(str(tmp_path / "tp1"))
