@@ -35,8 +35,8 @@ def single_process(data_prefix):
 
 @pytest.fixture(scope="session")
 def shared_full_run(tmp_path_factory):
-    """(run directory, output) of the one run of test/train_full_8p.sh that the entry-script and multi-node tests
-    read (tests/helpers/entry_scripts.py)."""
+    """(run directory, output) of the one run of test/train_full_8p.sh that the entry-script, multi-node and
+    exit-status tests read (tests/helpers/entry_scripts.py)."""
     run_dir = tmp_path_factory.mktemp("shared_full_run")
     return run_dir, one_node_full_run(str(run_dir))
 

@@ -51,7 +51,7 @@ def test_cpu_performance_run_end_to_end_with_the_tiny_preset(tmp_path):
 
 
 def test_cpu_full_run_end_to_end_with_the_tiny_preset(shared_full_run):
-    """The session's one run of train_full_8p.sh (conftest.py: 4 CPU processes, TP2 x PP2), which also saves."""
+    """The suite's one run of train_full_8p.sh (conftest.py: 4 CPU processes, TP2 x PP2), which also saves."""
     run_dir, output = shared_full_run
     assert_summary_and_run_directory(output, run_dir, checkpoints=True)
 
