@@ -3,6 +3,7 @@ import pytest
 
 from tests.helpers import cpu_isa
 from tests.helpers.distributed import run_on_ranks
+from tests.helpers.entry_scripts import one_node_full_run
 from tests.helpers.training import COMMON, train, write_counting_dataset
 
 
@@ -30,6 +31,14 @@ def data_prefix(tmp_path_factory):
 def single_process(data_prefix):
     """The reference every parallel layout must equal: training on one process."""
     return run_on_ranks(train, 1, [*COMMON, "--data-path", data_prefix])[0]
+
+
+@pytest.fixture(scope="session")
+def shared_full_run(tmp_path_factory):
+    """(run directory, output) of the one run of test/train_full_8p.sh that the entry-script, multi-node and
+    exit-status tests read (tests/helpers/entry_scripts.py)."""
+    run_dir = tmp_path_factory.mktemp("shared_full_run")
+    return run_dir, one_node_full_run(str(run_dir))
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,10 @@ from tests.helpers.training import TINY_FLAGS
 from megatron.errors import run_cli
 
 ROOT = PACKAGE_ROOT
-# Runs per entry point. The suite's 3 keep its budget: the test above fails on the old exit path every time, and
-# these check the real entry points end clean; EXIT_TEST_REPEATS=40 soaks them (80 runs miss an abort of 1 run in 25
-# with probability 0.96**80, 4 in 100; about 20 minutes on 2 cores).
-REPEATS = int(os.environ.get("EXIT_TEST_REPEATS", "3"))
+# Runs per entry point, the session's shared training the first of its. The test above fails on the old exit path
+# every time, so the suite runs each entry point once, to check that it ends clean; EXIT_TEST_REPEATS=40 soaks them
+# (80 runs miss an abort of 1 run in 25 with probability 0.96**80, 4 in 100; about 20 minutes on 2 cores).
+REPEATS = int(os.environ.get("EXIT_TEST_REPEATS", "1"))
 
 
 def test_a_command_that_succeeded_leaves_no_process_group_to_the_interpreters_teardown():
@@ -38,24 +38,15 @@ def torchrun(script: str, *flags: str) -> subprocess.CompletedProcess:
                           env=environment, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(data_prefix, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("exit")
+@pytest.mark.full  # 2 x REPEATS four-rank runs, the session's shared training included
+def test_four_rank_generation_and_training_exit_0_every_time(shared_full_run, data_prefix):
+    run_dir, _ = shared_full_run  # train_full_8p.sh's four ranks under torchrun, which exited 0 (conftest.py)
+    generation = ["--load", str(run_dir / "checkpoints"), "--tensor-model-parallel-size", "2", "--prompt", "1 2 3",
+                  "--prompt", "7 8", "--max-new-tokens", "4", "--greedy"]
     training = [*TINY_FLAGS, "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2",
                 "--eval-iters", "0", "--data-path", data_prefix, "--tensor-model-parallel-size", "2",
                 "--no-pipeline-parallel"]
-    save = str(directory / "checkpoint")
-    finished = torchrun("pretrain_gpt.py", *training, "--save", save, "--save-interval", "2")
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    return training, save
-
-
-@pytest.mark.full  # 2 x REPEATS four-rank runs
-def test_four_rank_generation_and_training_exit_0_every_time(tiny_checkpoint):
-    training, save = tiny_checkpoint
-    generation = ["--load", save, "--tensor-model-parallel-size", "2", "--prompt", "1 2 3", "--prompt", "7 8",
-                  "--max-new-tokens", "4", "--greedy"]
-    for script, flags in (("tools/generate_text.py", generation), ("pretrain_gpt.py", training)):
-        for _ in range(REPEATS):
-            finished = torchrun(script, *flags)
-            assert finished.returncode == 0, f"{script}: {finished.stderr[-3000:]}"
+    runs = [("tools/generate_text.py", generation)] * REPEATS + [("pretrain_gpt.py", training)] * (REPEATS - 1)
+    for script, flags in runs:
+        finished = torchrun(script, *flags)
+        assert finished.returncode == 0, f"{script}: {finished.stderr[-3000:]}"

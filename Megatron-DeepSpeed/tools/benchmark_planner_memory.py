@@ -61,21 +61,30 @@ def training_flags(options, layout: str) -> list:
             "--eval-iters", "0", "--num-workers", "0", *ONE_DEVICE, *bucket, *precision, *layout_flags]
 
 
-def worker(options) -> None:
-    """One layout's training in this torchrun process; rank 0 reports the heaviest rank's peaks."""
+def heaviest_peaks(options, layout: str) -> dict:
+    """One layout's training in this process, a rank of its job: the heaviest rank's live-tensor peak per
+    iteration before the optimizer's step and in it (every rank gets them). The tests call it on forked ranks."""
     import torch
     import torch.distributed as dist
 
     from megatron.model.provider import model_provider
-    from benchmarks.live_memory import record_iteration_peaks
     from megatron.training.loop import pretrain
+    from tools.benchmarks.live_memory import record_iteration_peaks
 
-    peaks = record_iteration_peaks(lambda: pretrain(model_provider, training_flags(options, options.layout)))
+    peaks = record_iteration_peaks(lambda: pretrain(model_provider, training_flags(options, layout)))
     heaviest = torch.tensor([*peaks.forward_backward, *peaks.optimizer_step], dtype=torch.float64)
     dist.all_reduce(heaviest, op=dist.ReduceOp.MAX)
+    values = heaviest.tolist()
+    return {"forward_backward": values[:options.iterations], "optimizer_step": values[options.iterations:]}
+
+
+def worker(options) -> None:
+    """One layout's training in this torchrun process; rank 0 reports the heaviest rank's peaks."""
+    import torch.distributed as dist
+
+    measured = heaviest_peaks(options, options.layout)
     if dist.get_rank() == 0:
-        before, during = heaviest.tolist()[:options.iterations], heaviest.tolist()[options.iterations:]
-        report(RESULT_PREFIX, {"forward_backward": before, "optimizer_step": during})
+        report(RESULT_PREFIX, measured)
 
 
 def estimate(options, layout: str) -> dict:
@@ -100,6 +109,11 @@ def measure(options, layout: str) -> dict:
         if getattr(options, flag) is not None:
             command += ["--" + flag.replace("_", "-"), str(getattr(options, flag))]
     measured, = run_with_root(command, THIS_ROOT, RESULT_PREFIX, {"DS_ACCELERATOR": "cpu"})
+    return figures(options, layout, measured)
+
+
+def figures(options, layout: str, measured: dict) -> dict:
+    """heaviest_peaks' figures with each iteration's peak, beside the planner's estimate for the same flags."""
     measured["peak"] = [max(before, during) for before, during in
                         zip(measured["forward_backward"], measured["optimizer_step"])]
     return {"measured": measured, "estimate": estimate(options, layout)}

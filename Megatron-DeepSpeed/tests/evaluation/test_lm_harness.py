@@ -5,7 +5,6 @@ YAML over a JSONL, no download) as the same model exported to Hugging Face score
 imported at TP 2 x PP 2 by the converter (megatron/hf), then exported."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from megatron.hf.conversions import export_hf, import_hf
 from megatron.checkpoint.reshape.target_writer import TargetLayout
-from megatron.errors import InputError
+from megatron.errors import InputError, run_cli
 from tests.helpers.paths import PACKAGE_ROOT
 
 FIXTURES = os.path.join(PACKAGE_ROOT, "tests", "fixtures", "lm_eval")
@@ -128,24 +127,23 @@ def test_bad_model_args_are_one_line(harness):
 
 
 @pytest.mark.full
-def test_the_tool_is_lm_evals_command_line_with_our_model(harness, scores, tmp_path):
+def test_the_tool_is_lm_evals_command_line_with_our_model(harness, scores, tmp_path, monkeypatch, capsys):
+    """tools/evaluate_harness.py's main as its script runs it (run_cli), in this process: lm-eval is loaded
+    already, and a process of its own would spend most of its time importing it again."""
+    from tools.evaluate_harness import main
+
     _, _, checkpoint, _ = harness
-    # this tree's packages, whichever checkout the environment's editable install names
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(
-        [PACKAGE_ROOT, os.path.join(os.path.dirname(PACKAGE_ROOT), "DeepSpeed")])}
-    result = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "evaluate_harness.py"), "--model",
-                             "megatron_gpt", "--model_args", f"load={checkpoint}", "--tasks", "tiny_choice",
-                             "--include_path", FIXTURES, "--batch_size", "4", "--output_path", str(tmp_path)],
-                            capture_output=True, text=True, env=env, cwd=FIXTURES)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", ["evaluate_harness.py"])  # main hands lm_eval its command line there
+    tool = ["--model", "megatron_gpt", "--tasks", "tiny_choice", "--include_path", FIXTURES]
+    run_cli(main, [*tool, "--model_args", f"load={checkpoint}", "--batch_size", "4", "--output_path", str(tmp_path)])
     written, = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
                 if name.startswith("results") and name.endswith(".json")]
     with open(written, encoding="utf-8") as handle:
         from_tool = json.load(handle)["results"]["tiny_choice"]
     reference = scores[0]["results"]["tiny_choice"]
     assert from_tool["acc,none"] == reference["acc,none"] and from_tool["acc_norm,none"] == reference["acc_norm,none"]
-    bad = subprocess.run([sys.executable, os.path.join(PACKAGE_ROOT, "tools", "evaluate_harness.py"), "--model",
-                          "megatron_gpt", "--model_args", f"load={checkpoint},dtype=float64", "--tasks", "tiny_choice",
-                          "--include_path", FIXTURES], capture_output=True, text=True, env=env, cwd=FIXTURES)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == \
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, [*tool, "--model_args", f"load={checkpoint},dtype=float64"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == \
         "error: --model_args dtype=float64: choose one of float32, bfloat16, float16"

@@ -28,41 +28,44 @@ def test_attention_kernel_names_the_sdpa_kernel_that_runs():
 
 
 @pytest.mark.full  # whole training runs
-def test_cpu_report_checks_precision_recompute_and_speed(tmp_path):
+def test_cpu_report_checks_precision_and_recompute(tmp_path):
+    """The correctness checks alone: the speed grid's cells are the device run's, below."""
     report = tmp_path / "report.md"
-    done = subprocess.run(["bash", SCRIPT, "--cpu", "--iterations", "3", "--output", str(report), "--report-dir",
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", SCRIPT, "--cpu", "--only", "correctness", "--iterations", "3", "--output",
+                           str(report), "--report-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     text = report.read_text()
     assert sorted(os.listdir(tmp_path / "run")) == ["logs.txt", "report.md", "speed.json"]
     assert (tmp_path / "run" / "report.md").read_text() == text
-    rows = json.loads((tmp_path / "run" / "speed.json").read_text())
-    assert [row["shape"] for row in rows] == ["toy", "toy", "toy-MoE4"] and all(row["samples_per_second"] > 0
-                                                                                for row in rows)
-    assert (tmp_path / "run" / "logs.txt").read_text().count("$ pretrain_gpt.py ") == 3
+    assert json.loads((tmp_path / "run" / "speed.json").read_text()) == []
     assert "device: cpu (cpu), 1 used" in text
-    assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in text
     recompute = float(re.search(r"recompute vs none, fp32: max relative loss gap (\S+)", text).group(1))
     assert recompute < 1e-6  # recomputation repeats the same arithmetic
     bf16 = float(re.search(r"bf16 vs fp32 over 3 iterations: max relative loss gap ([^;\s]+)", text).group(1))
     assert 0 < bf16 < 1e-2
-    rows = [line for line in text.splitlines() if line.startswith("| toy |")]
-    assert len(rows) == 2 and "**best**" in rows[0] and rows[0].count("n/a") == 1  # MFU: no CPU peak
-    moe = [line.split(" | ") for line in text.splitlines() if line.startswith("| toy-MoE4 |")]
-    assert len(moe) == 1 and moe[0][1] == "mbs 2, no recompute, ZeRO 1 **best**" and float(moe[0][2]) > 0
+    assert "| toy |" not in text
 
 
 @pytest.mark.full  # whole training runs
 def test_the_device_run_is_one_command_with_one_report_directory(tmp_path):
-    """tools/device_run.sh in its CPU mode: the speed grid alone, its report, rows and logs in one new
-    directory."""
+    """tools/device_run.sh in its CPU mode: the speed grid alone (every CPU shape), its report, rows and logs in one
+    new directory."""
     run = os.path.join(os.path.dirname(SCRIPT), "device_run.sh")
-    done = subprocess.run(["bash", run, str(tmp_path / "run"), "--cpu", "--shapes", "toy", "--iterations", "2"],
+    done = subprocess.run(["bash", run, str(tmp_path / "run"), "--cpu", "--iterations", "2"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "recompute vs none" not in report and len(re.findall(r"^\| toy \|", report, re.MULTILINE)) == 2
-    assert len(json.loads((tmp_path / "run" / "speed.json").read_text())) == 2
+    assert "recompute vs none" not in report
+    assert "[toy] attention kernel, causal bf16: aten::_scaled_dot_product_flash_attention_for_cpu" in report
+    rows = json.loads((tmp_path / "run" / "speed.json").read_text())
+    assert [row["shape"] for row in rows] == ["toy", "toy", "toy-MoE4"] and all(row["samples_per_second"] > 0
+                                                                                for row in rows)
+    assert (tmp_path / "run" / "logs.txt").read_text().count("$ pretrain_gpt.py ") == 3
+    toy = [line for line in report.splitlines() if line.startswith("| toy |")]
+    assert len(toy) == 2 and "**best**" in toy[0] and toy[0].count("n/a") == 1  # MFU: no CPU peak
+    moe = [line.split(" | ") for line in report.splitlines() if line.startswith("| toy-MoE4 |")]
+    assert len(moe) == 1 and moe[0][1] == "mbs 2, no recompute, ZeRO 1 **best**" and float(moe[0][2]) > 0
 
 
 def test_an_existing_report_directory_is_refused_before_any_work(tmp_path):

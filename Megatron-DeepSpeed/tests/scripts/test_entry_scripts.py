@@ -3,16 +3,12 @@ import os
 import subprocess
 
 import pytest
+from tests.helpers.entry_scripts import run_script
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.full  # multi-process / whole-run tests: the full tier
 
 REPO = REPO_ROOT
-
-
-def run_script(name, *args, timeout=900, env=None):
-    return subprocess.run(["bash", os.path.join(REPO, "test", name), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -37,19 +33,27 @@ def test_bad_input_stops_with_a_clear_message(args, message, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("script", ["train_full_8p.sh", "train_performance_8p.sh"])
-def test_cpu_run_end_to_end_with_the_tiny_preset(script, tmp_path):
-    """No data arguments: the demo data is built if absent, 8 CPU processes train TP2 x PP2 x DP2."""
-    result = run_script(script, "--train_iters=6", f"--output_dir={tmp_path}")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = result.stdout.strip().splitlines()[-3:]
+def assert_summary_and_run_directory(output: str, run_dir, checkpoints: bool):
+    summary = output.strip().splitlines()[-3:]
     assert summary[0].startswith("Final Performance samples/sec : ") and float(summary[0].split(":")[1]) > 0
     assert summary[1].startswith("Final Train lm loss PPL(accuracy): ") and float(summary[1].split(":")[1]) > 1
     assert summary[2].startswith("E2E Training Duration sec : ")
-    run_dir = tmp_path  # --output_dir is the run directory
     assert {"train.log", "run.json", "loss_curve.png", "tensorboard"} <= set(os.listdir(run_dir))
-    assert ("checkpoints" in os.listdir(run_dir)) == (script == "train_full_8p.sh")
-    assert "pipeline: transformer layers per stage [2, 2]" in result.stdout
+    assert ("checkpoints" in os.listdir(run_dir)) == checkpoints
+    assert "pipeline: transformer layers per stage [2, 2]" in output
+
+
+def test_cpu_performance_run_end_to_end_with_the_tiny_preset(tmp_path):
+    """No data or process arguments: the demo data is built if absent, 8 CPU processes train TP2 x PP2 x DP2."""
+    result = run_script("train_performance_8p.sh", "--train_iters=6", f"--output_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_summary_and_run_directory(result.stdout, tmp_path, checkpoints=False)  # --output_dir is the run directory
+
+
+def test_cpu_full_run_end_to_end_with_the_tiny_preset(shared_full_run):
+    """The suite's one run of train_full_8p.sh (conftest.py: 4 CPU processes, TP2 x PP2), which also saves."""
+    run_dir, output = shared_full_run
+    assert_summary_and_run_directory(output, run_dir, checkpoints=True)
 
 
 def test_a_full_run_started_again_in_its_run_directory_resumes(tmp_path, capsys):
@@ -62,20 +66,23 @@ def test_a_full_run_started_again_in_its_run_directory_resumes(tmp_path, capsys)
     assert f"Resuming from {checkpoints / 'global_step6'}" in capsys.readouterr().out
 
 
+ONE_STAGE = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]  # fewer processes to start
+
+
 def test_a_failed_and_an_interrupted_run_say_how_they_ended_in_run_json(tmp_path):
     import json
     import signal
     import time
-    failed = run_script("train_full_8p.sh", "--nproc=4", "--train_iters=2", f"--output_dir={tmp_path / 'failed'}",
-                        "--load", str(tmp_path / "nothing"))
+    failed = run_script("train_full_8p.sh", "--nproc=1", "--train_iters=2", f"--output_dir={tmp_path / 'failed'}",
+                        *ONE_STAGE, "--load", str(tmp_path / "nothing"))
     assert failed.returncode == 1
     ended = json.loads((tmp_path / "failed" / "run.json").read_text())["ended"]
     assert ended.startswith("failed: --load ") and "holds no checkpoint" in ended
 
     run_dir = tmp_path / "interrupted"
-    launcher = subprocess.Popen(["bash", os.path.join(REPO, "test", "train_full_8p.sh"), "--nproc=4",
-                                 "--train_iters=100000", f"--output_dir={run_dir}", "--log-interval", "1"], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    launcher = subprocess.Popen(["bash", os.path.join(REPO, "test", "train_full_8p.sh"), "--nproc=2",
+                                 "--train_iters=100000", f"--output_dir={run_dir}", *ONE_STAGE, "--log-interval", "1"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
     while " iteration " not in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
         assert time.monotonic() < deadline and launcher.poll() is None

@@ -4,7 +4,6 @@ without ssh."""
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 
@@ -12,25 +11,12 @@ import pytest
 
 from megatron.training.log_lines import parse_log
 from tests.helpers.distributed import free_port
+from tests.helpers.entry_scripts import SHARED_RUN_ITERS, finish, quiet_environment, start_full_run
 from tests.helpers.paths import REPO_ROOT
 
 pytestmark = pytest.mark.full  # whole runs of the entry script: the full tier
 
 REPO = REPO_ROOT
-TRAIN_ITERS = "3"
-QUIET = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-
-
-def launcher(*args):
-    return subprocess.Popen(["bash", os.path.join(REPO, "test", "train_full_8p.sh"), "--device=cpu",
-                             f"--train_iters={TRAIN_ITERS}", *args], cwd=REPO, env=QUIET, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def finish(process):
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output[-4000:]
-    return output
 
 
 def losses(log_path):
@@ -39,28 +25,20 @@ def losses(log_path):
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory):
-    """The reference: the same job on one node of 4 processes, without --master_port while 29500 is taken
-    (torchrun then picks a free port)."""
-    run_dir = tmp_path_factory.mktemp("one_node")
-    with socket.socket() as taken:
-        try:
-            taken.bind(("127.0.0.1", 29500))
-            taken.listen()
-        except OSError:
-            pass  # another job holds it already: just as good
-        output = finish(launcher("--nproc=4", f"--output_dir={run_dir}"))
+def one_node(shared_full_run):
+    """The reference: the same job on one node of 4 processes, the session's shared run (conftest.py)."""
+    run_dir, output = shared_full_run
     assert output.strip().splitlines()[-3].startswith("Final Performance samples/sec : ")
     assert "Memory estimate (tools/plan_layout.py): " in output  # the planner's figures for this layout
     reference = losses(run_dir / "train.log")
-    assert len(reference) == int(TRAIN_ITERS)
+    assert len(reference) == SHARED_RUN_ITERS
     return run_dir, reference
 
 
 def test_two_node_launchers_train_as_one_node(one_node, tmp_path):
     port = free_port()
-    nodes = [launcher("--nproc=2", "--nnodes=2", f"--node_rank={rank}", "--master_addr=127.0.0.1",
-                      f"--master_port={port}", f"--output_dir={tmp_path}") for rank in (0, 1)]
+    nodes = [start_full_run("--nproc=2", "--nnodes=2", f"--node_rank={rank}", "--master_addr=127.0.0.1",
+                            f"--master_port={port}", f"--output_dir={tmp_path}") for rank in (0, 1)]
     first, last = [finish(node) for node in nodes]
     # Node 1 holds the logging rank 3: it prints the summary; node 0 says where it is and exits 0.
     assert last.strip().splitlines()[-3].startswith("Final Performance samples/sec : ")
@@ -69,7 +47,7 @@ def test_two_node_launchers_train_as_one_node(one_node, tmp_path):
     assert {"train.log", "train.node0.log", "run.json"} <= set(os.listdir(tmp_path))
     assert losses(tmp_path / "train.log") == one_node[1]
     # Both nodes' ranks wrote the checkpoint into the shared run directory.
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"global_step{TRAIN_ITERS}"
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"global_step{SHARED_RUN_ITERS}"
 
 
 def test_deepspeed_launcher_hostfile_without_ssh(one_node, tmp_path):
@@ -85,7 +63,7 @@ def test_deepspeed_launcher_hostfile_without_ssh(one_node, tmp_path):
     port = free_port()
     nodes = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "deepspeed"), "--hostfile",
                                str(hostfile), "--no_ssh", f"--node_rank={rank}", "--master_addr=127.0.0.1",
-                               f"--master_port={port}", command[script], *flags], cwd=REPO, env=QUIET, text=True,
+                               f"--master_port={port}", command[script], *flags], cwd=REPO, env=quiet_environment(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
     first, last = [finish(node) for node in nodes]
     assert [record.lm_loss for record in parse_log(last).iterations] == reference
