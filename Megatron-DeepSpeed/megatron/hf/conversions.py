@@ -137,10 +137,10 @@ def import_hf(hf_dir: str, save_dir: str, target: TargetLayout, make_vocab_size_
     check_output_directory("--save", save_dir, force, {"--from-hf": hf_dir})
     hf_model = hf.read_hf_model(hf_dir)
     padded = vocab_size_with_padding(hf_model.vocab_size, make_vocab_size_divisible_by, target.tensor)
-    config = gpt_config(hf_model.model_config, padded)
-    progress(f"reading {hf_dir}")
     state = TrainingState(iteration=0, consumed_train_samples=0,
                           args=imported_args(hf_model, padded, make_vocab_size_divisible_by))
+    config = gpt_config(hf_model.model_config, padded)
+    progress(f"reading {hf_dir}")
     write_directory_atomically(save_dir, lambda directory: write_checkpoint(  # it checks the target first
         directory, hf_model.weights(config), config, state, target, None, progress), force=force)
     return config

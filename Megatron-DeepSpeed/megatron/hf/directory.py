@@ -108,8 +108,8 @@ def read_hf_model(directory: str) -> HFModel:
         raise InputError(f"{path} sets vocab_size={vocab_size!r}; it must be the whole number of rows of the "
                          f"model's word embedding, between 1 and {MAX_VOCAB_SIZE}")
     model_config_from_hf(adapter, config, path)  # config.json checked before any weights are opened
-    check_tokenizer_fits(directory, vocab_size)
     config = tied_as_the_tensors_say(config, adapter, directory)
+    check_tokenizer_fits(directory, vocab_size)
     return HFModel(directory, config, adapter, model_config_from_hf(adapter, config, path))
 
 
